@@ -1,0 +1,179 @@
+"""Observed state: what agents report about their nodes.
+
+These types cross the wire (gRPC → daemon) and land in fleet snapshots
+(`llmgw inventory --json`, `llmgw plan --observed`), so they are pydantic at
+this edge. A value the node did not report is ``None``, never zero: "no
+utilization reported" and "0 % utilized" are different facts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FORMAT_VERSION = 1
+
+UnitState = Literal["starting", "loading", "ready", "failed", "stopped", "unknown"]
+
+
+class Observed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuProcess(Observed):
+    pid: int
+    name: str = ""
+    used_memory_mib: int | None = None
+    owned_by_llmgw: bool = False
+
+
+class Gpu(Observed):
+    index: int
+    uuid: str
+    name: str
+    gpu_class: str
+    pci_bus_id: str | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    compute_capability: str | None = None
+    ecc_uncorrected: int | None = None
+    utilization_pct: int | None = None
+    nvlink_peers: list[int] | None = Field(
+        None, description="Indices of GPUs reached over NVLink; None when the topology is unknown."
+    )
+    processes: list[GpuProcess] = Field(default_factory=list)
+
+    @property
+    def faults(self) -> list[str]:
+        """Why this GPU must not get new work; empty when it is healthy."""
+        reasons = []
+        if self.ecc_uncorrected:
+            reasons.append(f"GPU {self.index} has uncorrected ECC errors")
+        foreign = [p for p in self.processes if not p.owned_by_llmgw]
+        if foreign:
+            who = ", ".join(f"pid {p.pid}" + (f" ({p.name})" if p.name else "") for p in foreign)
+            reasons.append(f"GPU {self.index} has memory held by {who}, not started by llmgw")
+        return reasons
+
+
+class Port(Observed):
+    number: int
+    state: str | None = None  # ACTIVE, INIT, DOWN, ARMED
+    phys_state: str | None = None  # LinkUp, Polling, Disabled
+    rate: str | None = None  # as sysfs writes it: "200 Gb/sec (4X HDR)"
+    rate_gbps: float | None = None
+    link_layer: str | None = None  # InfiniBand | Ethernet
+    gids: list[str] = Field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE"
+
+
+class Adapter(Observed):
+    name: str  # mlx5_0
+    ports: list[Port] = Field(default_factory=list)
+
+    @property
+    def link_layer(self) -> str | None:
+        layers = {p.link_layer for p in self.ports if p.link_layer}
+        return layers.pop() if len(layers) == 1 else None
+
+    @property
+    def active(self) -> bool:
+        return any(p.active for p in self.ports)
+
+
+class FabricStatus(Observed):
+    """A fabric the cluster declares for this node, checked against discovery."""
+
+    name: str
+    kind: Literal["infiniband", "roce"]
+    adapters: list[str] = Field(description="Declared adapters that are present and ACTIVE.")
+    advertised: bool
+    reasons: list[str] = Field(default_factory=list, description="Why not advertised, or warnings.")
+    gid_index: int | None = None
+
+
+class Disk(Observed):
+    path: str
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+
+
+class Weights(Observed):
+    path: str
+    format: Literal["safetensors", "gguf"]
+    size_bytes: int
+
+
+class Unit(Observed):
+    """One llmgw unit (one shard of one replica) as the node runs it."""
+
+    name: str
+    model: str
+    replica: int
+    rank: int = 0
+    digest: str
+    state: UnitState
+    port: int | None = None
+    pid: int | None = None
+    since: float | None = Field(None, description="Unix time the unit entered its state.")
+    last_used: float | None = Field(None, description="Unix time of the last routed request.")
+    log_tail: list[str] = Field(default_factory=list)
+    detail: str = ""
+
+
+class NodeReport(Observed):
+    node: str
+    reachable: bool = True
+    error: str | None = Field(None, description="Why the node could not be reached.")
+    hostname: str | None = None
+    agent_version: str | None = None
+    cpu_model: str | None = None
+    cpu_count: int | None = None
+    cpu_flags: list[str] = Field(default_factory=list)
+    memory_total_bytes: int | None = None
+    memory_available_bytes: int | None = None
+    gpus: list[Gpu] = Field(default_factory=list)
+    adapters: list[Adapter] = Field(default_factory=list)
+    fabrics: list[FabricStatus] = Field(default_factory=list)
+    disks: list[Disk] = Field(default_factory=list)
+    weights: list[Weights] = Field(default_factory=list)
+    units: list[Unit] = Field(default_factory=list)
+    collected_at: float | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def is_cpu_only(self) -> bool:
+        return not self.gpus
+
+    @property
+    def advertised_fabrics(self) -> dict[str, FabricStatus]:
+        return {f.name: f for f in self.fabrics if f.advertised}
+
+
+class Fleet(Observed):
+    """Every node's report at one moment: the input `plan()` reads."""
+
+    format_version: int = FORMAT_VERSION
+    nodes: dict[str, NodeReport] = Field(default_factory=dict)
+    revision: str | None = Field(None, description="Git revision the daemon last applied.")
+
+    def units(self) -> list[tuple[str, Unit]]:
+        return [(name, u) for name, report in sorted(self.nodes.items()) for u in report.units]
+
+
+class Demand(Observed):
+    """What the router has seen, for scaling decisions: pure data, no clocks."""
+
+    waiting: dict[str, int] = Field(
+        default_factory=dict, description="Model → requests waiting for a replica."
+    )
+    last_used: dict[str, float] = Field(
+        default_factory=dict, description="Model → unix time of its last request."
+    )
+    wanted: dict[str, int] = Field(
+        default_factory=dict, description="Model → replicas the load asks for (≤ max)."
+    )

@@ -1,0 +1,299 @@
+"""Desired state: the pydantic types of a cluster directory.
+
+Every field carries a description; ``docs/cluster-reference.md`` and the JSON
+Schema (``llmgw schema``) are generated from them. These types validate
+*shape* (types, ranges, known keys). Whether references resolve and the
+arithmetic adds up is :mod:`llmgw.spec.checks`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from llmgw.spec.quantities import Duration, Size
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+_LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
+_SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
+
+
+class Strict(BaseModel):
+    """Base for every spec type: unknown keys are errors, values are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class SSHSettings(Strict):
+    user: str = Field("llmgw", description="User the daemon logs in as on every node.")
+    port: Port = Field(22, description="SSH port, unless a node sets its own `ssh_port`.")
+    known_hosts: str = Field(
+        "known_hosts",
+        description="Pinned host keys (OpenSSH known_hosts format), relative to the cluster "
+        "directory. A node whose key is missing or different is refused.",
+    )
+    identity_file: str | None = Field(
+        None, description="Private key to log in with; default: the SSH agent and ~/.ssh keys."
+    )
+    connect_timeout: Duration = Field(10.0, description="Give up connecting to a node after this.")
+    max_parallel: int = Field(32, ge=1, le=1024, description="Nodes contacted at once.")
+
+
+class Listeners(Strict):
+    router: str = Field(
+        "127.0.0.1:8000", description="`host:port` of the OpenAI-compatible endpoint."
+    )
+    admin: str = Field(
+        "127.0.0.1:8001", description="`host:port` of the status and fleet API (keep on loopback)."
+    )
+    metrics: str = Field("127.0.0.1:9400", description="`host:port` of the Prometheus metrics.")
+
+    @field_validator("router", "admin", "metrics")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        match = _LISTEN.match(value)
+        if not match or not 1 <= int(match.group("port")) <= 65535:
+            raise ValueError(f"expected host:port such as 127.0.0.1:8000; got {value!r}")
+        return value
+
+
+class StoreSettings(Strict):
+    path: str = Field(
+        "llmgw.db",
+        description="SQLite database for API keys (hashed) and usage rows, relative to the "
+        "cluster directory unless absolute.",
+    )
+
+
+class ClusterSettings(Strict):
+    name: Name = Field(description="Name of the cluster; shown in plans and metrics.")
+    ssh: SSHSettings = Field(default_factory=SSHSettings, description="How the daemon reaches nodes.")
+    sync: Literal["auto", "manual"] = Field(
+        "manual",
+        description="`auto`: the daemon applies every change it plans. `manual`: it only "
+        "plans and reports; `llmgw apply` converges.",
+    )
+    drift_interval: Duration = Field(
+        60.0, description="How often the daemon re-plans to catch drift on nodes."
+    )
+    listeners: Listeners = Field(default_factory=Listeners, description="Where `llmgw serve` listens.")
+    store: StoreSettings = Field(default_factory=StoreSettings, description="Embedded database.")
+    auth: Literal["keys", "none"] = Field(
+        "keys",
+        description="`keys`: every request needs an API key (`llmgw keys create`). `none`: "
+        "anyone who reaches the router may use it (a laptop, a lab).",
+    )
+    agent_socket: str = Field(
+        "/run/llmgw/agent.sock", description="Path of the agent's unix socket on every node."
+    )
+    gpu_classes: dict[Name, GpuClassDecl] = Field(
+        default_factory=dict,
+        description="GPU classes beyond the built-in table (see `llmgw validate --classes`).",
+    )
+
+
+class GpuClassDecl(Strict):
+    memory_gib: int = Field(ge=1, le=4096, description="Memory per GPU as the driver reports it.")
+    compute_capability: str = Field(
+        pattern=r"^\d+\.\d+$", description="CUDA compute capability, for example `8.9`."
+    )
+
+
+class Fabric(Strict):
+    kind: Literal["infiniband", "roce"] = Field(description="InfiniBand, or RDMA over Ethernet.")
+    gid_index: int | None = Field(
+        None, ge=0, le=255,
+        description="RoCE only: the GID index NCCL uses (`NCCL_IB_GID_INDEX`); default 3 "
+        "(RoCE v2 over IPv4).",
+    )
+    description: str = Field("", description="Free text for people.")
+
+    @model_validator(mode="after")
+    def _gid_only_for_roce(self) -> Fabric:
+        if self.kind == "infiniband" and self.gid_index is not None:
+            raise ValueError("gid_index applies to RoCE fabrics only")
+        return self
+
+
+class GpuDecl(Strict):
+    gpu_class: Name = Field(alias="class", description="GPU class, e.g. `h100-80g`.")
+    count: int = Field(ge=1, le=64, description="How many GPUs of this class the node has.")
+
+
+class Node(Strict):
+    address: str = Field(
+        description="Host name or IP the daemon reaches over SSH, or `local` for the machine "
+        "the daemon runs on (its agent socket is used directly)."
+    )
+    ssh_port: Port | None = Field(None, description="SSH port, if not the cluster's.")
+    mgmt_interface: str | None = Field(
+        None,
+        description="Network interface for NCCL/Gloo bootstrap (`NCCL_SOCKET_IFNAME`). Never a "
+        "fabric interface. Required for nodes that take part in multi-node replicas.",
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Free-form labels.")
+    gpus: list[GpuDecl] = Field(
+        default_factory=list,
+        description="GPUs the node is expected to have. The agent's report is the truth; this "
+        "lets `validate` check arithmetic before any node is reached.",
+    )
+    memory: Size | None = Field(None, description="Expected system memory, e.g. `512GiB`.")
+    fabrics: dict[Name, list[str]] = Field(
+        default_factory=dict,
+        description="Fabric name → the RDMA adapters (e.g. `mlx5_0`) of this node on it.",
+    )
+    weights_dirs: list[str] = Field(
+        default_factory=list, description="Directories where model weights are looked for."
+    )
+    cordoned: bool = Field(False, description="No new replicas are placed here.")
+
+    @field_validator("weights_dirs")
+    @classmethod
+    def _absolute(cls, dirs: list[str]) -> list[str]:
+        for path in dirs:
+            if not path.startswith("/"):
+                raise ValueError(f"weights directory must be an absolute path; got {path!r}")
+        return dirs
+
+    @property
+    def is_local(self) -> bool:
+        return self.address == "local"
+
+
+ArgValue = str | int | float | bool | None
+
+
+class Profile(Strict):
+    engine: Literal["vllm", "sglang", "llama.cpp"] = Field(description="Inference engine.")
+    gpu_class: Name | list[Name] | None = Field(
+        None, description="GPU class this profile needs (or a list of acceptable classes)."
+    )
+    cpu: bool = Field(False, description="Runs on CPU only (llama.cpp).")
+    nodes: int = Field(1, ge=1, le=64, description="Nodes one replica spans.")
+    tensor_parallel: int = Field(1, ge=1, le=64, description="Tensor-parallel size.")
+    pipeline_parallel: int = Field(1, ge=1, le=64, description="Pipeline-parallel size.")
+    multi_node: Literal["ray", "native"] = Field(
+        "native",
+        description="vLLM only: how a multi-node replica is formed — a Ray cluster, or vLLM's "
+        "own `--nnodes/--node-rank`.",
+    )
+    dtype: str | None = Field(None, description="Weights dtype, e.g. `bfloat16`, `fp8`.")
+    quantization: str | None = Field(None, description="Quantization method, e.g. `fp8`, `awq`.")
+    kv_cache_dtype: str | None = Field(None, description="KV cache dtype, e.g. `fp8_e4m3`.")
+    min_memory_gb: float | None = Field(
+        None, gt=0, le=65536, description="System memory a CPU replica needs, in GiB."
+    )
+    source: str | None = Field(None, description="Overrides the model's `source` (e.g. a GGUF).")
+    args: dict[str, ArgValue] = Field(
+        default_factory=dict,
+        description="Extra engine flags: `max-model-len: 8192` becomes `--max-model-len 8192`; "
+        "`true` is a bare flag, `false` or null leaves it out.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Environment for the engine (no secrets: see secret_env)."
+    )
+    secret_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variable → absolute path of a file *on the node* holding its value. The "
+        "value never enters git, a plan or the daemon.",
+    )
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_paths(cls, paths: dict[str, str]) -> dict[str, str]:
+        for name, path in paths.items():
+            if not path.startswith("/"):
+                raise ValueError(
+                    f"secret_env.{name} must be an absolute path to a file on the node, "
+                    f"not a value; got {path!r}"
+                )
+        return paths
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if _SECRETISH.search(name):
+                raise ValueError(
+                    f"env.{name} looks like a secret; put a path to a file on the node under "
+                    "secret_env instead, so the value never enters git"
+                )
+        return env
+
+    @model_validator(mode="after")
+    def _gpu_or_cpu(self) -> Profile:
+        if self.cpu and self.gpu_class is not None:
+            raise ValueError("a profile is either `cpu: true` or has a `gpu_class`, not both")
+        if not self.cpu and self.gpu_class is None:
+            raise ValueError("a profile needs a `gpu_class`, or `cpu: true`")
+        if self.cpu and self.engine != "llama.cpp":
+            raise ValueError(f"`cpu: true` needs engine llama.cpp; {self.engine} needs GPUs")
+        if self.min_memory_gb is not None and not self.cpu:
+            raise ValueError("min_memory_gb applies to CPU profiles; GPU profiles use gpu_class")
+        return self
+
+    @property
+    def gpu_classes(self) -> list[str]:
+        if self.gpu_class is None:
+            return []
+        return [self.gpu_class] if isinstance(self.gpu_class, str) else list(self.gpu_class)
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs each node of a replica contributes (0 for CPU profiles)."""
+        return 0 if self.cpu else self.world_size // self.nodes
+
+
+class Scaling(Strict):
+    min: int = Field(1, ge=0, le=1000, description="Replicas always running (0: on demand).")
+    max: int = Field(1, ge=1, le=1000, description="Most replicas when demand asks.")
+    idle_timeout: Duration | None = Field(
+        None, description="Stop replicas above `min` after this long without requests."
+    )
+
+
+class Pricing(Strict):
+    input_per_mtok: float = Field(0.0, ge=0, description="USD per million prompt tokens.")
+    output_per_mtok: float = Field(0.0, ge=0, description="USD per million completion tokens.")
+
+
+class Model(Strict):
+    source: str | None = Field(
+        None, description="Weights: a Hugging Face repo id or an absolute path on the node."
+    )
+    served_name: str | None = Field(None, description="Name clients use; default: the model key.")
+    profiles: list[Profile] = Field(
+        min_length=1, description="Ways to run the model, tried in order; the first that fits wins."
+    )
+    scaling: Scaling = Field(default_factory=Scaling, description="Replica count.")
+    pricing: Pricing = Field(default_factory=Pricing, description="Charged to projects' budgets.")
+
+
+class Project(Strict):
+    budget_usd: float | None = Field(
+        None, ge=0, description="Spend limit in USD; requests past it get 429. None: unlimited."
+    )
+    description: str = Field("", description="Free text for people.")
+
+
+class Cluster(Strict):
+    """A whole cluster directory, all files merged."""
+
+    cluster: ClusterSettings = Field(description="Cluster-wide settings.")
+    fabrics: dict[Name, Fabric] = Field(default_factory=dict, description="RDMA fabrics.")
+    nodes: dict[Name, Node] = Field(default_factory=dict, description="Machines in the fleet.")
+    models: dict[Name, Model] = Field(default_factory=dict, description="Models to serve.")
+    projects: dict[Name, Project] = Field(default_factory=dict, description="Who pays.")
+
+
+ClusterSettings.model_rebuild()
+SECTIONS = tuple(Cluster.model_fields)
