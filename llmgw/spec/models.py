@@ -131,6 +131,9 @@ class Node(Strict):
         "the daemon runs on (its agent socket is used directly)."
     )
     ssh_port: Port | None = Field(None, description="SSH port, if not the cluster's.")
+    agent_socket: str | None = Field(
+        None, description="The agent's unix socket on this node, if not the cluster's."
+    )
     mgmt_interface: str | None = Field(
         None,
         description="Network interface for NCCL/Gloo bootstrap (`NCCL_SOCKET_IFNAME`). Never a "
