@@ -72,7 +72,9 @@ class StoreSettings(Strict):
 
 class ClusterSettings(Strict):
     name: Name = Field(description="Name of the cluster; shown in plans and metrics.")
-    ssh: SSHSettings = Field(default_factory=SSHSettings, description="How the daemon reaches nodes.")
+    ssh: SSHSettings = Field(
+        default_factory=SSHSettings, description="How the daemon reaches nodes."
+    )
     sync: Literal["auto", "manual"] = Field(
         "manual",
         description="`auto`: the daemon applies every change it plans. `manual`: it only "
@@ -81,7 +83,9 @@ class ClusterSettings(Strict):
     drift_interval: Duration = Field(
         60.0, description="How often the daemon re-plans to catch drift on nodes."
     )
-    listeners: Listeners = Field(default_factory=Listeners, description="Where `llmgw serve` listens.")
+    listeners: Listeners = Field(
+        default_factory=Listeners, description="Where `llmgw serve` listens."
+    )
     store: StoreSettings = Field(default_factory=StoreSettings, description="Embedded database.")
     auth: Literal["keys", "none"] = Field(
         "keys",
@@ -151,17 +155,11 @@ class Node(Strict):
         description="Fabric name → the RDMA adapters (e.g. `mlx5_0`) of this node on it.",
     )
     weights_dirs: list[str] = Field(
-        default_factory=list, description="Directories where model weights are looked for."
+        default_factory=list,
+        description="Directories where model weights are looked for: absolute paths; on the "
+        "`local` node a path starting with `./` or `../` is relative to the cluster directory.",
     )
     cordoned: bool = Field(False, description="No new replicas are placed here.")
-
-    @field_validator("weights_dirs")
-    @classmethod
-    def _absolute(cls, dirs: list[str]) -> list[str]:
-        for path in dirs:
-            if not path.startswith("/"):
-                raise ValueError(f"weights directory must be an absolute path; got {path!r}")
-        return dirs
 
     @property
     def is_local(self) -> bool:
@@ -271,7 +269,10 @@ class Pricing(Strict):
 
 class Model(Strict):
     source: str | None = Field(
-        None, description="Weights: a Hugging Face repo id or an absolute path on the node."
+        None,
+        description="Weights: a Hugging Face repo id (`org/name`) or an absolute path on the "
+        "node; a path starting with `./` or `../` is relative to the cluster directory (for "
+        "the `local` node).",
     )
     served_name: str | None = Field(None, description="Name clients use; default: the model key.")
     profiles: list[Profile] = Field(

@@ -1,0 +1,29 @@
+"""Loading the cluster directory for a command: one place for the --cluster flag."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from llmgw.cli.errors import UserError
+from llmgw.spec import loading
+from llmgw.spec.models import Cluster
+
+
+def add_cluster_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cluster", metavar="DIR", type=Path, default=Path("cluster"),
+        help="cluster directory (default: ./cluster)",
+    )
+
+
+def load(directory: Path) -> Cluster:
+    """The validated cluster, or a UserError listing every located problem."""
+    try:
+        return loading.load(directory)
+    except loading.SpecErrors as exc:
+        for error in exc.errors:
+            print(error, file=sys.stderr)
+        count = len(exc.errors)
+        raise UserError(f"{count} error{'s' if count != 1 else ''} in {directory}") from None

@@ -1,0 +1,115 @@
+"""``llmgw validate``: check a cluster directory and summarise it on one screen."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter, defaultdict
+
+from llmgw.cli import clusters
+from llmgw.spec import checks, gpus
+from llmgw.spec.models import Cluster, Profile
+from llmgw.spec.quantities import format_duration, format_size
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "validate", help="check cluster files and summarise the cluster",
+        description="Check every *.yaml in the cluster directory: syntax, schema and meaning. "
+        "Prints every problem as file:line:col: message and exits 1, or a summary and exits 0.",
+    )
+    clusters.add_cluster_flag(parser)
+    parser.add_argument("--classes", action="store_true",
+                        help="list the known GPU classes and exit")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.classes:
+        print(classes_table())
+        return 0
+    cluster = clusters.load(args.cluster)
+    print(summary(cluster))
+    return 0
+
+
+def classes_table() -> str:
+    lines = [f"{'CLASS':<16} {'MEMORY':>8} {'CC':>5} {'FP8':>4}  DRIVER NAME"]
+    for cls in sorted(gpus.BUILTIN.values(), key=lambda c: c.name):
+        cc = ".".join(map(str, cls.compute_capability))
+        lines.append(f"{cls.name:<16} {cls.memory_gib:>5} GiB {cc:>5} "
+                     f"{'yes' if cls.supports_fp8 else 'no':>4}  {cls.description}")
+    return "\n".join(lines)
+
+
+def describe_profile(profile: Profile) -> str:
+    if profile.cpu:
+        memory = f", ≥ {profile.min_memory_gb:g} GiB RAM" if profile.min_memory_gb else ""
+        return f"{profile.engine} on CPU{memory}"
+    where = f"{profile.gpus_per_node}× {'/'.join(profile.gpu_classes)}"
+    if profile.nodes > 1:
+        where = f"{profile.nodes} nodes × {where}"
+    parallel = [f"TP {profile.tensor_parallel}"] if profile.tensor_parallel > 1 else []
+    if profile.pipeline_parallel > 1:
+        parallel.append(f"PP {profile.pipeline_parallel}")
+    shape = f" ({' × '.join(parallel)})" if parallel else ""
+    return f"{profile.engine} on {where}{shape}"
+
+
+def summary(cluster: Cluster) -> str:
+    """A one-screen overview of a valid cluster."""
+    settings = cluster.cluster
+    declared: Counter[str] = Counter()
+    nodes_with: defaultdict[str, set[str]] = defaultdict(set)
+    for name, node in cluster.nodes.items():
+        for decl in node.gpus:
+            declared[decl.gpu_class] += decl.count
+            nodes_with[decl.gpu_class].add(name)
+    total_gpus = sum(declared.values())
+    lines = [
+        f"Cluster {settings.name} is valid: {len(cluster.nodes)} nodes, {total_gpus} GPUs "
+        f"declared, {len(cluster.fabrics)} fabrics, {len(cluster.models)} models, "
+        f"{len(cluster.projects)} projects (sync: {settings.sync}, auth: {settings.auth})",
+        "",
+        "Nodes",
+    ]
+    width = max((len(n) for n in cluster.nodes), default=4)
+    for name, node in cluster.nodes.items():
+        gpu_text = ", ".join(f"{d.count}× {d.gpu_class}" for d in node.gpus) or "no GPUs declared"
+        fabric_text = ", ".join(f"{f} ({len(a)})" for f, a in node.fabrics.items()) or "-"
+        flags = " [cordoned]" if node.cordoned else ""
+        lines.append(f"  {name:<{width}}  {node.address:<15} {gpu_text:<20} fabrics: "
+                     f"{fabric_text}{flags}")
+    if declared:
+        lines += ["", "GPUs by class (declared)"]
+        table = checks.known_classes(cluster)
+        for cls, count in sorted(declared.items()):
+            info = table.get(cls)
+            cc = ".".join(map(str, info.compute_capability)) if info else "?"
+            lines.append(f"  {cls:<14} {count:>4} on {len(nodes_with[cls])} nodes "
+                         f"(compute capability {cc})")
+    if cluster.fabrics:
+        lines += ["", "Fabrics"]
+        for name, fabric in cluster.fabrics.items():
+            members = [n for n, node in cluster.nodes.items() if name in node.fabrics]
+            lines.append(f"  {name:<10} {fabric.kind:<10} {len(members)} nodes")
+    if cluster.models:
+        lines += ["", "Models"]
+        for name, model in cluster.models.items():
+            scale = model.scaling
+            demand = "on demand" if scale.min == 0 else f"min {scale.min}"
+            idle = f", idle {format_duration(scale.idle_timeout)}" if scale.idle_timeout else ""
+            lines.append(f"  {name}  ({demand}, max {scale.max}{idle})")
+            for index, profile in enumerate(model.profiles, 1):
+                lines.append(f"    {index}. {describe_profile(profile)}")
+    if cluster.projects:
+        lines += ["", "Projects"]
+        for name, project in cluster.projects.items():
+            budget = "no budget"
+            if project.budget_usd is not None:
+                budget = f"${project.budget_usd:,.2f}"
+            lines.append(f"  {name:<12} {budget}")
+    memory = [n for n in cluster.nodes.values() if n.memory]
+    if memory:
+        lines += ["", f"Declared memory: {format_size(sum(n.memory or 0 for n in memory))} "
+                  f"on {len(memory)} nodes"]
+    return "\n".join(lines)

@@ -1,0 +1,241 @@
+"""Meaning checks on a cluster whose shape is already valid.
+
+This is a purely computational module with no side effects: it reads a
+:class:`~llmgw.spec.models.Cluster` and returns :class:`Problem` values
+addressed by data path; the loader turns paths into ``file:line:col``.
+
+Capacity arithmetic uses the GPUs that nodes *declare*. Declarations are
+optional (the agent's report is the truth), so a class no node declares is
+only an error when the cluster declares GPUs at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from llmgw.spec import gpus
+from llmgw.spec.models import Cluster, Profile
+
+Path = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: Path
+    message: str
+    at_key: bool = False  # point at the key rather than its value
+    fleet_wide: bool = False  # depends on every node (capacity, fabrics)
+
+
+def is_relative_path(text: str) -> bool:
+    """``./x`` and ``../x`` are paths relative to the cluster directory; ``org/name`` is not."""
+    return text.startswith(("./", "../"))
+
+
+def known_classes(cluster: Cluster) -> dict[str, gpus.GpuClass]:
+    """Built-in GPU classes plus those the cluster declares."""
+    table = dict(gpus.BUILTIN)
+    for name, decl in cluster.cluster.gpu_classes.items():
+        major, minor = (int(p) for p in decl.compute_capability.split("."))
+        table[name] = gpus.GpuClass(name, name.rsplit("-", 1)[0], decl.memory_gib,
+                                    (major, minor), "declared in cluster.gpu_classes")
+    return table
+
+
+def check(cluster: Cluster, dropped: set[tuple[str, str]] | None = None) -> list[Problem]:
+    """Every meaning problem in ``cluster``, in a stable order.
+
+    ``dropped`` names entries (section, name) that had shape errors and were left
+    out: references to them are not errors, and fleet-wide arithmetic, which would
+    miss them, is skipped.
+    """
+    dropped = dropped or set()
+    classes = known_classes(cluster)
+    partial = any(section == "nodes" for section, _ in dropped)
+    problems = [
+        *_node_problems(cluster, classes, {n for s, n in dropped if s == "fabrics"}),
+        *_model_problems(cluster, classes),
+    ]
+    if partial:
+        problems = [p for p in problems if not p.fleet_wide]
+    return problems
+
+
+def _class_hint(name: str, classes: dict[str, gpus.GpuClass]) -> str:
+    family = name.split("-")[0]
+    same_family = sorted(c for c in classes if c.split("-")[0] == family)
+    if same_family:
+        return f" (classes are named from the memory the driver reports: {', '.join(same_family)})"
+    return " (see `llmgw validate --classes`, or declare it under cluster.gpu_classes)"
+
+
+def _node_problems(
+    cluster: Cluster, classes: dict[str, gpus.GpuClass], dropped_fabrics: set[str]
+) -> Iterator[Problem]:
+    local_owner: str | None = None
+    endpoints: dict[tuple[str, int], str] = {}
+    for name, node in cluster.nodes.items():
+        base: Path = ("nodes", name)
+        if node.is_local:
+            if local_owner is not None:
+                yield Problem((*base, "address"),
+                              f"nodes.{name}: address 'local' is already used by node "
+                              f"'{local_owner}'; only one node can be this machine")
+            local_owner = local_owner or name
+        else:
+            endpoint = (node.address, node.ssh_port or cluster.cluster.ssh.port)
+            if endpoint in endpoints:
+                yield Problem((*base, "address"),
+                              f"nodes.{name}: {endpoint[0]} port {endpoint[1]} is already node "
+                              f"'{endpoints[endpoint]}'")
+            endpoints.setdefault(endpoint, name)
+        for fabric, adapters in node.fabrics.items():
+            if fabric not in cluster.fabrics and fabric not in dropped_fabrics:
+                defined = ", ".join(sorted(cluster.fabrics)) or "none"
+                yield Problem((*base, "fabrics", fabric),
+                              f"nodes.{name}.fabrics: undefined fabric '{fabric}' "
+                              f"(defined: {defined})", at_key=True)
+            if not adapters:
+                yield Problem((*base, "fabrics", fabric),
+                              f"nodes.{name}.fabrics.{fabric}: list the node's adapters on "
+                              "this fabric, e.g. [mlx5_0, mlx5_1]")
+        for index, path in enumerate(node.weights_dirs):
+            if not path.startswith("/") and not (node.is_local and is_relative_path(path)):
+                yield Problem((*base, "weights_dirs", index),
+                              f"nodes.{name}.weights_dirs[{index}]: {path!r} must be an "
+                              "absolute path (relative paths only on the `local` node, "
+                              "starting with ./ or ../)")
+        for index, decl in enumerate(node.gpus):
+            if decl.gpu_class not in classes:
+                yield Problem((*base, "gpus", index, "class"),
+                              f"nodes.{name}.gpus[{index}]: unknown GPU class "
+                              f"'{decl.gpu_class}'" + _class_hint(decl.gpu_class, classes))
+
+
+def _model_problems(cluster: Cluster, classes: dict[str, gpus.GpuClass]) -> Iterator[Problem]:
+    served: dict[str, str] = {}
+    for name, model in cluster.models.items():
+        base: Path = ("models", name)
+        public = model.served_name or name
+        if public in served:
+            yield Problem((*base, "served_name") if model.served_name else base,
+                          f"models.{name}: clients would call it '{public}', which model "
+                          f"'{served[public]}' already answers to", at_key=True)
+        served.setdefault(public, name)
+        if model.scaling.min > model.scaling.max:
+            yield Problem((*base, "scaling", "min"),
+                          f"models.{name}.scaling: min {model.scaling.min} is greater than "
+                          f"max {model.scaling.max}")
+        if model.source is None and any(p.source is None for p in model.profiles):
+            yield Problem(base, f"models.{name}: no `source` for the model or its profiles "
+                          "(a Hugging Face repo id or a path on the node)", at_key=True)
+        for index, profile in enumerate(model.profiles):
+            yield from _profile_problems(cluster, classes, (*base, "profiles", index), profile)
+
+
+def _profile_problems(
+    cluster: Cluster, classes: dict[str, gpus.GpuClass], base: Path, profile: Profile
+) -> Iterator[Problem]:
+    where = f"{base[0]}.{base[1]}.profiles[{base[3]}]"
+    unknown = [c for c in profile.gpu_classes if c not in classes]
+    for name in unknown:
+        yield Problem((*base, "gpu_class"),
+                      f"{where}: unknown GPU class '{name}'" + _class_hint(name, classes))
+    known = [classes[c] for c in profile.gpu_classes if c in classes]
+    yield from _arithmetic(base, where, profile)
+    if profile.tensor_parallel > 1 and len({(c.memory_gib, c.compute_capability)
+                                            for c in known}) > 1:
+        yield Problem((*base, "gpu_class"),
+                      f"{where}: a tensor-parallel group would mix GPU classes "
+                      f"{', '.join(c.name for c in known)}; shards must be identical — use one "
+                      "class per profile and add a profile for the other")
+    for field_name in ("dtype", "quantization", "kv_cache_dtype"):
+        value = getattr(profile, field_name)
+        if value and "fp8" in value.lower():
+            weak = [c for c in known if not c.supports_fp8]
+            for cls in weak:
+                cc = ".".join(map(str, cls.compute_capability))
+                yield Problem((*base, field_name),
+                              f"{where}: {field_name} {value} needs compute capability 8.9 or "
+                              f"newer; {cls.name} has {cc}")
+    if profile.nodes > 1 and not unknown:
+        yield from _fabric_for(cluster, base, where, profile)
+    if not profile.cpu and not unknown:
+        yield from _declared_capacity(cluster, base, where, profile)
+
+
+def _arithmetic(base: Path, where: str, profile: Profile) -> Iterator[Problem]:
+    if profile.cpu:
+        if profile.world_size > 1 or profile.nodes > 1:
+            yield Problem((*base, "tensor_parallel"),
+                          f"{where}: a CPU profile runs one process on one node; "
+                          "tensor_parallel, pipeline_parallel and nodes must be 1")
+        return
+    if profile.engine == "llama.cpp" and profile.nodes > 1:
+        yield Problem((*base, "nodes"), f"{where}: llama.cpp replicas cannot span nodes")
+    if profile.world_size % profile.nodes:
+        yield Problem((*base, "nodes"),
+                      f"{where}: tensor_parallel × pipeline_parallel = "
+                      f"{profile.tensor_parallel} × {profile.pipeline_parallel} = "
+                      f"{profile.world_size} GPUs cannot be split evenly over "
+                      f"{profile.nodes} nodes")
+    elif profile.nodes > 1 and (profile.gpus_per_node % profile.tensor_parallel
+                                and profile.tensor_parallel % profile.gpus_per_node):
+        yield Problem((*base, "tensor_parallel"),
+                      f"{where}: {profile.gpus_per_node} GPUs per node split tensor-parallel "
+                      f"groups of {profile.tensor_parallel} unevenly across nodes")
+
+
+def _fabric_for(cluster: Cluster, base: Path, where: str, profile: Profile) -> Iterator[Problem]:
+    """A multi-node replica needs `nodes` nodes that share one fabric."""
+    declaring = any(n.gpus for n in cluster.nodes.values())
+    best: tuple[int, str] = (0, "")
+    missing_mgmt: set[str] = set()
+    for fabric in sorted(cluster.fabrics):
+        members = []
+        for name, node in cluster.nodes.items():
+            if fabric not in node.fabrics:
+                continue
+            if declaring and _declared(node, profile) < profile.gpus_per_node:
+                continue
+            if node.mgmt_interface is None:
+                missing_mgmt.add(name)
+                continue
+            members.append(name)
+        best = max(best, (len(members), fabric))
+    if best[0] >= profile.nodes:
+        return
+    detail = f"the most on one fabric is {best[0]} ({best[1]})" if best[1] else "no fabrics"
+    if missing_mgmt:
+        detail += ("; nodes without mgmt_interface cannot join: "
+                   + ", ".join(sorted(missing_mgmt)))
+    classes = "/".join(profile.gpu_classes)
+    yield Problem((*base, "nodes"), fleet_wide=True, message=
+                  f"{where}: no fabric can carry a {profile.nodes}-node replica: it needs "
+                  f"{profile.nodes} nodes on one fabric"
+                  + (f" with {profile.gpus_per_node} {classes} GPUs each" if declaring else "")
+                  + f"; {detail}")
+
+
+def _declared(node: object, profile: Profile) -> int:
+    gpu_decls = getattr(node, "gpus", [])
+    return sum(d.count for d in gpu_decls if d.gpu_class in profile.gpu_classes)
+
+
+def _declared_capacity(
+    cluster: Cluster, base: Path, where: str, profile: Profile
+) -> Iterator[Problem]:
+    if not any(n.gpus for n in cluster.nodes.values()):
+        return  # nothing declared: the agents' reports will tell
+    counts = {name: _declared(node, profile) for name, node in cluster.nodes.items()}
+    most = max(counts.values(), default=0)
+    classes = "/".join(profile.gpu_classes)
+    if most == 0:
+        yield Problem((*base, "gpu_class"), f"{where}: no node declares {classes} GPUs",
+                      fleet_wide=True)
+    elif most < profile.gpus_per_node:
+        owner = sorted(n for n, c in counts.items() if c == most)[0]
+        yield Problem((*base, "tensor_parallel"), fleet_wide=True, message=
+                      f"{where}: needs {profile.gpus_per_node} {classes} GPUs per node; the "
+                      f"most any node declares is {most} ({owner})")

@@ -1,0 +1,520 @@
+"""Load a cluster directory into a :class:`~llmgw.spec.models.Cluster`.
+
+Every ``*.yaml`` below the directory is read with ruamel.yaml, which keeps the
+line and column of every key and value. Sections are merged across files;
+collections are maps keyed by name, so the same name in two places is an
+error naming both. Then the merged data is validated twice: shape by pydantic
+(:mod:`llmgw.spec.models`), meaning by :mod:`llmgw.spec.checks`. Every
+problem found on the way is reported at once as ``path:line:col: message``.
+
+Usage::
+
+    try:
+        cluster = loading.load("cluster/")
+    except loading.SpecErrors as exc:
+        print(exc)          # one located message per line
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import types
+import typing
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pydantic
+from pydantic import BaseModel
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from llmgw.spec import checks
+from llmgw.spec.models import SECTIONS, Cluster
+
+DataPath = tuple[str | int, ...]
+COLLECTIONS = ("fabrics", "nodes", "models", "projects")
+_SINGULAR = {"fabrics": "fabric", "nodes": "node", "models": "model", "projects": "project"}
+
+
+@dataclass(frozen=True, order=True)
+class Location:
+    path: str
+    line: int  # 1-based
+    col: int  # 1-based
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}"
+
+
+@dataclass(frozen=True)
+class SpecError:
+    location: Location | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.message}" if self.location else self.message
+
+
+class SpecErrors(Exception):
+    """Everything wrong with a cluster directory, each problem with its place."""
+
+    def __init__(self, errors: Iterable[SpecError]) -> None:
+        self.errors = sorted(errors, key=_error_order)
+        super().__init__("\n".join(str(e) for e in self.errors))
+
+
+def _error_order(error: SpecError) -> tuple[Location, str]:
+    return (error.location or Location("", 0, 0), error.message)
+
+
+@dataclass
+class Sources:
+    """Where each piece of the merged data came from."""
+
+    directory: Path
+    keys: dict[DataPath, Location] = field(default_factory=dict)
+    values: dict[DataPath, Location] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+
+    def locate(self, path: DataPath, prefer_key: bool = False) -> Location | None:
+        """The closest known place for ``path``, walking up to its parents."""
+        order = (self.keys, self.values) if prefer_key else (self.values, self.keys)
+        for end in range(len(path), -1, -1):
+            for table in order:
+                if path[:end] in table:
+                    return table[path[:end]]
+        return None
+
+
+def yaml_files(directory: Path) -> list[Path]:
+    """The cluster files: every ``*.yaml``/``*.yml`` below ``directory``, sorted."""
+    files = [*directory.rglob("*.yaml"), *directory.rglob("*.yml")]
+    return sorted(p for p in files if p.is_file() and not any(
+        part.startswith(".") for part in p.relative_to(directory).parts
+    ))
+
+
+def load(directory: str | Path) -> Cluster:
+    """Load, merge and validate a cluster directory; raise :class:`SpecErrors`."""
+    return load_with_sources(directory)[0]
+
+
+def load_with_sources(directory: str | Path) -> tuple[Cluster, Sources]:
+    root = Path(directory)
+    if not root.is_dir():
+        what = "does not exist" if not root.exists() else "is not a directory"
+        raise SpecErrors([SpecError(None, f"{root}: cluster directory {what}")])
+    sources = Sources(root)
+    errors: list[SpecError] = []
+    merged: dict[str, Any] = {}
+    files = yaml_files(root)
+    if not files:
+        raise SpecErrors([SpecError(None, f"{root}: no *.yaml files in the cluster directory")])
+    for path in files:
+        display = _display(path)
+        sources.files.append(path)
+        document = _parse(path, display, errors)
+        if document is not None:
+            _merge(document, display, merged, sources, errors)
+    if "cluster" not in merged and not errors:
+        errors.append(SpecError(
+            Location(_display(files[0]), 1, 1),
+            "no `cluster:` section in any file (it needs at least `name`)",
+        ))
+    cluster: Cluster | None = None
+    if "cluster" in merged:
+        try:
+            cluster = Cluster.model_validate(merged)
+        except pydantic.ValidationError as exc:
+            shape = list(_shape_errors(exc, merged, sources))
+            errors.extend(error for error, _ in shape)
+            _check_partial(merged, {path for _, path in shape}, sources, errors)
+    if cluster is not None:
+        errors.extend(_meaning_errors(cluster, sources, dropped=set()))
+    if errors:
+        raise SpecErrors(errors)
+    assert cluster is not None
+    return _resolve_relative(cluster, root), sources
+
+
+def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
+    """Make ``./``/``../`` paths absolute against the cluster directory (the local node's)."""
+    def resolve(text: str | None) -> str | None:
+        if text is None or not checks.is_relative_path(text):
+            return text
+        return str((root / text).resolve())
+
+    nodes = {
+        name: node.model_copy(update={"weights_dirs": [resolve(p) for p in node.weights_dirs]})
+        for name, node in cluster.nodes.items()
+    }
+    models = {
+        name: model.model_copy(update={
+            "source": resolve(model.source),
+            "profiles": [p.model_copy(update={"source": resolve(p.source)})
+                         for p in model.profiles],
+        })
+        for name, model in cluster.models.items()
+    }
+    settings = cluster.cluster
+
+    def anchored(text: str) -> str:
+        return text if text.startswith("/") else str((root / text).resolve())
+
+    settings = settings.model_copy(update={
+        "ssh": settings.ssh.model_copy(update={"known_hosts": anchored(settings.ssh.known_hosts)}),
+        "store": settings.store.model_copy(update={"path": anchored(settings.store.path)}),
+        "agent_socket": resolve(settings.agent_socket),
+    })
+    nodes = {
+        name: node.model_copy(update={"agent_socket": resolve(node.agent_socket)})
+        for name, node in nodes.items()
+    }
+    return cluster.model_copy(update={"cluster": settings, "nodes": nodes, "models": models})
+
+
+def _remove(data: Any, path: DataPath) -> None:
+    for step in path[:-1]:
+        if isinstance(data, dict) and step in data:
+            data = data[step]
+        elif isinstance(data, list) and isinstance(step, int) and step < len(data):
+            data = data[step]
+        else:
+            return
+    if isinstance(data, dict) and len(path) > 2:
+        data.pop(path[-1], None)
+
+
+def _meaning_errors(
+    cluster: Cluster, sources: Sources, dropped: set[tuple[str, str]]
+) -> list[SpecError]:
+    return [
+        SpecError(sources.locate(p.path, prefer_key=p.at_key), p.message)
+        for p in checks.check(cluster, dropped=dropped)
+    ]
+
+
+def _check_partial(
+    merged: dict[str, Any], bad_paths: set[DataPath], sources: Sources,
+    errors: list[SpecError],
+) -> None:
+    """Meaning checks on the entries whose shape is valid, so one run reports everything.
+
+    Entries with shape errors are dropped; references to them are not reported again.
+    """
+    partial = copy.deepcopy(merged)
+    for path in bad_paths:  # first try without just the offending keys
+        _remove(partial, path)
+    if any(p[:1] == ("cluster",) for p in bad_paths):
+        partial["cluster"] = {"name": "partial"}
+    dropped: set[tuple[str, str]] = set()
+    for _ in range(2):
+        try:
+            cluster = Cluster.model_validate(partial)
+            break
+        except pydantic.ValidationError as exc:  # then without the entries still failing
+            for item in exc.errors(include_url=False):
+                path = _data_path(item["loc"], partial)
+                if len(path) >= 2 and path[0] in COLLECTIONS:
+                    dropped.add((str(path[0]), str(path[1])))
+                    partial[path[0]].pop(path[1], None)
+    else:
+        return  # an error we could not isolate; the shape errors already say enough
+    errors.extend(_meaning_errors(cluster, sources, dropped))
+
+
+def _display(path: Path) -> str:
+    """Paths as the user would type them: relative to the working directory if below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+# --- syntax ---------------------------------------------------------------
+
+def _parse(path: Path, display: str, errors: list[SpecError]) -> Any:
+    yaml = YAML(typ="rt")
+    yaml.allow_duplicate_keys = False
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        errors.append(SpecError(Location(display, 1, 1), f"cannot read file: {exc}"))
+        return None
+    try:
+        return yaml.load(text)
+    except MarkedYAMLError as exc:
+        errors.append(_syntax_error(exc, display, text))
+    except YAMLError as exc:
+        errors.append(SpecError(Location(display, 1, 1), f"invalid YAML: {exc}"))
+    return None
+
+
+def _syntax_error(exc: MarkedYAMLError, display: str, text: str) -> SpecError:
+    mark = exc.problem_mark or exc.context_mark
+    line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+    problem = (exc.problem or "").strip()
+    context = (exc.context or "").strip()
+    lines = text.splitlines()
+    offending = lines[line - 1] if 0 < line <= len(lines) else ""
+    indent = offending[: len(offending) - len(offending.lstrip())]
+    if "'\\t'" in problem or "\t" in problem or "\t" in indent:
+        tab_col = offending.index("\t") + 1 if "\t" in offending else col
+        return SpecError(
+            Location(display, line, tab_col),
+            "tab character in indentation: YAML indents with spaces only",
+        )
+    if "duplicate key" in problem or "found duplicate key" in context:
+        first = exc.context_mark
+        key = problem.split('"')[1] if problem.count('"') >= 2 else ""
+        where = f" (first defined at line {first.line + 1})" if first else ""
+        return SpecError(Location(display, line, col), f"duplicate key '{key}'{where}")
+    if "quoted scalar" in context:
+        start = exc.context_mark
+        if start is not None:
+            line, col = start.line + 1, start.column + 1
+        return SpecError(Location(display, line, col), "unclosed quote: the string starting "
+                         "here has no closing quote")
+    message = f"{context}: {problem}" if context and problem else (problem or context)
+    hint = ""
+    if "mapping values are not allowed" in problem or "expected <block end>" in context + problem:
+        hint = " (check the indentation of this line and the one above)"
+    return SpecError(Location(display, line, col), f"invalid YAML: {message}{hint}")
+
+
+# --- merging --------------------------------------------------------------
+
+def _merge(
+    document: Any, display: str, merged: dict[str, Any], sources: Sources,
+    errors: list[SpecError],
+) -> None:
+    if document is None:
+        return  # an empty file (or only comments) is fine
+    if not isinstance(document, CommentedMap):
+        errors.append(SpecError(
+            Location(display, 1, 1),
+            "a cluster file must be a mapping of sections: " + ", ".join(SECTIONS),
+        ))
+        return
+    for section, body in document.items():
+        key_loc = _key_location(document, section, display)
+        value_loc = _value_location(document, section, display) or key_loc
+        if section not in SECTIONS:
+            errors.append(SpecError(key_loc, f"unknown section '{section}'"
+                                    + _did_you_mean(str(section), SECTIONS)))
+            continue
+        if body is None:
+            continue
+        if not isinstance(body, CommentedMap):
+            noun = "settings" if section == "cluster" else f"name → {_SINGULAR[section]}"
+            errors.append(SpecError(value_loc, f"section '{section}' must be a mapping of {noun}"))
+            continue
+        target = merged.setdefault(section, {})
+        sources.keys.setdefault((section,), key_loc)
+        for name, value in body.items():
+            path: DataPath = (section, _plain_key(name))
+            here = _key_location(body, name, display)
+            if path[1] in target:
+                first = sources.keys.get(path)
+                noun = f"{_SINGULAR[section]} '{name}'" if section in COLLECTIONS else (
+                    f"setting 'cluster.{name}'")
+                errors.append(SpecError(here, f"duplicate {noun}: also defined at {first}"))
+                continue
+            sources.keys[path] = here
+            sources.values[path] = _value_location(body, name, display) or here
+            target[path[1]] = _plain(value, path, display, sources)
+
+
+def _plain_key(key: Any) -> str:
+    return str(key) if not isinstance(key, str) else key
+
+
+def _plain(node: Any, path: DataPath, display: str, sources: Sources) -> Any:
+    """ruamel's round-trip nodes → plain Python, recording each position."""
+    if isinstance(node, CommentedMap):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            child = (*path, _plain_key(key))
+            key_loc = _key_location(node, key, display)
+            if key_loc:
+                sources.keys[child] = key_loc
+            value_loc = _value_location(node, key, display)
+            if value_loc:
+                sources.values[child] = value_loc
+            out[_plain_key(key)] = _plain(value, child, display, sources)
+        return out
+    if isinstance(node, CommentedSeq):
+        items = []
+        for index, value in enumerate(node):
+            child = (*path, index)
+            try:
+                line, col = node.lc.item(index)
+                sources.values[child] = Location(display, line + 1, col + 1)
+            except (KeyError, AttributeError, TypeError):
+                pass
+            items.append(_plain(value, child, display, sources))
+        return items
+    if isinstance(node, bool):
+        return bool(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return node
+
+
+def _key_location(node: CommentedMap, key: Any, display: str) -> Location:
+    try:
+        line, col = node.lc.key(key)
+        return Location(display, line + 1, col + 1)
+    except (KeyError, AttributeError, TypeError):
+        return Location(display, node.lc.line + 1, node.lc.col + 1)
+
+
+def _value_location(node: CommentedMap, key: Any, display: str) -> Location | None:
+    try:
+        line, col = node.lc.value(key)
+        return Location(display, line + 1, col + 1)
+    except (KeyError, AttributeError, TypeError):
+        return None
+
+
+# --- shape (pydantic) -----------------------------------------------------
+
+def _shape_errors(
+    exc: pydantic.ValidationError, data: dict[str, Any], sources: Sources
+) -> Iterator[tuple[SpecError, DataPath]]:
+    seen: set[tuple[DataPath, str]] = set()
+    for item in exc.errors(include_url=False):
+        path = _data_path(item["loc"], data)
+        message = _shape_message(item, path)
+        if message is None or (path, message) in seen:
+            continue
+        seen.add((path, message))
+        at_key = item["type"] in ("extra_forbidden", "missing")
+        yield SpecError(sources.locate(path, prefer_key=at_key), message), path
+
+
+def _data_path(loc: tuple[int | str, ...], data: Any) -> DataPath:
+    """pydantic's loc with union-branch tags dropped: only steps that exist in the data.
+
+    A missing key is the last step and does not exist; keep it so the message can name it.
+    """
+    path: list[str | int] = []
+    node = data
+    for step in loc:
+        if isinstance(node, dict) and step in node:
+            node = node[step]
+            path.append(step)
+        elif isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node):
+            node = node[step]
+            path.append(step)
+        elif isinstance(node, dict) and isinstance(step, str) and step == loc[-1]:
+            path.append(step)  # the missing key itself
+            break
+    return tuple(path)
+
+
+def dotted(path: DataPath) -> str:
+    out = ""
+    for step in path:
+        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
+    return out
+
+
+def _shape_message(item: Any, path: DataPath) -> str | None:
+    kind = item["type"]
+    where = dotted(path)
+    given = item.get("input")
+    if kind == "extra_forbidden":
+        parent, key = path[:-1], str(path[-1])
+        return f"{dotted(parent)}: unknown key '{key}'" + _did_you_mean(key, fields_at(parent))
+    if kind == "missing":
+        return f"{dotted(path[:-1]) or 'file'}: missing required key '{path[-1]}'"
+    message = str(item["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    if kind.startswith(("int_", "float_", "bool_", "string_type", "dict_type", "list_type",
+                        "literal_error", "enum", "model_type", "string_pattern")):
+        message = f"{message[0].lower()}{message[1:]}; got {_show(given)}"
+    if kind == "string_pattern_mismatch":
+        message = (f"invalid name {_show(given)}: use lowercase letters, digits, '.', '_' "
+                   "and '-', starting and ending with a letter or digit")
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        message = f"{message[0].lower()}{message[1:]}; got {_show(given)}"
+    return f"{where}: {message}" if where else message
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    options = sorted(set(choices))
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    if options and len(options) <= 12:
+        return f" (known keys: {', '.join(options)})"
+    return ""
+
+
+def fields_at(path: DataPath) -> list[str]:
+    """The keys a mapping at ``path`` may hold, for did-you-mean hints."""
+    model = _model_at(Cluster, path)
+    if model is None:
+        return []
+    names = []
+    for name, info in model.model_fields.items():
+        names.append(info.alias or name)
+    return names
+
+
+def _model_at(model: type[BaseModel], path: DataPath) -> type[BaseModel] | None:
+    current: Any = model
+    for step in path:
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            info = current.model_fields.get(str(step)) or next(
+                (f for f in current.model_fields.values() if f.alias == step), None
+            )
+            if info is None:
+                return None
+            current = info.annotation
+            continue
+        origin = typing.get_origin(current)
+        args = typing.get_args(current)
+        if origin is dict and args:
+            current = args[1]
+        elif origin is list and args:
+            current = args[0]
+        else:
+            return None
+    current = _unwrap(current)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Optional[X] / Annotated[X, ...] / X | list[X] → the first model-bearing X."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+            continue
+        if origin in (typing.Union, types.UnionType):
+            options = [a for a in typing.get_args(annotation) if a is not type(None)]
+            models = [a for a in options if isinstance(a, type) and issubclass(a, BaseModel)]
+            annotation = models[0] if models else options[0]
+            continue
+        return annotation
