@@ -55,6 +55,10 @@ bench: install sysdeps
 run: install
 	$(BIN)/llmgw validate --cluster cluster.example/local
 
+# Regenerate llmgw/proto/agent_pb2*.py{,i} after editing agent.proto (a test checks they match).
+proto: install
+	$(BIN)/python -m llmgw.proto.codegen
+
 docs: install
 	$(BIN)/python -m llmgw.spec.reference > docs/cluster-reference.md
 
