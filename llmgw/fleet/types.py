@@ -64,7 +64,16 @@ class Port(Observed):
     rate: str | None = None  # as sysfs writes it: "200 Gb/sec (4X HDR)"
     rate_gbps: float | None = None
     link_layer: str | None = None  # InfiniBand | Ethernet
-    gids: list[str] = Field(default_factory=list)
+    gids: list[str] = Field(
+        default_factory=list,
+        description="GIDs by index as sysfs lists them (`gids/<i>`), up to the last populated "
+        "one; an unpopulated index is all zeros. RoCE's gid_index points into this list.",
+    )
+    gid_types: list[str] = Field(
+        default_factory=list,
+        description="Per GID index, its type from `gid_attrs/types/<i>` (`RoCE v2`, "
+        "`IB/RoCE v1`), or empty where sysfs has none (InfiniBand).",
+    )
 
     @property
     def active(self) -> bool:
