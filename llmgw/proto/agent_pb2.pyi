@@ -262,6 +262,7 @@ class Port(_message.Message):
     RATE_GBPS_FIELD_NUMBER: _builtins.int
     LINK_LAYER_FIELD_NUMBER: _builtins.int
     GIDS_FIELD_NUMBER: _builtins.int
+    GID_TYPES_FIELD_NUMBER: _builtins.int
     number: _builtins.int
     state: _builtins.str
     phys_state: _builtins.str
@@ -270,6 +271,8 @@ class Port(_message.Message):
     link_layer: _builtins.str
     @_builtins.property
     def gids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def gid_types(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -280,10 +283,11 @@ class Port(_message.Message):
         rate_gbps: _builtins.float | None = ...,
         link_layer: _builtins.str | None = ...,
         gids: _abc.Iterable[_builtins.str] | None = ...,
+        gid_types: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_link_layer", b"_link_layer", "_phys_state", b"_phys_state", "_rate", b"_rate", "_rate_gbps", b"_rate_gbps", "_state", b"_state", "link_layer", b"link_layer", "phys_state", b"phys_state", "rate", b"rate", "rate_gbps", b"rate_gbps", "state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_link_layer", b"_link_layer", "_phys_state", b"_phys_state", "_rate", b"_rate", "_rate_gbps", b"_rate_gbps", "_state", b"_state", "gids", b"gids", "link_layer", b"link_layer", "number", b"number", "phys_state", b"phys_state", "rate", b"rate", "rate_gbps", b"rate_gbps", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_link_layer", b"_link_layer", "_phys_state", b"_phys_state", "_rate", b"_rate", "_rate_gbps", b"_rate_gbps", "_state", b"_state", "gid_types", b"gid_types", "gids", b"gids", "link_layer", b"link_layer", "number", b"number", "phys_state", b"phys_state", "rate", b"rate", "rate_gbps", b"rate_gbps", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__link_layer: _TypeAlias = _typing.Literal["link_layer"]  # noqa: Y015
     _WhichOneofArgType__link_layer: _TypeAlias = _typing.Literal["_link_layer", b"_link_layer"]  # noqa: Y015
