@@ -132,6 +132,12 @@ class Unit(Observed):
     last_used: float | None = Field(None, description="Unix time of the last routed request.")
     log_tail: list[str] = Field(default_factory=list)
     detail: str = ""
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Every `X-Llmgw-*` key of the unit file's [Unit] section, as written "
+        "(`X-Llmgw-Spec` holds the shard spec the digest covers, so a plan can say which "
+        "fields changed).",
+    )
 
 
 class NodeReport(Observed):
