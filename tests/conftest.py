@@ -1,0 +1,3 @@
+"""Shared pytest setup: fixture plugins live in tests/support/."""
+
+pytest_plugins = ["support.plugin"]
