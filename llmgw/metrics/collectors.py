@@ -1,0 +1,123 @@
+"""Fleet figures from the daemon's last observation, exported at scrape time.
+
+:class:`FleetCollector` holds the newest :class:`llmgw.fleet.Fleet` the daemon
+handed it (``observe(fleet)``) and turns it into metric families when
+Prometheus scrapes, so nothing is computed between scrapes and nothing is
+stale beyond one observation. Absent is not zero: a GPU that reported no
+utilisation has no ``llmgw_gpu_utilization_ratio`` sample at all; an
+unreachable node's GPUs are not counted as free.
+
+Usage::
+
+    collector = collectors.FleetCollector()
+    registry.register(collector)
+    collector.observe(fleet)      # after each observation
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from llmgw.fleet.types import Fleet, Gpu, NodeReport, Unit
+
+GPU_STATES = ("used", "free", "faulty")
+REPLICA_STATES = ("starting", "loading", "ready", "failed", "stopped", "unknown")
+# When shards of one replica disagree, the replica is as far along as its slowest shard.
+_STATE_ORDER = {"failed": 0, "unknown": 1, "stopped": 2, "starting": 3, "loading": 4, "ready": 5}
+
+
+def gpu_state(gpu: Gpu) -> str:
+    """faulty (any fault), used (an llmgw process holds it) or free."""
+    if gpu.faults:
+        return "faulty"
+    if any(p.owned_by_llmgw for p in gpu.processes):
+        return "used"
+    return "free"
+
+
+def replica_states(fleet: Fleet) -> dict[tuple[str, int], str]:
+    """(model, replica) → one state for the replica, from the states of its shards."""
+    shards: dict[tuple[str, int], list[Unit]] = {}
+    for node, unit in fleet.units():
+        state = unit.state if fleet.nodes[node].reachable else "unknown"
+        shards.setdefault((unit.model, unit.replica), []).append(unit.model_copy(
+            update={"state": state}))
+    return {
+        key: min((u.state for u in units), key=lambda s: _STATE_ORDER[s])
+        for key, units in shards.items()
+    }
+
+
+class FleetCollector(Collector):
+    def __init__(self) -> None:
+        self._fleet: Fleet | None = None
+
+    def observe(self, fleet: Fleet) -> None:
+        """Export ``fleet`` from now on (the reference swap is atomic for scraping threads)."""
+        self._fleet = fleet
+
+    def describe(self) -> Iterable[Metric]:
+        # Declared so registering never calls collect() before a fleet exists.
+        return list(_families(None))
+
+    def collect(self) -> Iterable[Metric]:
+        return list(_families(self._fleet))
+
+
+def _families(fleet: Fleet | None) -> Iterator[Metric]:
+    gpus = GaugeMetricFamily(
+        "llmgw_gpus", "GPUs on reachable nodes by class and state (used, free, faulty).",
+        labels=["gpu_class", "state"],
+    )
+    reachable = GaugeMetricFamily(
+        "llmgw_node_reachable", "1 when the node answered the last observation, else 0.",
+        labels=["node"],
+    )
+    utilization = GaugeMetricFamily(
+        "llmgw_gpu_utilization_ratio",
+        "GPU utilisation (0-1) as the node reported it; absent when not reported.",
+        labels=["node", "gpu", "gpu_class"],
+    )
+    memory_used = GaugeMetricFamily(
+        "llmgw_gpu_memory_used_bytes", "GPU memory in use as reported; absent when not reported.",
+        labels=["node", "gpu", "gpu_class"],
+    )
+    replicas = GaugeMetricFamily(
+        "llmgw_replicas", "Replicas by model and state (a replica is as ready as its slowest "
+        "shard; shards on unreachable nodes are unknown).",
+        labels=["model", "state"],
+    )
+    if fleet is not None:
+        counts: Counter[tuple[str, str]] = Counter()
+        for name, report in sorted(fleet.nodes.items()):
+            reachable.add_metric([name], 1.0 if report.reachable else 0.0)
+            if report.reachable:
+                _gpu_samples(name, report, counts, utilization, memory_used)
+        for (gpu_class, state), count in sorted(counts.items()):
+            gpus.add_metric([gpu_class, state], count)
+        per_state: Counter[tuple[str, str]] = Counter(
+            (model, state) for (model, _), state in replica_states(fleet).items()
+        )
+        for (model, state), count in sorted(per_state.items()):
+            replicas.add_metric([model, state], count)
+    yield from (gpus, reachable, utilization, memory_used, replicas)
+
+
+def _gpu_samples(
+    node: str,
+    report: NodeReport,
+    counts: Counter[tuple[str, str]],
+    utilization: GaugeMetricFamily,
+    memory_used: GaugeMetricFamily,
+) -> None:
+    for gpu in report.gpus:
+        counts[(gpu.gpu_class, gpu_state(gpu))] += 1
+        labels = [node, str(gpu.index), gpu.gpu_class]
+        if gpu.utilization_pct is not None:
+            utilization.add_metric(labels, gpu.utilization_pct / 100)
+        if gpu.memory_used_mib is not None:
+            memory_used.add_metric(labels, gpu.memory_used_mib * 2**20)

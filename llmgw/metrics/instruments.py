@@ -1,0 +1,107 @@
+"""The router's own metrics: requests, latency, time to first token, tokens, in flight.
+
+All instruments live on one :class:`prometheus_client.CollectorRegistry`
+passed in (never the global default), so tests and several routers in one
+process do not collide. Label children are cached per (model, status) so a
+request pays a dict lookup, not prometheus-client's label validation.
+
+Usage::
+
+    registry = CollectorRegistry()
+    m = instruments.RouterMetrics(registry)
+    m.finished("llama", 200, seconds=0.8)
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Request latency spans a cached embedding (ms) to a long generation (minutes).
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+UNKNOWN_MODEL = "-"
+"""Label for requests naming no known model: clients must not mint label values."""
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "llmgw_requests", "Requests answered by the router, by model and HTTP status.",
+            ["model", "status"], registry=registry,
+        )
+        self.latency = Histogram(
+            "llmgw_request_duration_seconds",
+            "Time from receiving a request to sending the last byte of its answer.",
+            ["model"], buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.ttft = Histogram(
+            "llmgw_time_to_first_token_seconds",
+            "Streaming requests: time from receiving the request to sending the first event.",
+            ["model"], buckets=TTFT_BUCKETS, registry=registry,
+        )
+        self.tokens = Counter(
+            "llmgw_tokens", "Tokens reported by engines' usage, by model and kind.",
+            ["model", "kind"], registry=registry,
+        )
+        self.in_flight = Gauge(
+            "llmgw_requests_in_flight", "Requests being proxied now.", ["model"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "llmgw_upstream_retries",
+            "Requests retried on another replica after a failure before the first byte.",
+            ["model"], registry=registry,
+        )
+        self.waiting = Gauge(
+            "llmgw_requests_waiting", "Requests waiting for a model to have a ready replica.",
+            ["model"], registry=registry,
+        )
+        self.endpoints = Gauge(
+            "llmgw_router_endpoints", "Ready endpoints in the router's route table, by model.",
+            ["model"], registry=registry,
+        )
+        self._requests: dict[tuple[str, int], Counter] = {}
+        self._latency: dict[str, Histogram] = {}
+        self._ttft: dict[str, Histogram] = {}
+        self._in_flight: dict[str, Gauge] = {}
+
+    def started(self, model: str) -> None:
+        child = self._in_flight.get(model)
+        if child is None:
+            child = self._in_flight[model] = self.in_flight.labels(model)
+        child.inc()
+
+    def ended(self, model: str) -> None:
+        self._in_flight[model].dec()
+
+    def finished(self, model: str, status: int, seconds: float) -> None:
+        key = (model, status)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = self.requests.labels(model, str(status))
+        counter.inc()
+        hist = self._latency.get(model)
+        if hist is None:
+            hist = self._latency[model] = self.latency.labels(model)
+        hist.observe(seconds)
+
+    def first_token(self, model: str, seconds: float) -> None:
+        hist = self._ttft.get(model)
+        if hist is None:
+            hist = self._ttft[model] = self.ttft.labels(model)
+        hist.observe(seconds)
+
+    def used_tokens(self, model: str, prompt: int | None, completion: int | None) -> None:
+        if prompt:
+            self.tokens.labels(model, "prompt").inc(prompt)
+        if completion:
+            self.tokens.labels(model, "completion").inc(completion)
+
+    def set_endpoints(self, counts: dict[str, int]) -> None:
+        """Replace the per-model endpoint gauge; models gone from the table disappear."""
+        self.endpoints.clear()
+        for model, count in counts.items():
+            self.endpoints.labels(model).set(count)

@@ -1,0 +1,298 @@
+"""The router: one OpenAI-compatible endpoint in front of every model.
+
+:class:`Router` holds the state the daemon talks to — ``routes`` (the table it
+updates after each observation), ``demand()`` (what it reads back for
+scaling), ``configure(catalog)`` (after a spec reload) — and
+``create_app()`` builds the aiohttp application clients reach.
+
+Usage::
+
+    router = Router(catalogs.from_cluster(cluster), store=databases.connect(path),
+                    registry=registry)
+    router.routes.update({"llama": [Endpoint("http://10.0.0.11:18000")]})
+    runner = await router.start("127.0.0.1", 8000)
+    ...
+    await router.close(runner)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from llmgw.fleet.types import Demand
+from llmgw.metrics.instruments import UNKNOWN_MODEL, RouterMetrics
+from llmgw.router import errors, streams
+from llmgw.router.accounts import Accounts, Principal
+from llmgw.router.catalogs import Catalog, ModelEntry
+from llmgw.router.demands import Demands
+from llmgw.router.errors import ApiError
+from llmgw.router.proxies import Outcome, Proxy
+from llmgw.router.routes import Routes
+from llmgw.store.usages import UsageRow
+
+PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+# Endpoints whose streams carry token usage only when asked for it.
+_ASK_FOR_USAGE = ("/v1/chat/completions", "/v1/completions")
+CLIENT_CLOSED = 499  # nginx's code for "the client went away before the answer"
+
+
+@dataclass(frozen=True)
+class Settings:
+    wait_timeout: float = 10.0  # how long a request waits for a loading model
+    retry_after: int = 10  # seconds, in the Retry-After of "model is loading"
+    max_body_bytes: int = 32 * 2**20  # requests above this get 413
+    connect_timeout: float = 5.0  # to a replica; a failure is retried on another one
+    flush_interval: float = 1.0  # seconds between usage-row writes
+
+
+class Router:
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        store: sqlite3.Connection | None = None,
+        registry: CollectorRegistry | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.catalog = catalog
+        self.routes = Routes()
+        self.demands = Demands()
+        self.accounts = Accounts(store, catalog, self.settings.flush_interval)
+        self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
+        self.proxy = Proxy(self.routes, self.settings.connect_timeout)
+        self.started_at = int(time.time())
+
+    def configure(self, catalog: Catalog) -> None:
+        """Use a new spec's models, prices, budgets and auth mode from now on."""
+        self.catalog = catalog
+        self.accounts.catalog = catalog
+
+    def update_routes(self, model_to_endpoints: Any) -> None:
+        """``routes.update`` plus the endpoint gauge; what the daemon should call."""
+        self.routes.update(model_to_endpoints)
+        self.metrics.set_endpoints(self.routes.counts())
+
+    def demand(self) -> Demand:
+        return self.demands.snapshot()
+
+    def create_app(self) -> web.Application:
+        app = web.Application(
+            middlewares=[_openai_errors], client_max_size=self.settings.max_body_bytes
+        )
+        for path in PROXIED:
+            app.router.add_post(path, self._proxied)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model:.+}", self._model)
+        app.router.add_get("/health", _health)
+        app.router.add_get("/ready", self._ready)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def start(self, host: str, port: int) -> web.AppRunner:
+        """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request."""
+        runner = web.AppRunner(self.create_app(), access_log=None, handler_cancellation=True)
+        await runner.setup()
+        await web.TCPSite(runner, host, port, backlog=1024).start()
+        return runner
+
+    async def close(self, runner: web.AppRunner | None = None) -> None:
+        if runner is not None:
+            await runner.cleanup()
+        await self.proxy.close()
+        await self.accounts.close()
+
+    async def _on_startup(self, _: web.Application) -> None:
+        self.accounts.start()
+
+    async def _on_cleanup(self, _: web.Application) -> None:
+        await self.proxy.close()
+        await self.accounts.close()
+
+    # -- handlers ---------------------------------------------------------------------
+
+    async def _proxied(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        label, entry_key, principal = UNKNOWN_MODEL, None, None
+        stream = False
+        outcome = Outcome()
+        try:
+            principal = self.accounts.authenticate(request.headers.get("Authorization"))
+            body = await _read_body(request, self.settings.max_body_bytes)
+            payload = _parse(body)
+            name = payload["model"]
+            entry, entry_key = self._resolve(name)
+            label = entry_key
+            self.metrics.started(label)
+            try:
+                self.demands.touch(entry_key, time.time())
+                self.accounts.check_budget(principal)
+                stream = payload.get("stream") is True
+                strip = False
+                if stream and request.path in _ASK_FOR_USAGE:
+                    body, asked = streams.ask_for_usage(body, payload)
+                    strip = not asked
+                await self._wait_for_replica(name, entry_key, entry)
+                response = await self.proxy.forward(
+                    request, entry_key, body, stream=stream, strip_usage_chunk=strip,
+                    outcome=outcome, on_retry=lambda: self.metrics.retries.labels(label).inc(),
+                )
+                outcome.status = outcome.status or response.status
+                return response
+            finally:
+                self.metrics.ended(label)
+        except ApiError as error:
+            outcome.status = error.status
+            return error.response()
+        except (asyncio.CancelledError, ConnectionResetError):
+            outcome.status = CLIENT_CLOSED
+            raise
+        finally:
+            self._account(request.path, label, entry_key, principal, stream, outcome, started)
+
+    def _resolve(self, name: str) -> tuple[ModelEntry | None, str]:
+        entry = self.catalog.models.get(name)
+        if entry is not None:
+            return entry, entry.key
+        if self.routes.has(name):  # static routes (tests) or a model the spec just dropped
+            return None, name
+        raise ApiError(404, f"model not found: {name!r} is not served here; GET /v1/models "
+                       "lists the models", code="model_not_found", param="model")
+
+    async def _wait_for_replica(self, name: str, key: str, entry: ModelEntry | None) -> None:
+        if self.routes.has(key):
+            return
+        self.demands.wait_started(key, entry.max_replicas if entry else 1)
+        self.metrics.waiting.labels(key).inc()
+        try:
+            ready = await self.routes.wait_ready(key, self.settings.wait_timeout)
+        finally:
+            self.demands.wait_ended(key)
+            self.metrics.waiting.labels(key).dec()
+        if ready:
+            return
+        after = self.settings.retry_after
+        if entry is not None and entry.on_demand:
+            message = (f"model is loading: {name!r} is started on demand and has no ready "
+                       f"replica yet; retry in {after} s")
+        else:
+            message = (f"model {name!r} has no ready replica (starting, or failed: see "
+                       f"`llmgw status`); retry in {after} s")
+        raise ApiError(503, message, code="model_loading", type="server_error",
+                       headers={"Retry-After": str(after)})
+
+    def _account(
+        self,
+        path: str,
+        label: str,
+        key: str | None,
+        principal: Principal | None,
+        stream: bool,
+        outcome: Outcome,
+        started: float,
+    ) -> None:
+        ended = time.monotonic()
+        status = outcome.status or 500
+        self.metrics.finished(label, status, ended - started)
+        if outcome.first_byte_at is not None:
+            self.metrics.first_token(label, outcome.first_byte_at - started)
+        if key is None or principal is None:
+            return  # no model resolved: nothing to charge, no row
+        prompt, completion = outcome.usage or (None, None)
+        self.metrics.used_tokens(label, prompt, completion)
+        entry = self.catalog.by_key(key)
+        self.accounts.record(UsageRow(
+            ts=time.time(), project=principal.project, key_id=principal.key_id, model=key,
+            endpoint=path, status=status, prompt_tokens=prompt, completion_tokens=completion,
+            latency_ms=round((ended - started) * 1000, 3),
+            cost_usd=entry.cost(prompt, completion) if entry else 0.0, stream=stream,
+        ))
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.accounts.authenticate(request.headers.get("Authorization"))
+        data = [self._model_card(name) for name in self._listed()]
+        return _json({"object": "list", "data": data})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        self.accounts.authenticate(request.headers.get("Authorization"))
+        name = request.match_info["model"]
+        if name not in self._listed():
+            raise ApiError(404, f"model not found: {name!r}", code="model_not_found")
+        return _json(self._model_card(name))
+
+    def _listed(self) -> list[str]:
+        """Served names of models with a ready replica, plus on-demand ones."""
+        names = set()
+        for key in self.routes.models():
+            entry = self.catalog.by_key(key)
+            names.add(entry.served_name if entry else key)
+        names.update(name for name, e in self.catalog.models.items() if e.on_demand)
+        return sorted(names)
+
+    def _model_card(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.started_at, "owned_by": "llmgw"}
+
+    async def _ready(self, _: web.Request) -> web.Response:
+        models = self.routes.models()
+        if not models:
+            return _json({"status": "not ready", "reason": "no model has a ready replica"}, 503)
+        return _json({"status": "ready", "models": models})
+
+
+async def _health(_: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=json.dumps(doc).encode(),
+                        content_type="application/json")
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, f"request body is {request.content_length} bytes; the limit is "
+                       f"{limit}", code="request_too_large")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise ApiError(413, f"request body exceeds the limit of {limit} bytes",
+                       code="request_too_large") from exc
+
+
+def _parse(body: bytes) -> dict[str, Any]:
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(payload, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "you must provide a model parameter (a string)",
+                       code="missing_model", param="model")
+    return payload
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return error.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return errors.from_http(exc).response()

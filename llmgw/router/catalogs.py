@@ -1,0 +1,61 @@
+"""What the router needs from the spec: served names, on-demand models, prices, budgets.
+
+A :class:`Catalog` is plain data built once per spec load
+(``catalogs.from_cluster(cluster)``); the router swaps it whole when the
+daemon reloads the cluster directory.
+
+Clients name models by their served name (``served_name``, default the model
+key); the route table is keyed by model key, as unit labels are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmgw.spec.models import Cluster
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    key: str  # the name in models: (route table key)
+    served_name: str
+    on_demand: bool  # scaling.min == 0: requests wait for it to load
+    max_replicas: int = 1
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
+
+    def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float:
+        """USD for one request at this model's prices."""
+        return (
+            (prompt_tokens or 0) * self.input_per_mtok
+            + (completion_tokens or 0) * self.output_per_mtok
+        ) / 1_000_000
+
+
+@dataclass(frozen=True)
+class Catalog:
+    models: dict[str, ModelEntry] = field(default_factory=dict)  # by served name
+    budgets: dict[str, float | None] = field(default_factory=dict)  # project → USD or None
+    auth: str = "keys"  # "keys" | "none"
+
+    def by_key(self, key: str) -> ModelEntry | None:
+        for entry in self.models.values():
+            if entry.key == key:
+                return entry
+        return None
+
+
+def from_cluster(cluster: Cluster) -> Catalog:
+    models = {}
+    for key, model in cluster.models.items():
+        served = model.served_name or key
+        models[served] = ModelEntry(
+            key=key,
+            served_name=served,
+            on_demand=model.scaling.min == 0,
+            max_replicas=model.scaling.max,
+            input_per_mtok=model.pricing.input_per_mtok,
+            output_per_mtok=model.pricing.output_per_mtok,
+        )
+    budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
+    return Catalog(models=models, budgets=budgets, auth=cluster.cluster.auth)

@@ -1,0 +1,218 @@
+"""Forwarding one request to an engine: pick, retry before the first byte, relay.
+
+:class:`Proxy` owns the one :class:`aiohttp.ClientSession` (a pooled,
+keep-alive connector) every request goes through. ``forward`` picks the
+replica with the fewest outstanding requests; a connection error or a 5xx
+*before any byte reached the client* is retried once on another replica. For
+a stream that point is the first chunk: the client's response starts only
+once the engine has sent one, so a replica dying between its headers and its
+first token is still retried; after that, a failure ends the client's stream
+with an OpenAI-style ``error`` event instead.
+
+Cancellation: the app runs with handler cancellation, so a client that hangs
+up cancels the handler task; the ``finally`` blocks close the upstream
+connection, which is how an engine learns to abort the generation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from llmgw.router import streams, usages
+from llmgw.router.errors import ApiError
+from llmgw.router.routes import Routes, Upstream
+
+_UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class Outcome:
+    """What happened, for metrics and the usage row."""
+
+    status: int = 0
+    usage: usages.Usage | None = None
+    first_byte_at: float | None = None  # loop time the client got its first byte
+    retries: int = 0
+
+
+class _Retry(Exception):
+    """This replica failed before the first byte reached the client."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class Proxy:
+    def __init__(self, routes: Routes, connect_timeout: float = 5.0) -> None:
+        self.routes = routes
+        self.connect_timeout = connect_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=60, enable_cleanup_closed=False
+            )
+            # No total or read timeout: a generation may legitimately run for minutes;
+            # a client that gives up cancels us instead.
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=self.connect_timeout, connect=self.connect_timeout
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def forward(
+        self,
+        request: web.Request,
+        model: str,
+        body: bytes,
+        *,
+        stream: bool,
+        strip_usage_chunk: bool,
+        outcome: Outcome,
+        on_retry: Callable[[], None],
+    ) -> web.StreamResponse:
+        """Send ``body`` to a ready replica of ``model`` and answer ``request`` with its reply."""
+        tried: list[Upstream] = []
+        last_error: ApiError | None = None
+        for _ in range(2):
+            upstream = self.routes.pick(model, exclude=tried)
+            if upstream is None:
+                break
+            if tried:
+                outcome.retries += 1
+                on_retry()
+            tried.append(upstream)
+            try:
+                return await self._attempt(
+                    request, upstream, body, stream, strip_usage_chunk, outcome,
+                    can_retry=len(self.routes.endpoints(model)) > len(tried),
+                )
+            except _Retry as retry:
+                last_error = retry.error
+        if last_error is not None:
+            raise last_error
+        raise ApiError(503, f"no ready replica of {model!r}", code="no_replica",
+                       headers={"Retry-After": "1"})
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        upstream: Upstream,
+        body: bytes,
+        stream: bool,
+        strip_usage_chunk: bool,
+        outcome: Outcome,
+        can_retry: bool,
+    ) -> web.StreamResponse:
+        url = upstream.endpoint.base_url + request.path
+        upstream.outstanding += 1
+        reply: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                reply = await self._client().post(url, data=body, headers=_UPSTREAM_HEADERS)
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                raise _Retry(_unreachable(upstream, exc)) from exc
+            if reply.status >= 500 and can_retry:
+                raise _Retry(ApiError(reply.status, f"replica {_name(upstream)} answered "
+                                      f"{reply.status}"))
+            content_type = reply.headers.get("Content-Type", "application/json")
+            if stream and content_type.startswith("text/event-stream"):
+                return await self._relay(
+                    request, reply, upstream, content_type, strip_usage_chunk, outcome,
+                    can_retry,
+                )
+            try:
+                data = await reply.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise _Retry(_unreachable(upstream, exc)) from exc
+            outcome.status = reply.status
+            if reply.status < 400:
+                outcome.usage = usages.from_body(data)
+            return web.Response(
+                status=reply.status, body=data, headers={"Content-Type": content_type}
+            )
+        finally:
+            upstream.outstanding -= 1
+            if reply is not None:
+                reply.close()  # a no-op for a fully read reply, whose connection is reused
+
+    async def _relay(
+        self,
+        request: web.Request,
+        reply: aiohttp.ClientResponse,
+        upstream: Upstream,
+        content_type: str,
+        strip_usage_chunk: bool,
+        outcome: Outcome,
+        can_retry: bool,
+    ) -> web.StreamResponse:
+        relay = streams.Relay(strip_usage_chunk)
+        try:
+            first = await reply.content.readany()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            error = _unreachable(upstream, exc)
+            if can_retry:
+                raise _Retry(error) from exc
+            raise error from exc
+        response = web.StreamResponse(
+            status=reply.status, headers={"Content-Type": content_type, **_STREAM_HEADERS}
+        )
+        outcome.status = reply.status
+        await response.prepare(request)
+        chunk, failure = first, None
+        while chunk:
+            out = relay.feed(chunk)
+            if out:
+                if outcome.first_byte_at is None:
+                    outcome.first_byte_at = time.monotonic()
+                await response.write(out)  # a client that hung up raises here: no retry
+            try:
+                chunk = await reply.content.readany()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                failure = exc
+                break
+        if failure is not None:
+            # Bytes already reached the client: no retry. Say so in the stream, the way
+            # OpenAI reports errors mid-stream, so clients raise instead of truncating.
+            outcome.status = 502
+            error = _unreachable(upstream, failure)
+            event = {"error": {"message": error.message, "type": "server_error",
+                               "param": None, "code": "upstream_failed"}}
+            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        else:
+            rest = relay.finish()
+            if rest:
+                await response.write(rest)
+        outcome.usage = relay.usage
+        await response.write_eof()
+        return response
+
+
+def _name(upstream: Upstream) -> str:
+    endpoint = upstream.endpoint
+    where = endpoint.base_url
+    if endpoint.node:
+        where = f"{endpoint.node} ({endpoint.base_url})"
+    return f"r{endpoint.replica} on {where}" if endpoint.replica is not None else where
+
+
+def _unreachable(upstream: Upstream, exc: BaseException) -> ApiError:
+    reason = str(exc) or type(exc).__name__
+    return ApiError(502, f"replica {_name(upstream)} failed: {reason}", code="upstream_failed")

@@ -1,0 +1,115 @@
+"""The route table: model → ready endpoints, and least-outstanding-requests choice.
+
+The daemon calls ``routes.update(model_to_endpoints)`` after each observation
+(tests pass static endpoints). An :class:`Upstream` keeps its outstanding
+request count across updates, keyed by base URL, so a replica that stays
+ready keeps its load figure and requests still in flight on a replica that
+left the table finish against the right counter.
+
+Everything here runs on the router's event loop thread; nothing locks.
+
+Usage::
+
+    routes = Routes()
+    routes.update({"llama": [Endpoint("http://10.0.0.11:18000", node="gpu-a-01", replica=0)]})
+    upstream = routes.pick("llama")           # least outstanding, or None
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One ready replica's engine, as the router reaches it."""
+
+    base_url: str  # http://127.0.0.1:18001, no trailing slash
+    node: str = ""
+    replica: int | None = None
+
+
+@dataclass(eq=False)
+class Upstream:
+    endpoint: Endpoint
+    outstanding: int = 0
+    picked: int = field(default=0)  # total picks; breaks ties in round-robin order
+
+
+class Routes:
+    def __init__(self) -> None:
+        self._table: dict[str, list[Upstream]] = {}
+        self._by_url: dict[str, Upstream] = {}
+        self._ready_events: dict[str, asyncio.Event] = {}
+
+    def update(self, model_to_endpoints: Mapping[str, Sequence[Endpoint]]) -> None:
+        """Replace the whole table. Models absent from the mapping have no endpoint.
+
+        Requests waiting for a model that now has endpoints are woken.
+        """
+        table: dict[str, list[Upstream]] = {}
+        by_url: dict[str, Upstream] = {}
+        for model, endpoints in model_to_endpoints.items():
+            upstreams = []
+            for endpoint in endpoints:
+                url = endpoint.base_url.rstrip("/")
+                upstream = by_url.get(url) or self._by_url.get(url)
+                if upstream is None or upstream.endpoint != endpoint:
+                    fresh = Upstream(Endpoint(url, endpoint.node, endpoint.replica))
+                    if upstream is not None:
+                        fresh.outstanding = upstream.outstanding
+                    upstream = fresh
+                by_url[url] = upstream
+                upstreams.append(upstream)
+            if upstreams:
+                table[model] = upstreams
+        self._table, self._by_url = table, by_url
+        for model in list(self._ready_events):
+            if model in table:
+                self._ready_events.pop(model).set()
+
+    def endpoints(self, model: str) -> list[Endpoint]:
+        return [u.endpoint for u in self._table.get(model, ())]
+
+    def models(self) -> list[str]:
+        """Models with at least one ready endpoint."""
+        return sorted(self._table)
+
+    def counts(self) -> dict[str, int]:
+        return {model: len(upstreams) for model, upstreams in self._table.items()}
+
+    def has(self, model: str) -> bool:
+        return model in self._table
+
+    def pick(self, model: str, exclude: Collection[Upstream] = ()) -> Upstream | None:
+        """The upstream of ``model`` with the fewest outstanding requests, not in ``exclude``.
+
+        Ties go to the one picked least often, so equal replicas share work in turn
+        instead of the first one taking every request of a quiet period.
+        """
+        best: Upstream | None = None
+        for upstream in self._table.get(model, ()):
+            if upstream in exclude:
+                continue
+            if best is None or (upstream.outstanding, upstream.picked) < (
+                best.outstanding, best.picked
+            ):
+                best = upstream
+        if best is not None:
+            best.picked += 1
+        return best
+
+    async def wait_ready(self, model: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``model`` to have an endpoint."""
+        if model in self._table:
+            return True
+        event = self._ready_events.get(model)
+        if event is None:
+            event = self._ready_events[model] = asyncio.Event()
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+        return model in self._table

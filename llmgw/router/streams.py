@@ -1,0 +1,110 @@
+"""Server-sent events: asking engines for usage, and relaying streams event by event.
+
+Token accounting for a stream needs the engine's final usage chunk, which
+OpenAI-compatible engines send only when the request says
+``stream_options: {include_usage: true}``. :func:`ask_for_usage` adds that
+when the client did not, and :class:`Relay` then removes the extra chunk from
+what the client sees, so a client gets exactly the stream it asked for: one
+that asked for usage gets the chunk untouched; one that did not never sees a
+chunk with empty ``choices`` it was not written to expect.
+
+The relay forwards every complete event as soon as it has arrived; only an
+event cut in two by the network waits for its end (a client cannot use half an
+event anyway). Only events that mention ``"usage"`` are decoded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from llmgw.router import usages
+
+_INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
+_EVENT = re.compile(rb"(.*?)(\r?\n\r?\n)", re.DOTALL)
+_USAGE = b'"usage"'
+
+
+def ask_for_usage(body: bytes, payload: dict[str, Any]) -> tuple[bytes, bool]:
+    """The body to send upstream, and whether the client itself asked for usage."""
+    options = payload.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return body, True
+    if "stream_options" not in payload:
+        stripped = body.lstrip()
+        if stripped[:1] == b"{":
+            # Splice instead of re-encoding: a long prompt is not serialised twice.
+            # The key is absent, so adding it first cannot create a duplicate.
+            return b"{" + _INCLUDE_USAGE + stripped[1:], False
+    if options is not None and not isinstance(options, dict):
+        return body, True  # malformed: let the engine say what is wrong with it
+    merged = dict(payload)
+    merged["stream_options"] = {**(options or {}), "include_usage": True}
+    return json.dumps(merged).encode(), False
+
+
+def _boundary(data: bytes) -> int:
+    """End of the last complete event in ``data`` (after its blank line), or -1."""
+    lf = data.rfind(b"\n\n")
+    crlf = data.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else -1, crlf + 4 if crlf >= 0 else -1)
+
+
+def _event_data(event: bytes) -> Any:
+    lines = [
+        line[5:].removeprefix(b" ")
+        for line in event.splitlines()
+        if line.startswith(b"data:")
+    ]
+    if not lines:
+        return None
+    try:
+        return json.loads(b"\n".join(lines))
+    except ValueError:
+        return None
+
+
+class Relay:
+    """Splits a stream into events, keeps the last usage seen, drops the injected chunk."""
+
+    def __init__(self, strip_usage_chunk: bool) -> None:
+        self.strip = strip_usage_chunk
+        self.usage: usages.Usage | None = None
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What to send the client now for ``chunk`` (possibly nothing yet)."""
+        data = self._pending + chunk if self._pending else chunk
+        end = _boundary(data)
+        if end < 0:
+            self._pending = data
+            return b""
+        if end == len(data):
+            complete, self._pending = data, b""
+        else:
+            complete, self._pending = data[:end], data[end:]
+        if _USAGE in complete:
+            complete = self._inspect(complete)
+        return complete
+
+    def finish(self) -> bytes:
+        """The remainder when the upstream ended without a final blank line."""
+        rest, self._pending = self._pending, b""
+        if _USAGE in rest:
+            rest = self._inspect(rest + b"\n\n")
+        return rest
+
+    def _inspect(self, events: bytes) -> bytes:
+        kept: list[bytes] = []
+        for match in _EVENT.finditer(events):
+            event = match.group(1)
+            if _USAGE in event:
+                doc = _event_data(event)
+                usage = usages.from_mapping(doc)
+                if usage is not None:
+                    self.usage = usage
+                    if self.strip and isinstance(doc, dict) and doc.get("choices") == []:
+                        continue
+            kept.append(match.group(0))
+        return b"".join(kept)
