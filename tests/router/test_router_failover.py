@@ -8,7 +8,7 @@ import socket
 import aiohttp
 import openai
 import pytest
-from conftest import Stack
+from support.stacks import Stack
 
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from conftest import Stack
+from support.stacks import Stack
 
 
 def client(stack: Stack, key: str) -> openai.OpenAI:

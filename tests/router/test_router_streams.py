@@ -7,7 +7,7 @@ import time
 
 import aiohttp
 import openai
-from conftest import Stack
+from support.stacks import Stack
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

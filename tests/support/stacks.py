@@ -1,0 +1,99 @@
+"""A router in front of real upstream servers, on a loop in its own thread.
+
+The official ``openai`` sync client blocks its thread, so the servers cannot
+share the test's loop: :class:`Stack` runs upstreams, the router and its
+metrics listener on a background loop and lets tests call into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry
+from support.upstream import Upstream
+
+from llmgw.metrics import collectors, servers
+from llmgw.router import Endpoint, Router, Settings, catalogs
+from llmgw.spec.models import Cluster
+from llmgw.store import databases, keys, usages
+
+T = TypeVar("T")
+CPU = [{"engine": "llama.cpp", "cpu": True}]
+
+
+def cluster(auth: str = "keys", **projects: float | None) -> Cluster:
+    return Cluster.model_validate({
+        "cluster": {"name": "lab", "auth": auth},
+        "models": {
+            "chat": {"profiles": CPU, "scaling": {"min": 1, "max": 2},
+                     "pricing": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}},
+            "coder": {"profiles": CPU, "served_name": "Coder-7B",
+                      "scaling": {"min": 0, "max": 1, "idle_timeout": "30m"}},
+            "steady": {"profiles": CPU, "scaling": {"min": 1}},
+        },
+        "projects": {name: {"budget_usd": budget} for name, budget in
+                     (projects or {"research": None}).items()},
+    })
+
+
+class Stack:
+    def __init__(self, tmp: Path, spec: Cluster, settings: Settings, replicas: int) -> None:
+        self.db_path = tmp / "llmgw.db"
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.registry = CollectorRegistry()
+        self.fleet = collectors.FleetCollector()
+        self.registry.register(self.fleet)
+        self.router = self.run(self._router(spec, settings))
+        self.upstreams = [self.run(Upstream(f"u{i}").start()) for i in range(replicas)]
+        self.runner = self.run(self.router.start("127.0.0.1", 0))
+        self.metrics_runner = self.run(servers.start(self.registry, "127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        self.metrics_url = f"http://127.0.0.1:{servers.bound_port(self.metrics_runner)}/metrics"
+        self.db = databases.connect(self.db_path)
+
+    async def _router(self, spec: Cluster, settings: Settings) -> Router:
+        return Router(catalogs.from_cluster(spec), store=databases.connect(self.db_path),
+                      registry=self.registry, settings=settings)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        async def call() -> T:
+            return fn(*args)
+        return self.run(call())
+
+    def route(self, table: Mapping[str, list[Upstream | str]]) -> None:
+        """Point models at upstreams (or raw URLs, e.g. a closed port)."""
+        endpoints = {
+            model: [Endpoint(u.url if isinstance(u, Upstream) else u, "local", i)
+                    for i, u in enumerate(targets)]
+            for model, targets in table.items()
+        }
+        self.call(self.router.update_routes, endpoints)
+
+    def key(self, project: str = "research") -> str:
+        return keys.create(self.db, project).secret
+
+    def rows(self) -> list[usages.UsageRow]:
+        self.call(self.router.accounts.flush)
+        return usages.recent(self.db, 1000)
+
+    def close(self) -> None:
+        self.run(self.router.close(self.runner))
+        self.run(self.metrics_runner.cleanup())
+        for upstream in self.upstreams:
+            self.run(upstream.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+        self.db.close()
+
+
+StackFactory = Callable[..., Stack]
