@@ -143,7 +143,8 @@ def _profile_problems(
         yield Problem((*base, "gpu_class"),
                       f"{where}: unknown GPU class '{name}'" + _class_hint(name, classes))
     known = [classes[c] for c in profile.gpu_classes if c in classes]
-    yield from _arithmetic(base, where, profile)
+    arithmetic = list(_arithmetic(base, where, profile))
+    yield from arithmetic
     if profile.tensor_parallel > 1 and len({(c.memory_gib, c.compute_capability)
                                             for c in known}) > 1:
         yield Problem((*base, "gpu_class"),
@@ -159,9 +160,11 @@ def _profile_problems(
                 yield Problem((*base, field_name),
                               f"{where}: {field_name} {value} needs compute capability 8.9 or "
                               f"newer; {cls.name} has {cc}")
-    if profile.nodes > 1 and not unknown:
+    if unknown or arithmetic:
+        return  # capacity questions only make sense for a well-formed profile
+    if profile.nodes > 1:
         yield from _fabric_for(cluster, base, where, profile)
-    if not profile.cpu and not unknown:
+    if not profile.cpu:
         yield from _declared_capacity(cluster, base, where, profile)
 
 

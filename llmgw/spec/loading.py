@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 import types
 import typing
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +32,7 @@ import pydantic
 from pydantic import BaseModel
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError, YAMLWarning
 
 from llmgw.spec import checks
 from llmgw.spec.models import SECTIONS, Cluster
@@ -91,11 +93,13 @@ class Sources:
 
 
 def yaml_files(directory: Path) -> list[Path]:
-    """The cluster files: every ``*.yaml``/``*.yml`` below ``directory``, sorted."""
-    files = [*directory.rglob("*.yaml"), *directory.rglob("*.yml")]
-    return sorted(p for p in files if p.is_file() and not any(
-        part.startswith(".") for part in p.relative_to(directory).parts
-    ))
+    """The cluster files: every ``*.yaml``/``*.yml`` directly in ``directory``, sorted.
+
+    Subdirectories are not read: they hold other things (``cluster.example/local``
+    is a cluster of its own, ``agent/`` holds an agent's config).
+    """
+    files = [*directory.glob("*.yaml"), *directory.glob("*.yml")]
+    return sorted(p for p in files if p.is_file() and not p.name.startswith("."))
 
 
 def load(directory: str | Path) -> Cluster:
@@ -245,13 +249,39 @@ def _parse(path: Path, display: str, errors: list[SpecError]) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         errors.append(SpecError(Location(display, 1, 1), f"cannot read file: {exc}"))
         return None
-    try:
-        return yaml.load(text)
-    except MarkedYAMLError as exc:
-        errors.append(_syntax_error(exc, display, text))
-    except YAMLError as exc:
-        errors.append(SpecError(Location(display, 1, 1), f"invalid YAML: {exc}"))
-    return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", YAMLWarning)
+        try:
+            document = yaml.load(text)
+        except MarkedYAMLError as exc:
+            errors.append(_syntax_error(exc, display, text))
+            return None
+        except YAMLError as exc:
+            errors.append(SpecError(Location(display, 1, 1), f"invalid YAML: {exc}"))
+            return None
+        except (AttributeError, TypeError, RecursionError) as exc:
+            # ruamel crashes on some self-referencing merges (`a: &x {<<: *x}`)
+            # instead of raising a YAMLError; it is still the file's fault.
+            errors.append(SpecError(Location(display, 1, 1), "invalid YAML: the parser "
+                                    f"failed ({exc}); check for an alias (*name) used inside "
+                                    "the anchor (&name) it refers to"))
+            return None
+    found = [w for w in caught if issubclass(w.category, YAMLWarning)]
+    for warning in found:
+        errors.append(_warning_error(str(warning.message), display))
+    return None if found else document
+
+
+def _warning_error(text: str, display: str) -> SpecError:
+    """ruamel warns (rather than fails) on a reused anchor; in a cluster file it is a slip."""
+    places = re.findall(r"line (\d+), column (\d+)", text)
+    line, col = (int(places[-1][0]), int(places[-1][1])) if places else (1, 1)
+    anchor = re.search(r"duplicate anchor '([^']+)'", text)
+    if anchor:
+        first = f" (first defined at line {places[0][0]})" if len(places) > 1 else ""
+        return SpecError(Location(display, line, col),
+                         f"anchor '&{anchor.group(1)}' defined twice{first}")
+    return SpecError(Location(display, line, col), f"invalid YAML: {text.strip()}")
 
 
 def _syntax_error(exc: MarkedYAMLError, display: str, text: str) -> SpecError:
@@ -279,11 +309,14 @@ def _syntax_error(exc: MarkedYAMLError, display: str, text: str) -> SpecError:
             line, col = start.line + 1, start.column + 1
         return SpecError(Location(display, line, col), "unclosed quote: the string starting "
                          "here has no closing quote")
+    if "expected <block end>" in problem:
+        return SpecError(Location(display, line, col), "bad indentation: this line does not "
+                         "line up with the keys above it")
+    if "mapping values are not allowed" in problem:
+        return SpecError(Location(display, line, col), "bad indentation or a missing space "
+                         "after ':' (a value cannot hold another `key: value` on one line)")
     message = f"{context}: {problem}" if context and problem else (problem or context)
-    hint = ""
-    if "mapping values are not allowed" in problem or "expected <block end>" in context + problem:
-        hint = " (check the indentation of this line and the one above)"
-    return SpecError(Location(display, line, col), f"invalid YAML: {message}{hint}")
+    return SpecError(Location(display, line, col), f"invalid YAML: {message}")
 
 
 # --- merging --------------------------------------------------------------
@@ -397,7 +430,7 @@ def _shape_errors(
         if message is None or (path, message) in seen:
             continue
         seen.add((path, message))
-        at_key = item["type"] in ("extra_forbidden", "missing")
+        at_key = item["type"] in ("extra_forbidden", "missing") or "[key]" in item["loc"]
         yield SpecError(sources.locate(path, prefer_key=at_key), message), path
 
 
@@ -415,6 +448,8 @@ def _data_path(loc: tuple[int | str, ...], data: Any) -> DataPath:
         elif isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node):
             node = node[step]
             path.append(step)
+        elif step == "[key]":
+            break  # the error is about the key itself, already the last step
         elif isinstance(node, dict) and isinstance(step, str) and step == loc[-1]:
             path.append(step)  # the missing key itself
             break
@@ -440,14 +475,16 @@ def _shape_message(item: Any, path: DataPath) -> str | None:
     message = str(item["msg"])
     for prefix in ("Value error, ", "Assertion failed, "):
         message = message.removeprefix(prefix)
+    message = message[:1].lower() + message[1:]
     if kind.startswith(("int_", "float_", "bool_", "string_type", "dict_type", "list_type",
-                        "literal_error", "enum", "model_type", "string_pattern")):
-        message = f"{message[0].lower()}{message[1:]}; got {_show(given)}"
+                        "literal_error", "enum", "model_type", "string_pattern",
+                        "greater_than", "less_than")):
+        message = f"{message}; got {_show(given)}"
+    if kind == "too_short":
+        message = "must not be empty"
     if kind == "string_pattern_mismatch":
         message = (f"invalid name {_show(given)}: use lowercase letters, digits, '.', '_' "
                    "and '-', starting and ending with a letter or digit")
-    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
-        message = f"{message[0].lower()}{message[1:]}; got {_show(given)}"
     return f"{where}: {message}" if where else message
 
 
