@@ -1,0 +1,119 @@
+"""``llmgw keys``: create, list and revoke API keys in the cluster's store.
+
+The store is the SQLite file named by ``cluster.store.path`` (relative to the
+cluster directory), the same one ``llmgw serve`` checks keys against; a key
+created or revoked here takes effect on the router's next request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+from llmgw.cli import clusters
+from llmgw.cli.errors import UserError
+from llmgw.spec.models import Cluster
+from llmgw.store import databases, keys
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "keys", help="create, list and revoke API keys",
+        description="API keys for the router. Each key belongs to a project of the cluster "
+        "(its budget applies). Keys are stored hashed: a key is shown once, at creation.",
+    )
+    commands = parser.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+
+    create = commands.add_parser("create", help="create a key and print it (once)")
+    clusters.add_cluster_flag(create)
+    create.add_argument("--project", required=True, help="project the key belongs to")
+    create.add_argument("--name", default="", help="a label for people (who or what uses it)")
+    create.set_defaults(handler=run_create)
+
+    listing = commands.add_parser("list", help="list keys (never their secrets)")
+    clusters.add_cluster_flag(listing)
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.set_defaults(handler=run_list)
+
+    revoke = commands.add_parser("revoke", help="revoke a key; the router refuses it at once")
+    clusters.add_cluster_flag(revoke)
+    revoke.add_argument("key_id", metavar="ID", help="key id as `keys list` shows it (or the key)")
+    revoke.set_defaults(handler=run_revoke)
+
+
+def store_path(cluster: Cluster, directory: Path) -> Path:
+    path = Path(cluster.cluster.store.path)
+    return path if path.is_absolute() else directory / path
+
+
+def _open(cluster: Cluster, directory: Path) -> sqlite3.Connection:
+    path = store_path(cluster, directory)
+    try:
+        return databases.connect(path)
+    except (sqlite3.Error, OSError, RuntimeError) as exc:
+        raise UserError(f"cannot open the key store {path}: {exc}") from None
+
+
+def run_create(args: argparse.Namespace) -> int:
+    cluster = clusters.load(args.cluster)
+    if args.project not in cluster.projects:
+        defined = ", ".join(sorted(cluster.projects)) or "none"
+        raise UserError(f"project {args.project!r} is not defined in {args.cluster} "
+                        f"(projects: {defined}); add it under `projects:` first")
+    with contextlib.closing(_open(cluster, args.cluster)) as conn:
+        created = keys.create(conn, args.project, args.name)
+    print(created.secret)
+    print(f"created key {created.info.id} for project {args.project}. It is shown only "
+          "this once: store it now.", file=sys.stderr)
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    cluster = clusters.load(args.cluster)
+    with contextlib.closing(_open(cluster, args.cluster)) as conn:
+        listed = keys.list_all(conn)
+    if args.json:
+        print(json.dumps([{
+            "id": k.id, "project": k.project, "name": k.name, "created_at": k.created_at,
+            "revoked_at": k.revoked_at, "last_used_at": k.last_used_at,
+        } for k in listed], indent=2))
+        return 0
+    if not listed:
+        print("no keys yet; create one with `llmgw keys create --project P`", file=sys.stderr)
+        return 0
+    rows = [("ID", "PROJECT", "NAME", "CREATED", "LAST USED", "STATE")]
+    for k in listed:
+        rows.append((k.id, k.project, k.name or "-", _when(k.created_at),
+                     _when(k.last_used_at) if k.last_used_at else "never",
+                     f"revoked {_when(k.revoked_at)}" if k.revoked_at else "active"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+              .rstrip())
+    return 0
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    cluster = clusters.load(args.cluster)
+    key_id = keys.key_id_of(args.key_id) or args.key_id
+    with contextlib.closing(_open(cluster, args.cluster)) as conn:
+        before = {k.id: k for k in keys.list_all(conn)}.get(key_id)
+        if before is None:
+            raise UserError(f"no key with id {key_id!r} in {store_path(cluster, args.cluster)}; "
+                            "`llmgw keys list` shows them")
+        info = keys.revoke(conn, key_id)
+    assert info is not None and info.revoked_at is not None
+    if before.revoked_at is not None:
+        print(f"key {key_id} ({info.project}) was already revoked at {_when(info.revoked_at)}")
+    else:
+        print(f"revoked key {key_id} ({info.project}); the router refuses it from now on")
+    return 0
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
