@@ -1,0 +1,426 @@
+"""The ``supervise`` backend: llmgw runs the units itself, without systemd.
+
+For laptops, containers and CI. It runs the same rendered unit systemd
+would: ``ExecStart`` expanded with ``Environment=`` and the env files it was
+given, in its own session and process group, output appended to a log in
+its state directory. It mirrors what llmgw's units ask of systemd:
+
+* ``KillMode=control-group``: stop sends SIGTERM to the whole group, then
+  SIGKILL after ``TimeoutStopSec`` — forked workers die with the engine; when
+  the main process exits on its own, the rest of its group is killed too;
+* ``Restart=on-failure`` with ``RestartSec=``: restarts with doubling backoff,
+  and after ``restart_limit`` quick failures in a row the unit is Failed;
+* engines outlive the agent: each pid file holds the process's fingerprint
+  (pid, start time, boot, command line), and a restarted agent adopts only a
+  process whose fingerprint still matches — a reused pid is never adopted,
+  never signalled.
+
+State directory layout, per unit: ``units/<name>/{unit,env,secret.env,
+wanted,pid,log}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmgw.agent import processes, unitfiles, units
+from llmgw.agent.settings import SuperviseSettings
+from llmgw.agent.unitfiles import Labels, UnitFile, UnitFileError
+from llmgw.agent.units import Observation, ProcessState, UnitChange, UnitResult
+
+log = logging.getLogger(__name__)
+
+# What systemd gives a service; the rest of the agent's environment stays out.
+BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "USER", "LOGNAME", "TMPDIR")
+# Exits systemd counts as clean for Restart=on-failure.
+_CLEAN = ("exited with status 0",) + tuple(
+    f"killed by {sig}" for sig in ("SIGHUP", "SIGINT", "SIGTERM", "SIGPIPE")
+)
+
+
+@dataclass
+class _Run:
+    print: processes.Fingerprint
+    popen: subprocess.Popen[bytes] | None  # None: adopted after an agent restart
+    started_at: float
+
+
+@dataclass
+class _Slot:
+    name: str
+    directory: Path
+    wanted: bool = False
+    run: _Run | None = None
+    failures: int = 0
+    next_start: float = 0.0  # monotonic
+    given_up: bool = False
+    last_exit: str = ""
+    since: float | None = None
+
+    @property
+    def pid_file(self) -> Path:
+        return self.directory / "pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.directory / "log"
+
+
+@dataclass
+class Supervisor:
+    """The supervise backend over one state directory.
+
+    ``readonly=True`` observes without side effects (``llmgw agent
+    inventory`` next to a running agent): no adoption bookkeeping is
+    written, nothing is started or signalled.
+    """
+
+    state_dir: Path
+    settings: SuperviseSettings = field(default_factory=SuperviseSettings)
+    readonly: bool = False
+    kind: str = "supervise"
+    _slots: dict[str, _Slot] = field(default_factory=dict)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        if not self.readonly:
+            self.units_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._load()
+
+    @property
+    def units_dir(self) -> Path:
+        return self.state_dir / "units"
+
+    # ---- loading and adoption --------------------------------------------
+
+    def _load(self) -> None:
+        if not self.units_dir.is_dir():
+            return
+        for directory in sorted(self.units_dir.iterdir()):
+            if not (directory / "unit").exists():
+                continue
+            slot = _Slot(directory.name, directory)
+            slot.wanted = _read(directory / "wanted") == "running"
+            slot.run = self._adopt(slot)
+            if slot.run is not None:
+                slot.since = slot.run.started_at
+            self._slots[slot.name] = slot
+
+    def _adopt(self, slot: _Slot) -> _Run | None:
+        raw = _read(slot.pid_file)
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            recorded = processes.Fingerprint(
+                int(data["pid"]), int(data["start_ticks"]), str(data["boot_id"]),
+                str(data["cmdline_sha256"]),
+            )
+            started_at = float(data.get("started_at", time.time()))
+        except (ValueError, KeyError, TypeError):
+            recorded = None
+        if recorded is not None and processes.matches(recorded):
+            log.info("%s: adopted running pid %d", slot.name, recorded.pid)
+            return _Run(recorded, None, started_at)
+        if recorded is not None:
+            log.warning(
+                "%s: pid %d from the pid file is gone or is another process now; not adopted",
+                slot.name, recorded.pid,
+            )
+        if not self.readonly:
+            slot.pid_file.unlink(missing_ok=True)
+        return None
+
+    # ---- the Backend interface ---------------------------------------------
+
+    async def apply(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
+        results = []
+        async with self._lock:
+            for change in changes:
+                try:
+                    results.append(await self._apply_one(change))
+                except (UnitFileError, units.SecretError, OSError) as exc:
+                    results.append(UnitResult(change.name, ok=False, error=str(exc)))
+        return results
+
+    async def _apply_one(self, change: UnitChange) -> UnitResult:
+        if change.action == "remove":
+            slot = self._slots.pop(change.name, None)
+            if slot is None:
+                return UnitResult(change.name, ok=True)
+            await self._stop(slot)
+            shutil.rmtree(slot.directory, ignore_errors=True)
+            return UnitResult(change.name, ok=True, changed=True)
+        unit, _ = units.check(change)
+        secret_text = units.render_secrets(change.secret_env)
+        slot = self._slots.get(change.name)
+        if slot is None:
+            slot = _Slot(change.name, self.units_dir / change.name)
+            self._slots[change.name] = slot
+        slot.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        written = [
+            units.write(slot.directory / "unit", change.unit_text),
+            units.write(slot.directory / "env", change.env_text),
+            units.write(slot.directory / "secret.env", secret_text, mode=0o600),
+        ]
+        changed = any(written)
+        if change.action == "stop":
+            units.write(slot.directory / "wanted", "stopped")
+            stopped = await self._stop(slot)
+            return UnitResult(change.name, ok=True, changed=changed or stopped)
+        restarted = False
+        if slot.run is not None and changed:
+            await self._stop(slot)  # new text or env takes effect by restarting
+            restarted = True
+        units.write(slot.directory / "wanted", "running")
+        if slot.run is None:
+            slot.wanted, slot.failures, slot.given_up, slot.next_start = True, 0, False, 0.0
+            self._start(slot, unit)
+            return UnitResult(change.name, ok=True, changed=True)
+        slot.wanted = True
+        return UnitResult(change.name, ok=True, changed=changed or restarted)
+
+    async def observe(self) -> list[Observation]:
+        observations = []
+        for slot in sorted(self._slots.values(), key=lambda s: s.name):
+            if not self._lock.locked():  # an apply in progress settles its own units
+                self._reap(slot)
+            try:
+                labels: Labels | None = unitfiles.labels(self._unit(slot))
+                detail = ""
+            except (UnitFileError, OSError) as exc:
+                labels, detail = None, str(exc)
+            pid = slot.run.print.pid if slot.run else None
+            state: ProcessState
+            if slot.run is not None:
+                state = "running"
+            elif slot.given_up:
+                state, detail = "failed", slot.last_exit
+            elif slot.wanted:
+                wait = max(0.0, slot.next_start - time.monotonic())
+                state = "activating"
+                detail = f"{slot.last_exit}; restarting in {wait:.1f}s" if slot.last_exit else ""
+            else:
+                state, detail = "stopped", slot.last_exit or detail
+            observations.append(Observation(slot.name, labels, state, pid, slot.since, detail))
+        return observations
+
+    async def logs(self, name: str, lines: int) -> list[str]:
+        slot = self._slots.get(name)
+        if slot is None:
+            raise KeyError(name)
+        return units.tail(slot.log_file, lines)
+
+    def owns(self, pid: int) -> bool:
+        info = processes.stat(pid)
+        if info is None:
+            return False
+        return any(s.run is not None and s.run.print.pid == info.pgrp for s in self._slots.values())
+
+    async def tick(self) -> None:
+        if self.readonly:
+            return
+        async with self._lock:
+            for slot in list(self._slots.values()):
+                self._reap(slot)
+                self._trim_log(slot)
+                if slot.run is not None and slot.since is not None:
+                    if slot.failures and time.time() - slot.since >= self.settings.stable_after:
+                        slot.failures = 0  # up long enough: earlier failures are forgiven
+                if slot.wanted and slot.run is None and not slot.given_up:
+                    if time.monotonic() >= slot.next_start:
+                        try:
+                            self._start(slot, self._unit(slot))
+                        except (UnitFileError, OSError) as exc:
+                            slot.given_up, slot.last_exit = True, str(exc)
+
+    async def close(self) -> None:
+        if self.settings.stop_on_exit and not self.readonly:
+            async with self._lock:
+                for slot in self._slots.values():
+                    await self._stop(slot, persist=False)
+
+    # ---- processes ----------------------------------------------------------
+
+    def _unit(self, slot: _Slot) -> UnitFile:
+        return unitfiles.parse(slot.name, (slot.directory / "unit").read_text())
+
+    def _environment(self, slot: _Slot, unit: UnitFile) -> dict[str, str]:
+        env = {k: os.environ[k] for k in BASE_ENV if k in os.environ}
+        env.update(unitfiles.environment(unit))
+        given = {
+            f"{slot.name}.env": slot.directory / "env",
+            f"{slot.name}.secret.env": slot.directory / "secret.env",
+        }
+        for path, optional in unitfiles.environment_files(unit):
+            # The env files the daemon sent are kept here, whatever directory
+            # the unit names; any other file is read where the unit says.
+            source = given.get(Path(path).name, Path(path))
+            try:
+                env.update(unitfiles.parse_env_file(source.read_text()))
+            except OSError as exc:
+                if not optional:
+                    raise OSError(f"{slot.name}: EnvironmentFile={path}: {exc.strerror}") from None
+        return env
+
+    def _start(self, slot: _Slot, unit: UnitFile) -> None:
+        env = self._environment(slot, unit)
+        exec_start = unit.value("Service", "ExecStart") or ""
+        argv = unitfiles.expand(exec_start, env, slot.name)
+        if not argv:
+            raise UnitFileError(f"{slot.name}: ExecStart= is empty")
+        workdir = unit.value("Service", "WorkingDirectory")
+        with slot.log_file.open("ab") as output:
+            output.write(f"-- llmgw: starting {' '.join(argv)}\n".encode())
+            output.flush()
+            try:
+                popen = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                    env=env, cwd=workdir.lstrip("-") if workdir else None,
+                    start_new_session=True, close_fds=True,
+                )
+            except OSError as exc:
+                slot.given_up = True
+                slot.last_exit = f"cannot execute {argv[0]}: {exc.strerror or exc}"
+                output.write(f"-- llmgw: {slot.last_exit}\n".encode())
+                raise OSError(f"{slot.name}: {slot.last_exit}") from None
+        now = time.time()
+        print_ = processes.fingerprint(popen.pid) or processes.Fingerprint(popen.pid, 0, "", "")
+        slot.run, slot.since, slot.wanted = _Run(print_, popen, now), now, True
+        self._write_pid(slot)
+        log.info("%s: started pid %d", slot.name, popen.pid)
+
+    def _write_pid(self, slot: _Slot) -> None:
+        assert slot.run is not None
+        data = slot.run.print.to_dict() | {"started_at": slot.run.started_at}
+        units.write(slot.pid_file, json.dumps(data) + "\n", mode=0o600)
+
+    def _alive(self, run: _Run) -> tuple[bool, str]:
+        """Whether the run's process lives, and how it ended when it does not."""
+        if run.popen is not None:
+            code = run.popen.poll()
+            if code is None:
+                return True, ""
+            if code < 0:
+                return False, f"killed by {signal.Signals(-code).name}"
+            return False, f"exited with status {code}"
+        current = processes.fingerprint(run.print.pid)
+        if current is not None and current.start_ticks == run.print.start_ticks:
+            return True, ""
+        return False, "exited (status unknown: started before this agent)"
+
+    def _reap(self, slot: _Slot) -> None:
+        """Notice a main process that ended; kill what is left of its group; plan a restart."""
+        if slot.run is None:
+            return
+        alive, how = self._alive(slot.run)
+        if alive:
+            current = processes.fingerprint(slot.run.print.pid)
+            # An engine may retitle itself after start; keep the fingerprint current.
+            if current and current != slot.run.print and not self.readonly:
+                slot.run.print = current
+                self._write_pid(slot)
+            return
+        if self.readonly:
+            slot.run, slot.last_exit = None, how
+            return
+        pgid = slot.run.print.pid
+        if processes.group_members(pgid):
+            processes.signal_group(pgid, signal.SIGKILL)
+        ran_for = time.time() - slot.run.started_at
+        slot.run, slot.since, slot.last_exit = None, time.time(), how
+        slot.pid_file.unlink(missing_ok=True)
+        with slot.log_file.open("ab") as output:
+            output.write(f"-- llmgw: main process {how}\n".encode())
+        if not slot.wanted:
+            return
+        unit = self._unit(slot)
+        policy = unit.value("Service", "Restart") or "no"
+        clean = how in _CLEAN
+        if policy == "always" or (policy == "on-failure" and not clean):
+            if ran_for >= self.settings.stable_after:
+                slot.failures = 0
+            slot.failures += 1
+            if slot.failures > self.settings.restart_limit:
+                slot.given_up = True
+                slot.last_exit = f"{how}; gave up after {slot.failures - 1} restarts"
+                return
+            base = unitfiles.parse_timespan(unit.value("Service", "RestartSec") or "0") or 0.0
+            delay = max(base, self.settings.restart_backoff) * 2 ** (slot.failures - 1)
+            slot.next_start = time.monotonic() + min(delay, self.settings.restart_backoff_max)
+        elif clean:
+            slot.wanted = False  # a clean exit under on-failure ends the unit, as in systemd
+        else:
+            slot.given_up = True
+
+    async def _stop(self, slot: _Slot, persist: bool = True) -> bool:
+        """SIGTERM the group, SIGKILL after the stop timeout; True when something was stopped."""
+        slot.wanted = slot.wanted and not persist
+        if persist and slot.directory.exists():
+            units.write(slot.directory / "wanted", "stopped")
+        run = slot.run
+        if run is None:
+            return False
+        pgid = run.print.pid
+        timeout = self.settings.stop_timeout
+        try:
+            span = self._unit(slot).value("Service", "TimeoutStopSec")
+            if span:
+                timeout = unitfiles.parse_timespan(span) or timeout
+        except (UnitFileError, OSError):
+            pass
+        processes.signal_group(pgid, signal.SIGTERM)
+        if not await self._wait_group(run, pgid, timeout):
+            log.warning("%s: alive %.1fs after SIGTERM; sending SIGKILL", slot.name, timeout)
+            processes.signal_group(pgid, signal.SIGKILL)
+            await self._wait_group(run, pgid, 10.0)
+        _, how = self._alive(run)
+        slot.run, slot.since, slot.last_exit = None, time.time(), f"stopped ({how})"
+        slot.given_up, slot.failures = False, 0
+        slot.pid_file.unlink(missing_ok=True)
+        return True
+
+    async def _wait_group(self, run: _Run, pgid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if run.popen is not None:
+                run.popen.poll()  # reap the main process so it stops counting
+            if not processes.group_members(pgid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+
+    def _trim_log(self, slot: _Slot) -> None:
+        """Keep the log bounded: cut it to its last half when it outgrows the limit."""
+        limit = self.settings.log_max_bytes
+        try:
+            size = slot.log_file.stat().st_size
+        except FileNotFoundError:
+            return
+        if size <= limit:
+            return
+        with slot.log_file.open("r+b") as handle:
+            handle.seek(size - limit // 2)
+            keep = handle.read()
+            handle.seek(0)
+            # The engine appends (O_APPEND), so its next write lands after what we keep.
+            handle.write(keep)
+            handle.truncate(len(keep))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""

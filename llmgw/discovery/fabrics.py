@@ -1,0 +1,129 @@
+"""Declared fabrics checked against the adapters a node really has.
+
+A fabric the cluster declares for a node is advertised to the planner only
+when every declared adapter is present and at least one of them has an
+ACTIVE port of the right link layer. Otherwise the planner must not place a
+multi-node replica over it: NCCL would pick whatever it finds and the job
+would hang on its first all-reduce. Each refusal and each degraded adapter
+is reported with a reason an operator can act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llmgw.discovery.adapters import EMPTY_GID
+from llmgw.fleet.types import Adapter, FabricStatus, Port
+
+FabricKind = Literal["infiniband", "roce"]
+LINK_LAYER: dict[str, str] = {"infiniband": "InfiniBand", "roce": "Ethernet"}
+DEFAULT_ROCE_GID_INDEX = 3  # RoCE v2 over IPv4 on mlx5, as llmgw.spec documents
+
+
+@dataclass(frozen=True)
+class DeclaredFabric:
+    """One fabric as the cluster declares it for this node."""
+
+    name: str
+    kind: FabricKind
+    adapters: tuple[str, ...] = ()
+    gid_index: int | None = None
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What the cluster expects of a node; the daemon sends it with each Report."""
+
+    node: str = ""
+    fabrics: tuple[DeclaredFabric, ...] = ()
+    weights_dirs: tuple[str, ...] = ()
+
+
+@dataclass
+class _Verdict:
+    usable: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    missing: bool = False
+
+
+def _describe(port: Port) -> str:
+    parts = [p for p in (port.state, port.phys_state) if p]
+    return f"port {port.number}: {', '.join(parts) or 'state unknown'}"
+
+
+def _gid_problem(adapter: Adapter, port: Port, index: int) -> str | None:
+    gid = port.gids[index] if index < len(port.gids) else EMPTY_GID
+    if gid == EMPTY_GID:
+        return (
+            f"{adapter.name} port {port.number} has no GID at index {index} "
+            "(RoCE v2 needs an IP address on the adapter's interface)"
+        )
+    kind = port.gid_types[index] if index < len(port.gid_types) else ""
+    if kind and kind != "RoCE v2":
+        return f"{adapter.name} port {port.number} GID {index} is {kind}, not RoCE v2"
+    return None
+
+
+def _check_adapter(fabric: DeclaredFabric, adapter: Adapter, verdict: _Verdict) -> None:
+    wanted = LINK_LAYER[fabric.kind]
+    matching = [p for p in adapter.ports if p.link_layer in (wanted, None)]
+    if not matching:
+        layers = ", ".join(sorted({p.link_layer or "?" for p in adapter.ports})) or "no ports"
+        verdict.reasons.append(
+            f"{adapter.name} is {layers}, but {fabric.name} is declared {fabric.kind}"
+        )
+        return
+    active = [p for p in matching if p.active]
+    if not active:
+        states = "; ".join(_describe(p) for p in matching)
+        verdict.reasons.append(f"{adapter.name} has no ACTIVE port ({states})")
+        return
+    if fabric.kind == "roce":
+        index = DEFAULT_ROCE_GID_INDEX if fabric.gid_index is None else fabric.gid_index
+        problems = [_gid_problem(adapter, p, index) for p in active]
+        if all(problems):
+            verdict.reasons.extend(p for p in problems if p)
+            return
+    verdict.usable.append(adapter.name)
+
+
+def check_one(fabric: DeclaredFabric, adapters: Sequence[Adapter]) -> FabricStatus:
+    """The status of one declared fabric. Purely computational, no side-effects."""
+    present = {a.name: a for a in adapters}
+    verdict = _Verdict()
+    if not fabric.adapters:
+        verdict.reasons.append(f"no adapters declared for {fabric.name} on this node")
+    for name in fabric.adapters:
+        adapter = present.get(name)
+        if adapter is None:
+            verdict.missing = True
+            found = ", ".join(sorted(present)) or "none"
+            verdict.reasons.append(
+                f"adapter {name} is declared but not present (found: {found})"
+            )
+            continue
+        _check_adapter(fabric, adapter, verdict)
+    advertised = bool(verdict.usable) and not verdict.missing
+    if not advertised and fabric.adapters and not verdict.missing:
+        verdict.reasons.append(f"no declared adapter of {fabric.name} is usable")
+    return FabricStatus(
+        name=fabric.name,
+        kind=fabric.kind,
+        adapters=verdict.usable,
+        advertised=advertised,
+        reasons=verdict.reasons,
+        gid_index=(fabric.gid_index if fabric.gid_index is not None else DEFAULT_ROCE_GID_INDEX)
+        if fabric.kind == "roce"
+        else None,
+    )
+
+
+def check(declared: Sequence[DeclaredFabric], adapters: Sequence[Adapter]) -> list[FabricStatus]:
+    """Every declared fabric's status, in declaration order.
+
+    >>> check([], [])
+    []
+    """
+    return [check_one(fabric, adapters) for fabric in declared]

@@ -1,0 +1,81 @@
+"""Shared helpers for the agent's tests (imported as `agent_support`): engine, ports, units."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+ENGINE = Path(__file__).resolve().parents[1] / "support" / "testengine.py"
+NODES = Path(__file__).resolve().parents[1] / "fixtures" / "nodes"
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def unit_text(
+    model: str = "m1",
+    replica: int = 0,
+    rank: int = 0,
+    port: int | None = None,
+    args: str = "",
+    service: str = "",
+    digest: str = "d1",
+) -> str:
+    """A unit as the renderer writes it (INTERFACES.md), running the test engine."""
+    name = f"llmgw-{model}-r{replica}-s{rank}.service"
+    port_label = f"X-Llmgw-Port={port}\n" if port is not None else ""
+    port_arg = f" --port {port}" if port is not None else ""
+    return (
+        "[Unit]\n"
+        f"Description=llmgw {model} replica {replica} rank {rank}\n"
+        f"X-Llmgw-Model={model}\nX-Llmgw-Replica={replica}\nX-Llmgw-Rank={rank}\n"
+        f"X-Llmgw-Digest={digest}\n{port_label}"
+        "\n[Service]\n"
+        f"ExecStart={sys.executable} {ENGINE} serve {model}{port_arg} {args}\n"
+        f"EnvironmentFile=-/etc/llmgw/env/{name}.env\n"
+        f"EnvironmentFile=-/etc/llmgw/env/{name}.secret.env\n"
+        "KillMode=control-group\nRestart=on-failure\nTimeoutStopSec=5\n"
+        f"{service}"
+        "\n[Install]\nWantedBy=multi-user.target\n"
+    )
+
+
+def unit_name(model: str = "m1", replica: int = 0, rank: int = 0) -> str:
+    return f"llmgw-{model}-r{replica}-s{rank}.service"
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T | None] | T | None], timeout: float = 15.0, what: str = ""
+) -> T:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        result = check()
+        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+            result = await result  # type: ignore[misc]
+        if result:
+            return result  # type: ignore[return-value]
+        last = result
+        await asyncio.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what or check}: last {last!r}")
+
+
+def alive(pid: int) -> bool:
+    """A live process (zombies count as dead: PID 1 here may never reap them)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
