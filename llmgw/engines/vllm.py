@@ -1,0 +1,108 @@
+"""vLLM: ``vllm serve``, alone or across nodes (Ray, or vLLM's own launcher).
+
+Flags checked against the vLLM documentation:
+
+* ``vllm serve <model> --host --port --served-model-name --tensor-parallel-size
+  --pipeline-parallel-size --dtype --quantization --kv-cache-dtype
+  --download-dir --distributed-executor-backend`` — engine arguments, vLLM
+  0.10.x and later (docs.vllm.ai, "Engine Arguments").
+* Multi-node without Ray: ``--nnodes N --node-rank R --master-addr A
+  --master-port P``, and ``--headless`` on every rank but 0 (docs/serving/
+  parallelism_scaling.md, "Running vLLM with MultiProcessing"; vLLM 0.11.1+,
+  the 0.10 ``ParallelConfig`` has no ``nnodes``).
+* Multi-node with Ray: ``ray start --head --port P`` on rank 0 and ``ray
+  start --block --address A:P`` on the others, then ``vllm serve ...
+  --distributed-executor-backend ray`` on the head (same page, "Running vLLM on
+  a Ray cluster"; examples/online_serving/multi-node-serving.sh).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import TYPE_CHECKING
+
+from llmgw.engines import flags
+
+if TYPE_CHECKING:
+    from llmgw.engines.launches import Launch
+
+PROGRAM = ("/usr/bin/env", "vllm")
+RAY = ("/usr/bin/env", "ray")
+
+RESERVED_FLAGS = {
+    "host": "it binds each engine itself",
+    "port": "it allocates ports",
+    "model": "from the model's source",
+    "served-model-name": "from the model's name",
+    "tensor-parallel-size": "from tensor_parallel",
+    "tp": "from tensor_parallel",
+    "pipeline-parallel-size": "from pipeline_parallel",
+    "pp": "from pipeline_parallel",
+    "dtype": "from the profile's dtype",
+    "quantization": "from the profile's quantization",
+    "kv-cache-dtype": "from the profile's kv_cache_dtype",
+    "distributed-executor-backend": "from multi_node",
+    "nnodes": "from nodes",
+    "node-rank": "from the placement",
+    "master-addr": "from the placement",
+    "master-port": "it allocates ports",
+    "headless": "from the placement",
+}
+
+
+def command(launch: Launch) -> tuple[list[str], list[list[str]], dict[str, str]]:
+    profile = launch.profile
+    serve = [*PROGRAM, "serve", launch.source, "--served-model-name", launch.served_name]
+    serve += [
+        "--tensor-parallel-size", str(profile.tensor_parallel),
+        "--pipeline-parallel-size", str(profile.pipeline_parallel),
+    ]
+    for name, setting in (
+        ("--dtype", profile.dtype),
+        ("--quantization", profile.quantization),
+        ("--kv-cache-dtype", profile.kv_cache_dtype),
+    ):
+        if setting:
+            serve += [name, setting]
+    if launch.download_dir and not flags.is_path(launch.source):
+        serve += ["--download-dir", launch.download_dir]
+    listen = ["--host", launch.bind_host, "--port", str(launch.port)]
+    user = flags.render(profile.args)
+
+    if not launch.multi_node:
+        return [*serve, *listen, *user], [], {}
+
+    head = f"{launch.head_address}:{launch.dist_port}"
+    if profile.multi_node == "native":
+        dist = [
+            "--distributed-executor-backend", "mp",
+            "--nnodes", str(profile.nodes),
+            "--node-rank", str(launch.rank),
+            "--master-addr", str(launch.head_address),
+            "--master-port", str(launch.dist_port),
+        ]
+        tail = listen if launch.rank == 0 else ["--headless"]
+        return [*serve, *dist, *tail, *user], [], {}
+
+    # Ray: rank 0 starts the Ray head, then vLLM on it; the others join and block.
+    if launch.rank != 0:
+        return [*RAY, "start", "--block", "--address", head], [], {}
+    start_head = [
+        *RAY, "start", "--head", "--port", str(launch.dist_port),
+        # The dashboard's fixed port would collide with a second Ray head on this node.
+        "--include-dashboard=false",
+    ]
+    if _is_ip(launch.head_address):
+        start_head += ["--node-ip-address", str(launch.head_address)]
+    argv = [*serve, "--distributed-executor-backend", "ray", *listen, *user]
+    # Name the cluster explicitly: with two Ray heads on one node, "auto"
+    # discovery would pick whichever started last.
+    return argv, [start_head], {"RAY_ADDRESS": head}
+
+
+def _is_ip(address: str | None) -> bool:
+    try:
+        ipaddress.ip_address(address or "")
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,253 @@
+"""What each node can still take: GPUs, ports, memory, fabrics, weights.
+
+:class:`Capacity` is the planner's working view of the fleet. It starts from
+the cluster (what should exist) and the fleet (what does), and is updated as
+replicas are kept, placed or removed. It keeps the nodes that can take new
+work in buckets by free GPUs per class, so finding the best node for a
+replica does not scan a thousand nodes.
+
+A purely computational module with no side effects.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from llmgw.fleet.types import FabricStatus, Fleet, NodeReport
+from llmgw.spec.models import Cluster, Node
+
+FIRST_PORT = 18000
+GIB = 1024**3
+
+
+@dataclass
+class GpuSlot:
+    index: int
+    uuid: str
+    gpu_class: str
+    faults: list[str]
+    peers: frozenset[int] | None  # NVLink peers; None when the topology is unknown
+
+
+@dataclass
+class NodeState:
+    """One node: what it has, what is taken, and why it may take nothing."""
+
+    name: str
+    spec: Node
+    report: NodeReport | None
+    gpus: dict[int, GpuSlot] = field(default_factory=dict)
+    by_uuid: dict[str, int] = field(default_factory=dict)
+    used: dict[int, str] = field(default_factory=dict)  # GPU index → who holds it
+    ports: set[int] = field(default_factory=set)
+    memory_held: int = 0  # bytes promised to CPU replicas
+    fabrics: dict[str, FabricStatus] = field(default_factory=dict)  # usable, declared here
+    fabric_problems: dict[str, str] = field(default_factory=dict)
+    weights: frozenset[str] = frozenset()
+
+    @property
+    def reachable(self) -> bool:
+        return self.report is not None and self.report.reachable
+
+    @property
+    def placeable(self) -> bool:
+        """New replicas may land here."""
+        return self.reachable and not self.spec.cordoned
+
+    @property
+    def memory_total(self) -> int | None:
+        if self.report is not None and self.report.memory_total_bytes is not None:
+            return self.report.memory_total_bytes
+        return self.spec.memory
+
+    def unavailable(self) -> str | None:
+        """Why nothing new can land here; None when something can."""
+        if self.report is None:
+            return "no report from its agent"
+        if not self.report.reachable:
+            return f"unreachable: {self.report.error or 'no answer'}"
+        if self.spec.cordoned:
+            return "cordoned"
+        return None
+
+    def free(self, gpu_class: str) -> list[int]:
+        return [
+            g.index for g in self.gpus.values()
+            if g.gpu_class == gpu_class and not g.faults and g.index not in self.used
+        ]
+
+    def classes(self) -> Counter[str]:
+        return Counter(g.gpu_class for g in self.gpus.values())
+
+    def topology_known(self, indices: Iterable[int]) -> bool:
+        return all(self.gpus[i].peers is not None for i in indices)
+
+    def next_ports(self, count: int) -> list[int]:
+        """The lowest ``count`` free ports from 18000 on, not used by any llmgw unit."""
+        found: list[int] = []
+        port = FIRST_PORT
+        while len(found) < count:
+            if port not in self.ports:
+                found.append(port)
+            port += 1
+        return found
+
+
+def weights_keys(path: str) -> set[str]:
+    """Names under which weights at ``path`` may be asked for.
+
+    ``/models/meta-llama/Llama-3.1-8B`` answers to the path itself, to
+    ``meta-llama/Llama-3.1-8B`` and to ``Llama-3.1-8B``; a Hugging Face cache
+    directory ``models--org--name`` answers to ``org/name``.
+    """
+    clean = path.rstrip("/")
+    parts = [p for p in clean.split("/") if p]
+    keys = {clean}
+    if parts:
+        keys.add(parts[-1])
+    if len(parts) >= 2:
+        keys.add("/".join(parts[-2:]))
+    for part in parts:
+        if part.startswith("models--"):
+            repo = part[len("models--"):].split("--")
+            keys.add("/".join(repo))
+            keys.add(repo[-1])
+    return keys
+
+
+def source_keys(source: str) -> list[str]:
+    """The keys :func:`weights_keys` would file ``source`` under."""
+    if source.startswith("/"):
+        return [source.rstrip("/")]
+    return [source, source.rsplit("/", 1)[-1]]
+
+
+class Capacity:
+    """The fleet as the planner works on it."""
+
+    def __init__(self, cluster: Cluster, fleet: Fleet) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self._weights: dict[str, set[str]] = {}
+        self.model_nodes: dict[str, Counter[str]] = {}
+        self.fabric_nodes: dict[str, list[str]] = {}
+        # class → free count → sorted names of placeable nodes
+        self._buckets: dict[str, dict[int, list[str]]] = {}
+        for name in sorted(cluster.nodes):
+            node = _node_state(name, cluster.nodes[name], fleet.nodes.get(name))
+            self.nodes[name] = node
+            for key in node.weights:
+                self._weights.setdefault(key, set()).add(name)
+            for fabric in node.spec.fabrics:
+                self.fabric_nodes.setdefault(fabric, []).append(name)
+            if node.placeable:
+                for gpu_class in node.classes():
+                    self._file(node, gpu_class)
+
+    # -- queries ----------------------------------------------------------
+
+    def with_weights(self, source: str) -> set[str]:
+        found: set[str] = set()
+        for key in source_keys(source):
+            found |= self._weights.get(key, set())
+        return found
+
+    def same_model(self, model: str, node: str) -> int:
+        counts = self.model_nodes.get(model)
+        return counts[node] if counts else 0
+
+    def by_free(self, gpu_class: str, at_least: int) -> Iterator[NodeState]:
+        """Placeable nodes with ``at_least`` free GPUs of a class, fewest free first."""
+        buckets = self._buckets.get(gpu_class, {})
+        for free in sorted(count for count in buckets if count >= at_least):
+            for name in list(buckets[free]):
+                yield self.nodes[name]
+
+    def gpu_classes(self) -> list[str]:
+        return sorted({g.gpu_class for n in self.nodes.values() for g in n.gpus.values()})
+
+    # -- changes ----------------------------------------------------------
+
+    def take(
+        self, node: str, gpus: Iterable[int], ports: Iterable[int], memory: int,
+        model: str, holder: str,
+    ) -> None:
+        """Mark GPUs, ports and memory on ``node`` as held by ``holder``."""
+        state = self.nodes[node]
+        touched = self._unfile(state, gpus)
+        for index in gpus:
+            state.used[index] = holder
+        state.ports.update(ports)
+        state.memory_held += memory
+        self.model_nodes.setdefault(model, Counter())[node] += 1
+        self._refile(state, touched)
+
+    def give_back(
+        self, node: str, gpus: Iterable[int], ports: Iterable[int], memory: int, model: str,
+    ) -> None:
+        """Undo :meth:`take`."""
+        state = self.nodes[node]
+        touched = self._unfile(state, gpus)
+        for index in gpus:
+            state.used.pop(index, None)
+        state.ports.difference_update(ports)
+        state.memory_held -= memory
+        counts = self.model_nodes.get(model)
+        if counts and counts[node]:
+            counts[node] -= 1
+        self._refile(state, touched)
+
+    # -- the bucket index ---------------------------------------------------
+
+    def _unfile(self, state: NodeState, gpus: Iterable[int]) -> set[str]:
+        touched = {state.gpus[i].gpu_class for i in gpus if i in state.gpus}
+        if state.placeable:
+            for gpu_class in touched:
+                bucket = self._buckets[gpu_class][len(state.free(gpu_class))]
+                del bucket[bisect.bisect_left(bucket, state.name)]
+        return touched
+
+    def _refile(self, state: NodeState, touched: set[str]) -> None:
+        if state.placeable:
+            for gpu_class in touched:
+                self._file(state, gpu_class)
+
+    def _file(self, state: NodeState, gpu_class: str) -> None:
+        free = len(state.free(gpu_class))
+        bucket = self._buckets.setdefault(gpu_class, {}).setdefault(free, [])
+        bisect.insort(bucket, state.name)
+
+
+def _node_state(name: str, spec: Node, report: NodeReport | None) -> NodeState:
+    node = NodeState(name=name, spec=spec, report=report)
+    if report is None:
+        return node
+    for gpu in report.gpus:
+        node.gpus[gpu.index] = GpuSlot(
+            index=gpu.index, uuid=gpu.uuid, gpu_class=gpu.gpu_class, faults=gpu.faults,
+            peers=None if gpu.nvlink_peers is None else frozenset(gpu.nvlink_peers),
+        )
+        node.by_uuid[gpu.uuid] = gpu.index
+    reported = {f.name: f for f in report.fabrics}
+    for fabric in sorted(spec.fabrics):
+        status = reported.get(fabric)
+        if status is None:
+            node.fabric_problems[fabric] = f"fabric {fabric} not reported by the agent"
+        elif not status.advertised or not status.adapters:
+            why = "; ".join(status.reasons) or "no ACTIVE adapter"
+            node.fabric_problems[fabric] = f"fabric {fabric} not advertised: {why}"
+        else:
+            node.fabrics[fabric] = status
+    keys: set[str] = set()
+    for weights in report.weights:
+        keys |= weights_keys(weights.path)
+    node.weights = frozenset(keys)
+    return node
+
+
+def gib(size: int) -> str:
+    """``25769803776`` → ``24``; ``1.5 GiB`` keeps one decimal."""
+    value = size / GIB
+    return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"

@@ -1,0 +1,382 @@
+"""A plan for people and machines: text, Markdown, JSON.
+
+* :func:`text` — terraform-like: ``+`` create, ``-`` destroy, ``-/+``
+  replace by destroying first, ``+/-`` replace by creating first, ``~``
+  restart; then what cannot be placed (``!``) and what is unknown (``?``);
+  the last line is ``Plan: 2 to create, 1 to replace, 0 to destroy.``
+* :func:`markdown` — for pull request comments: the summary table first,
+  capacity per GPU class before and after, per-model details collapsed in
+  ``<details>``; never longer than :data:`MARKDOWN_LIMIT` characters.
+* :func:`json_text` — everything, versioned by ``format_version``.
+
+Nothing here reads a secret: plans hold paths of secret files, never values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from llmgw.planning.types import (
+    FORMAT_VERSION,
+    Attempt,
+    Change,
+    ObservedShard,
+    Plan,
+    Shard,
+    Unplaceable,
+)
+
+MARKDOWN_LIMIT = 60_000
+_NODES_SHOWN = 3  # nodes named per identical reason before "+N more"
+
+SYMBOLS = {
+    "create": "+",
+    "destroy": "-",
+    "restart": "~",
+    "create-before-destroy": "+/-",
+    "destroy-before-create": "-/+",
+}
+
+
+def symbol(change: Change) -> str:
+    if change.action == "replace":
+        return SYMBOLS[change.strategy or "destroy-before-create"]
+    return SYMBOLS[change.action]
+
+
+def gpu_list(indices: Sequence[int]) -> str:
+    """``(0, 1, 2, 3)`` → ``0-3``; ``(0, 2, 3)`` → ``0,2-3``."""
+    if not indices:
+        return "-"
+    parts: list[str] = []
+    ordered = sorted(indices)
+    start = prev = ordered[0]
+    for index in [*ordered[1:], None]:
+        if index is not None and index == prev + 1:
+            prev = index
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if index is not None:
+            start = prev = index
+    return ",".join(parts)
+
+
+def where(shards: Iterable[Shard | ObservedShard]) -> str:
+    """``gpu-a-01 [0-7], gpu-a-02 [0-7]``; CPU shards show the node alone."""
+    return ", ".join(f"{s.node} [{gpu_list(s.gpus)}]" if s.gpus else s.node for s in shards)
+
+
+def headline(change: Change) -> str:
+    """``llama-3.1-8b r0 will be replaced by r1 (create before destroy)``."""
+    name = f"{change.model} r{change.replica}"
+    if change.action == "create":
+        return f"{name} will be created"
+    if change.action == "destroy":
+        return f"{name} will be destroyed"
+    if change.action == "restart":
+        return f"{name} will be restarted"
+    if change.strategy == "create-before-destroy":
+        return f"{name} will be replaced by r{change.new_replica} (create before destroy)"
+    return f"{name} will be replaced (destroy, then create: no room beside it)"
+
+
+def group_reasons(reasons: Sequence[tuple[str, str]]) -> list[str]:
+    """Per-node reasons with identical text folded into one line.
+
+    ``[("a", "cordoned"), ("b", "cordoned")]`` → ``["a, b: cordoned"]``; more
+    than three nodes become ``a, b, c (+5 more): ...``. General lines (no
+    node) come first, in order.
+    """
+    general = [reason for node, reason in reasons if not node]
+    by_text: dict[str, list[str]] = {}
+    for node, reason in reasons:
+        if node:
+            by_text.setdefault(reason, []).append(node)
+    lines = list(general)
+    for reason, nodes in by_text.items():
+        shown = ", ".join(nodes[:_NODES_SHOWN])
+        more = f" (+{len(nodes) - _NODES_SHOWN} more)" if len(nodes) > _NODES_SHOWN else ""
+        lines.append(f"{shown}{more}: {reason}")
+    return lines
+
+
+# -- text ---------------------------------------------------------------------
+
+
+def text(plan: Plan) -> str:
+    """The plan as a terminal shows it."""
+    out = [_title(plan), ""]
+    if not plan.changes:
+        out += ["No changes: the fleet matches the cluster.", ""]
+    for change in plan.changes:
+        out += _text_change(change)
+        out.append("")
+    if plan.unplaceable:
+        out += ["Cannot be placed:", ""]
+        for entry in plan.unplaceable:
+            out += _text_unplaceable(entry)
+            out.append("")
+    if plan.unknown:
+        out += ["Unknown (their nodes did not answer; kept as they are, not placed again):", ""]
+        for unknown in plan.unknown:
+            out.append(f"  ? {unknown.model} r{unknown.replica} on {', '.join(unknown.nodes)}")
+            out += [f"      {reason}" for reason in unknown.reasons]
+            out.append("")
+    if plan.warnings:
+        out += ["Warnings:", *(f"  - {w}" for w in plan.warnings), ""]
+    out.append(plan.summary())
+    return "\n".join(out) + "\n"
+
+
+def _title(plan: Plan) -> str:
+    reachable = sum(1 for n in plan.nodes if n.reachable)
+    down = len(plan.nodes) - reachable
+    nodes = f"{len(plan.nodes)} nodes" + (f" ({down} not reachable)" if down else "")
+    revision = f" · revision {plan.revision}" if plan.revision else ""
+    return f"llmgw plan · cluster {plan.cluster}{revision} · {nodes} · at {_time(plan.now)}"
+
+
+def _time(now: float) -> str:
+    return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _text_change(change: Change) -> list[str]:
+    out = [f"  {symbol(change)} {headline(change)}"]
+    out += [f"      why: {reason}" for reason in change.reasons]
+    if change.shards:
+        first = change.shards[0]
+        out.append(f"      {_describe(first)}")
+    if change.action == "replace":
+        out += [f"      was {_shard_line(s)}" for s in change.removes]
+        out += [f"      now {_shard_line(s)}" for s in change.shards]
+    elif change.action == "destroy":
+        out += [f"      {_shard_line(s)}" for s in change.removes]
+    else:
+        out += [f"      {_shard_line(s)}" for s in change.shards]
+    return out
+
+
+def _describe(shard: Shard) -> str:
+    fabric = shard.spec.get("fabric")
+    per_node = f"{len(shard.gpus)} {shard.gpu_class}" if shard.gpus else "cpu"
+    nodes = f"{shard.ranks} nodes × {per_node}" if shard.ranks > 1 else per_node
+    return f"{shard.engine} · {nodes}" + (f" · fabric {fabric}" if fabric else "")
+
+
+def _shard_line(shard: Shard | ObservedShard) -> str:
+    gpus = f"  GPUs {gpu_list(shard.gpus)}" if shard.gpus else ""
+    port = f"  port {shard.port}" if shard.port is not None else ""
+    state = f"  ({shard.state})" if isinstance(shard, ObservedShard) else ""
+    return f"s{shard.rank} {shard.node}{gpus}{port}  {shard.unit}  digest {shard.digest}{state}"
+
+
+def _text_unplaceable(entry: Unplaceable) -> list[str]:
+    replicas = ", ".join(f"r{r}" for r in entry.replicas)
+    out = [f"  ! {entry.model} {replicas}: {entry.wanted}"]
+    if entry.note:
+        out.append(f"      {entry.note}")
+    for attempt in entry.attempts:
+        out += _text_attempt(attempt)
+    return out
+
+
+def _text_attempt(attempt: Attempt) -> list[str]:
+    out = [f"      profile {attempt.profile} ({attempt.label}):"]
+    out += [f"        {line}" for line in group_reasons(attempt.reasons)]
+    return out
+
+
+# -- markdown -------------------------------------------------------------------
+
+
+def markdown(plan: Plan, limit: int = MARKDOWN_LIMIT) -> str:
+    """The plan as a pull request comment, at most ``limit`` characters."""
+    head = [f"### llmgw plan for `{plan.cluster}`", ""]
+    summary = f"**{plan.summary()}**"
+    if plan.unplaceable:
+        count = sum(len(u.replicas) for u in plan.unplaceable)
+        summary += f" {count} replica{'s' if count != 1 else ''} cannot be placed."
+    if plan.unknown:
+        summary += (f" {len(plan.unknown)} replica{'s' if len(plan.unknown) != 1 else ''} "
+                    "unknown (node not reachable).")
+    head += [summary, ""]
+    rows = _markdown_rows(plan)
+    footer = [
+        "",
+        f"<sub>Observed {_time(plan.now)}"
+        + (f" · revision `{plan.revision}`" if plan.revision else "")
+        + f" · {len(plan.nodes)} nodes · plan format {FORMAT_VERSION}</sub>",
+    ]
+    budget = limit - len("\n".join(head + footer)) - 400
+    table = ["| | model | replica | change | where | why |", "|:-:|---|---|---|---|---|"]
+    used = len("\n".join(table))
+    for index, row in enumerate(rows):
+        if used + len(row) + 1 > budget // 2:
+            table.append(f"| | | | | | …and {len(rows) - index} more rows: run `llmgw plan` |")
+            break
+        table.append(row)
+        used += len(row) + 1
+    if not rows:
+        table = ["No changes: the fleet matches the cluster."]
+    body = head + table + [""] + _markdown_capacity(plan)
+    remaining = limit - len("\n".join(body + footer)) - 200
+    details, left_out = _markdown_details(plan, remaining)
+    body += details
+    if left_out:
+        body += ["", f"Details of {left_out} more model{'s' if left_out != 1 else ''} left out "
+                     f"to stay under {limit:,} characters; run `llmgw plan` for all of it."]
+    if plan.warnings:
+        warnings = ["", "**Warnings**", ""] + [f"- {_cell(w)}" for w in plan.warnings]
+        if len("\n".join(body + warnings + footer)) < limit:
+            body += warnings
+    return "\n".join(body + footer) + "\n"
+
+
+def _markdown_rows(plan: Plan) -> list[str]:
+    rows = []
+    for change in plan.changes:
+        shards = change.removes if change.action == "destroy" else change.shards
+        what: str = change.action
+        if change.action == "replace":
+            what = ("replace: create before destroy" if change.strategy == "create-before-destroy"
+                    else "replace: destroy, then create")
+        rows.append(_row(f"`{symbol(change)}`", change.model, f"r{change.replica}", what,
+                         where(shards), "; ".join(change.reasons)))
+    for entry in plan.unplaceable:
+        replicas = ", ".join(f"r{r}" for r in entry.replicas)
+        rows.append(_row("`!`", entry.model, replicas, "cannot be placed", "—", entry.wanted))
+    for unknown in plan.unknown:
+        rows.append(_row("`?`", unknown.model, f"r{unknown.replica}", "unknown",
+                         ", ".join(unknown.nodes), "; ".join(unknown.reasons)))
+    return rows
+
+
+def _row(*cells: str) -> str:
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def _cell(value: str) -> str:
+    return value.replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
+
+
+def _markdown_capacity(plan: Plan) -> list[str]:
+    if not plan.capacity:
+        return []
+    out = ["**GPUs by class** (reachable nodes)", "",
+           "| class | total | faulty | in use before | in use after | free after |",
+           "|---|--:|--:|--:|--:|--:|"]
+    for row in plan.capacity:
+        out.append(f"| {row.gpu_class} | {row.total} | {row.faulty} | {row.used_before} | "
+                   f"{row.used_after} | {row.free_after} |")
+    return [*out, ""]
+
+
+def _markdown_details(plan: Plan, budget: int) -> tuple[list[str], int]:
+    models = sorted({c.model for c in plan.changes} | {u.model for u in plan.unplaceable})
+    out: list[str] = []
+    used = 0
+    for position, model in enumerate(models):
+        changes = [c for c in plan.changes if c.model == model]
+        lines: list[str] = []
+        for change in changes:
+            lines += _text_change(change)
+        for entry in plan.unplaceable:
+            if entry.model == model:
+                lines += _text_unplaceable(entry)
+        counts = ", ".join(
+            f"{sum(1 for c in changes if c.action == a)} to {a}"
+            for a in ("create", "replace", "destroy", "restart")
+            if any(c.action == a for c in changes)
+        ) or "cannot be placed"
+        block = [f"<details><summary><b>{model}</b>: {counts}</summary>", "", "```text",
+                 *(line.replace("```", "'''") for line in lines), "```", "</details>", ""]
+        size = len("\n".join(block)) + 1
+        if used + size > budget:
+            return out, len(models) - position
+        out += block
+        used += size
+    return out, 0
+
+
+# -- json ---------------------------------------------------------------------
+
+
+def json_text(plan: Plan) -> str:
+    """The whole plan as JSON (``format_version`` first), unit texts included."""
+    return json.dumps(to_dict(plan), indent=2, ensure_ascii=False) + "\n"
+
+
+def to_dict(plan: Plan) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "cluster": plan.cluster,
+        "revision": plan.revision,
+        "now": plan.now,
+        "summary": {
+            **{action: plan.count(action)
+               for action in ("create", "replace", "destroy", "restart")},
+            "unplaceable": sum(len(u.replicas) for u in plan.unplaceable),
+            "unknown": len(plan.unknown),
+            "text": plan.summary(),
+        },
+        "changes": [_change_dict(change) for change in plan.changes],
+        "unplaceable": [
+            {
+                "model": entry.model,
+                "replicas": list(entry.replicas),
+                "wanted": entry.wanted,
+                "note": entry.note,
+                "attempts": [
+                    {"profile": a.profile, "label": a.label,
+                     "reasons": [{"node": node or None, "reason": reason}
+                                 for node, reason in a.reasons]}
+                    for a in entry.attempts
+                ],
+            }
+            for entry in plan.unplaceable
+        ],
+        "unknown": [
+            {"model": u.model, "replica": u.replica, "nodes": list(u.nodes),
+             "reasons": list(u.reasons)}
+            for u in plan.unknown
+        ],
+        "capacity": [
+            {"gpu_class": r.gpu_class, "total": r.total, "faulty": r.faulty,
+             "used_before": r.used_before, "used_after": r.used_after,
+             "free_after": r.free_after}
+            for r in plan.capacity
+        ],
+        "nodes": [{"node": n.node, "reachable": n.reachable, "digest": n.digest}
+                  for n in plan.nodes],
+        "warnings": list(plan.warnings),
+    }
+
+
+def _change_dict(change: Change) -> dict[str, Any]:
+    return {
+        "action": change.action,
+        "model": change.model,
+        "replica": change.replica,
+        "strategy": change.strategy,
+        "new_replica": change.new_replica,
+        "reasons": list(change.reasons),
+        "shards": [
+            {
+                "node": s.node, "unit": s.unit, "rank": s.rank, "engine": s.engine,
+                "gpu_class": s.gpu_class, "gpus": list(s.gpus), "port": s.port,
+                "digest": s.digest, "spec": dict(s.spec),
+                "unit_text": s.files.unit_text if s.files else None,
+                "env_text": s.files.env_text if s.files else None,
+                "secret_env": dict(s.files.secret_env) if s.files else {},
+            }
+            for s in change.shards
+        ],
+        "removes": [
+            {"node": s.node, "unit": s.unit, "rank": s.rank, "digest": s.digest,
+             "state": s.state, "gpus": list(s.gpus), "port": s.port}
+            for s in change.removes
+        ],
+    }

@@ -1,0 +1,305 @@
+"""Where a replica can run: the placement rules, and why a node does not fit.
+
+:func:`place` tries one profile and returns either a :class:`Placement` or
+the per-node reasons it did not fit (an :class:`~.types.Attempt`). Rules:
+
+* GPUs of the profile's class, healthy (no uncorrected ECC errors, no memory
+  held by processes llmgw did not start), not held by another replica; nodes
+  reachable and not cordoned.
+* A tensor-parallel group on one node when the profile says one node; on
+  NVLink-connected GPUs when the node's topology is known and such a set is
+  free (preferred, not required: PCIe cards have no NVLink at all).
+* A multi-node replica only on nodes that advertise one common fabric, all
+  of them on it, each with a management interface for the bootstrap.
+* CPU profiles: ``min_memory_gb`` of system memory not promised to other CPU
+  replicas; nodes without GPUs first.
+* Preferences, in order: NVLink, spreading replicas of one model across
+  nodes, nodes already holding the weights, the tightest fit; then the name,
+  so equal choices always resolve the same way.
+
+A purely computational module with no side effects.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sized
+from dataclasses import dataclass
+
+from llmgw.planning.nodes import Capacity, NodeState, gib
+from llmgw.planning.types import Attempt
+from llmgw.spec.models import Profile
+
+# Combinations tried when looking for an NVLink-connected set on one node;
+# C(8, 4) = 70, so this only bounds unusual 16-GPU boxes.
+_CLIQUE_SEARCH_LIMIT = 5000
+NVLINK, TOPOLOGY_UNKNOWN, NO_NVLINK = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One shard's place: a node, its GPUs, its ports."""
+
+    node: str
+    gpu_class: str | None
+    gpus: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    port: int | None = None  # HTTP, rank 0 only
+    dist_port: int | None = None  # rendezvous, rank 0 of multi-node replicas only
+
+
+@dataclass(frozen=True)
+class Placement:
+    profile: int
+    slots: tuple[Slot, ...]  # in rank order
+    fabric: str | None = None
+    memory: int = 0  # bytes, CPU profiles
+
+
+@dataclass(frozen=True)
+class Request:
+    model: str
+    profile_index: int
+    profile: Profile
+    source: str
+
+
+def label(profile: Profile) -> str:
+    """``vllm · 2 nodes × 8 h100-80g`` — how plans name a profile."""
+    if profile.cpu:
+        memory = f", {profile.min_memory_gb:g} GiB" if profile.min_memory_gb else ""
+        return f"{profile.engine} · cpu{memory}"
+    classes = "|".join(profile.gpu_classes)
+    per_node = f"{profile.gpus_per_node} {classes}"
+    if profile.nodes > 1:
+        return f"{profile.engine} · {profile.nodes} nodes × {per_node}"
+    return f"{profile.engine} · {per_node}"
+
+
+def place(capacity: Capacity, request: Request) -> Placement | Attempt:
+    """The best place for one replica of ``request``, or why there is none."""
+    profile = request.profile
+    if profile.cpu:
+        return _place_cpu(capacity, request)
+    if profile.nodes > 1:
+        return _place_multi(capacity, request)
+    return _place_single(capacity, request)
+
+
+def choose_gpus(node: NodeState, gpu_class: str, count: int) -> tuple[tuple[int, ...], int]:
+    """``count`` free GPUs of a class on one node, NVLink-connected when possible.
+
+    Returns the indices and how well they are connected (``NVLINK``,
+    ``TOPOLOGY_UNKNOWN``, ``NO_NVLINK``).
+    """
+    free = node.free(gpu_class)
+    first = tuple(free[:count])
+    if count <= 1:
+        return first, NVLINK
+    if not node.topology_known(free):
+        return first, TOPOLOGY_UNKNOWN
+    if _clique(node, first):
+        return first, NVLINK
+    for tried, group in enumerate(itertools.combinations(free, count)):
+        if tried >= _CLIQUE_SEARCH_LIMIT:
+            break
+        if _clique(node, group):
+            return group, NVLINK
+    return first, NO_NVLINK
+
+
+def _clique(node: NodeState, group: tuple[int, ...]) -> bool:
+    for position, index in enumerate(group):
+        peers = node.gpus[index].peers or frozenset()
+        if any(other not in peers for other in group[position + 1:]):
+            return False
+    return True
+
+
+def _rank(
+    capacity: Capacity, request: Request, node: NodeState, gpu_class: str, count: int,
+    weights: set[str],
+) -> tuple[tuple[int, int, int, int, str], tuple[int, ...]]:
+    gpus, connected = choose_gpus(node, gpu_class, count)
+    key = (
+        connected,
+        capacity.same_model(request.model, node.name),
+        0 if node.name in weights else 1,
+        len(node.free(gpu_class)) - count,
+        node.name,
+    )
+    return key, gpus
+
+
+def _place_single(capacity: Capacity, request: Request) -> Placement | Attempt:
+    profile = request.profile
+    count = profile.world_size
+    weights = capacity.with_weights(request.source)
+    for gpu_class in profile.gpu_classes:
+        # Nodes with weights or with this model already are few: rank them all.
+        # Among the rest only the fit differs, and by_free yields the tightest
+        # fit first, so the first NVLink-connected one is the best of them.
+        special = weights | set(capacity.model_nodes.get(request.model, {}))
+        best: tuple[tuple[int, int, int, int, str], tuple[int, ...], NodeState] | None = None
+        for name in sorted(special):
+            node = capacity.nodes.get(name)
+            if node is None or not node.placeable or len(node.free(gpu_class)) < count:
+                continue
+            key, gpus = _rank(capacity, request, node, gpu_class, count, weights)
+            if best is None or key < best[0]:
+                best = (key, gpus, node)
+        for node in capacity.by_free(gpu_class, count):
+            if node.name in special:
+                continue
+            key, gpus = _rank(capacity, request, node, gpu_class, count, weights)
+            if best is None or key < best[0]:
+                best = (key, gpus, node)
+            if key[0] == NVLINK:
+                break
+        if best is not None:
+            _, gpus, node = best
+            port = node.next_ports(1)[0]
+            slot = Slot(
+                node.name, gpu_class, gpus, tuple(node.gpus[i].uuid for i in gpus), port=port,
+            )
+            return Placement(request.profile_index, (slot,))
+    return Attempt(
+        request.profile_index, label(profile),
+        tuple((name, _why_not_gpus(node, profile.gpu_classes, count))
+              for name, node in capacity.nodes.items()),
+    )
+
+
+def _place_multi(capacity: Capacity, request: Request) -> Placement | Attempt:
+    profile = request.profile
+    count = profile.gpus_per_node
+    weights = capacity.with_weights(request.source)
+    reasons: list[tuple[str, str]] = []
+    best: tuple[tuple[int, ...], str, str, list[tuple[str, tuple[int, ...]]]] | None = None
+    for gpu_class in profile.gpu_classes:
+        for fabric in sorted(capacity.fabric_nodes):
+            fits: list[tuple[tuple[int, int, int, int, str], tuple[int, ...], str]] = []
+            misfits: list[tuple[str, str]] = []
+            for name in capacity.fabric_nodes[fabric]:
+                node = capacity.nodes[name]
+                why = _why_not_multi(node, fabric, gpu_class, count)
+                if why:
+                    misfits.append((name, why))
+                    continue
+                key, gpus = _rank(capacity, request, node, gpu_class, count, weights)
+                fits.append((key, gpus, name))
+            if len(fits) < profile.nodes:
+                verb = "fits" if len(fits) == 1 else "fit"
+                reasons.append(("", f"fabric {fabric} ({gpu_class}): {len(fits)} node{_s(fits)} "
+                                    f"{verb}, needs {profile.nodes}"))
+                reasons.extend(misfits)
+                continue
+            chosen = sorted(fits)[: profile.nodes]
+            score = (
+                sum(key[0] for key, _, _ in chosen), sum(key[1] for key, _, _ in chosen),
+                sum(key[2] for key, _, _ in chosen), sum(key[3] for key, _, _ in chosen),
+            )
+            if best is None or (score, fabric) < (best[0], best[1]):
+                best = (score, fabric, gpu_class, [(name, gpus) for _, gpus, name in chosen])
+        if best is not None:
+            break
+    if best is None:
+        if not capacity.fabric_nodes:
+            reasons.append(("", f"no node declares a fabric; a replica across {profile.nodes} "
+                                "nodes needs one"))
+        return Attempt(request.profile_index, label(profile), tuple(reasons))
+    _, fabric, gpu_class, members = best
+    members.sort()  # rank 0 is the first by name: stable, and easy to find
+    slots = []
+    for rank, (name, gpus) in enumerate(members):
+        node = capacity.nodes[name]
+        uuids = tuple(node.gpus[i].uuid for i in gpus)
+        if rank == 0:
+            port, dist_port = node.next_ports(2)
+            slots.append(Slot(name, gpu_class, gpus, uuids, port=port, dist_port=dist_port))
+        else:
+            slots.append(Slot(name, gpu_class, gpus, uuids))
+    return Placement(request.profile_index, tuple(slots), fabric=fabric)
+
+
+def _place_cpu(capacity: Capacity, request: Request) -> Placement | Attempt:
+    profile = request.profile
+    need = int((profile.min_memory_gb or 0) * 1024**3)
+    weights = capacity.with_weights(request.source)
+    best: tuple[tuple[int, int, int, int, str], NodeState] | None = None
+    for node in capacity.nodes.values():
+        if _why_not_cpu(node, need) is not None:
+            continue
+        total = node.memory_total or 0
+        key = (
+            1 if node.gpus else 0,  # keep GPU nodes' memory for their engines
+            capacity.same_model(request.model, node.name),
+            0 if node.name in weights else 1,
+            total - node.memory_held - need,
+            node.name,
+        )
+        if best is None or key < best[0]:
+            best = (key, node)
+    if best is None:
+        return Attempt(
+            request.profile_index, label(profile),
+            tuple((name, _why_not_cpu(node, need) or "")
+                  for name, node in capacity.nodes.items()),
+        )
+    node = best[1]
+    slot = Slot(node.name, None, (), (), port=node.next_ports(1)[0])
+    return Placement(request.profile_index, (slot,), memory=need)
+
+
+# -- why a node does not fit: the sentences plans show --------------------
+
+
+def _why_not_gpus(node: NodeState, classes: list[str], count: int) -> str:
+    blocked = node.unavailable()
+    if blocked:
+        return blocked
+    have = node.classes()
+    if not have:
+        return "no GPUs"
+    wanted = [c for c in classes if have[c]]
+    if not wanted:
+        present = ", ".join(f"{n} {c}" for c, n in sorted(have.items()))
+        return f"no {' or '.join(classes)} GPUs (has {present})"
+    faults = [
+        fault for g in sorted(node.gpus.values(), key=lambda g: g.index)
+        if g.gpu_class in wanted for fault in g.faults
+    ]
+    counts = ", ".join(f"{len(node.free(c))} free {c}" for c in wanted)
+    return "; ".join([*faults, f"{counts}, needs {count}"])
+
+
+def _why_not_multi(node: NodeState, fabric: str, gpu_class: str, count: int) -> str | None:
+    blocked = node.unavailable()
+    if blocked:
+        return blocked
+    if fabric not in node.fabrics:
+        return node.fabric_problems.get(fabric, f"not on fabric {fabric}")
+    if node.spec.is_local:
+        return "address is local; a replica across nodes needs a reachable address"
+    if not node.spec.mgmt_interface:
+        return "no mgmt_interface for the NCCL/Gloo bootstrap"
+    if len(node.free(gpu_class)) < count:
+        return _why_not_gpus(node, [gpu_class], count)
+    return None
+
+
+def _why_not_cpu(node: NodeState, need: int) -> str | None:
+    blocked = node.unavailable()
+    if blocked:
+        return blocked
+    total = node.memory_total
+    if total is None:
+        return "memory not reported"
+    if total - node.memory_held >= need:
+        return None
+    held = f", {gib(node.memory_held)} GiB held by llmgw replicas" if node.memory_held else ""
+    return f"has {gib(total)} GiB of memory{held}, needs {gib(need)}"
+
+
+def _s(items: Sized) -> str:
+    return "" if len(items) == 1 else "s"

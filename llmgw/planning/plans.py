@@ -1,0 +1,663 @@
+"""``plan(cluster, fleet, now, demand) -> Plan``: what must change, and why.
+
+The steps, in order:
+
+1. Rebuild what runs from the units agents report (:mod:`.replicas`) and
+   hold its GPUs, ports and memory. Units of removed models or nodes, and
+   duplicates, are destroyed. Replicas with a shard on a node that did not
+   answer are *unknown*: kept, counted, never placed a second time.
+2. Scale down: replicas over ``max``, and idle ones above the wanted count.
+3. Each remaining replica: unchanged (nothing to do), failed (restart),
+   changed spec or no longer fitting (replace — create before destroy when
+   capacity allows, destroy then create otherwise; never destroyed when the
+   replacement fits nowhere).
+4. Scale up to the wanted count: ``min`` for every model first, then what
+   demand asks; profiles tried in order; what fits nowhere says why, per node.
+5. One eviction, when an on-demand model has requests waiting and no room.
+
+This is a purely computational function with no side effects: no I/O, no
+clock, and the same inputs give the same plan byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
+
+from llmgw.engines import launches
+from llmgw.fleet.types import Demand, Fleet, NodeReport
+from llmgw.planning import diffs, placements, replicas, scaling, shards
+from llmgw.planning.nodes import Capacity
+from llmgw.planning.placements import Placement, Request, Slot
+from llmgw.planning.replicas import Member, ObservedReplica
+from llmgw.planning.scaling import Policy, Want
+from llmgw.planning.types import (
+    Attempt,
+    CapacityRow,
+    Change,
+    NodeFingerprint,
+    ObservedShard,
+    Plan,
+    Shard,
+    UnknownReplica,
+    Unplaceable,
+)
+from llmgw.spec.models import Cluster, Profile
+
+__all__ = ["Policy", "plan"]
+
+Key = tuple[str, int]
+TROUBLED_STATES = frozenset({"failed", "stopped"})
+
+
+def plan(
+    cluster: Cluster,
+    fleet: Fleet,
+    now: float,
+    demand: Demand | None = None,
+    *,
+    revision: str | None = None,
+    policy: Policy | None = None,
+) -> Plan:
+    """The changes that bring ``fleet`` to what ``cluster`` asks for, at time ``now``.
+
+    ``revision`` names the cluster directory's git revision in the plan;
+    ``demand`` is what the router has seen (default: nothing).
+    """
+    planner = _Planner(cluster, fleet, now, demand or Demand(), policy or Policy())
+    return planner.run(revision)
+
+
+@dataclass(frozen=True)
+class _Hold:
+    node: str
+    gpus: tuple[int, ...]
+    ports: tuple[int, ...]
+    memory: int
+
+
+class _Planner:
+    def __init__(
+        self, cluster: Cluster, fleet: Fleet, now: float, demand: Demand, policy: Policy,
+    ) -> None:
+        self.cluster = cluster
+        self.fleet = fleet
+        self.reports: dict[str, NodeReport] = dict(fleet.nodes)
+        self.now = now
+        self.demand = demand
+        self.policy = policy
+        self.capacity = Capacity(cluster, fleet)
+        observation = replicas.collect(cluster, fleet)
+        self.observed = observation.replicas
+        self.orphans = observation.orphans
+        self.warnings: list[str] = list(observation.warnings)
+        self.destroys: list[Change] = []
+        self.restarts: list[Change] = []
+        self.replaces: list[Change] = []
+        self.creates: list[Change] = []
+        self.unplaceable: list[Unplaceable] = []
+        self.unknown: list[UnknownReplica] = []
+        self.unknown_keys: set[Key] = set()
+        self.touched: set[Key] = set()
+        self.indices: dict[str, set[int]] = {name: set() for name in cluster.models}
+        self.holds: dict[Key, list[_Hold]] = {}
+        self.released: dict[Key, list[_Hold]] = {}
+        self.transitional: list[Key] = []
+        self.wants: dict[str, Want] = {}
+        self.alive: dict[str, list[ObservedReplica]] = {name: [] for name in cluster.models}
+
+    # -- the steps ----------------------------------------------------------
+
+    def run(self, revision: str | None) -> Plan:
+        self._warn_blind_nodes()
+        self._destroy_orphans()
+        self._hold_observed()
+        used_before = self._gpus_in_use()
+        self._classify()
+        self._scale_down()
+        for key, replica in self.observed.items():
+            if key not in self.touched and key not in self.unknown_keys:
+                self._reconcile(replica)
+        self._scale_up()
+        self._evict()
+        for key in self.transitional:
+            self._release(key)
+        return Plan(
+            cluster=self.cluster.cluster.name,
+            now=self.now,
+            revision=revision,
+            changes=tuple(self.destroys + self.restarts + self.replaces + self.creates),
+            unplaceable=tuple(self.unplaceable),
+            unknown=tuple(self.unknown),
+            capacity=self._capacity_rows(used_before),
+            nodes=tuple(_fingerprint(name, self.reports.get(name))
+                        for name in sorted({*self.cluster.nodes, *self.reports})),
+            warnings=tuple(self.warnings),
+        )
+
+    def _warn_blind_nodes(self) -> None:
+        for name in sorted(self.cluster.nodes):
+            report = self.reports.get(name)
+            if report is None:
+                self.warnings.append(
+                    f"{name}: no report from its agent; replicas there, if any, cannot be seen"
+                )
+            elif not report.reachable and not report.units:
+                self.warnings.append(
+                    f"{name}: unreachable and no earlier report of its units; replicas there, "
+                    "if any, cannot be seen"
+                )
+
+    def _destroy_orphans(self) -> None:
+        groups: dict[Key, list[replicas.Orphan]] = {}
+        for orphan in self.orphans:
+            groups.setdefault((orphan.unit.model, orphan.unit.replica), []).append(orphan)
+        for (model, replica), orphans in sorted(groups.items()):
+            reasons = tuple(dict.fromkeys(o.reason for o in orphans))
+            removes = tuple(_observed_shard(o.node, o.unit, ()) for o in orphans)
+            self.destroys.append(Change("destroy", model, replica, reasons, removes=removes))
+
+    def _hold_observed(self) -> None:
+        unlabelled: set[str] = set()
+        for key, replica in self.observed.items():
+            self.indices[replica.model].add(replica.replica)
+            holds = []
+            for _, member in sorted(replica.members.items()):
+                spec = member.spec or {}
+                if member.spec is None:
+                    unlabelled.add(member.node)
+                node = self.capacity.nodes[member.node]
+                gpus = tuple(node.by_uuid[u] for u in spec.get("gpus", []) if u in node.by_uuid)
+                for index in gpus:
+                    holder = node.used.get(index)
+                    if holder is not None:
+                        self.warnings.append(
+                            f"{member.node}: GPU {index} is claimed by both {holder} and "
+                            f"{replica.model} r{replica.replica}"
+                        )
+                ports = tuple(sorted({
+                    p for p in (member.unit.port, spec.get("port"), spec.get("dist_port"))
+                    if isinstance(p, int)
+                }))
+                memory = int(spec.get("memory") or 0)
+                hold = _Hold(member.node, gpus, ports, memory)
+                self._take_hold(replica.model, replica.replica, hold)
+                holds.append(hold)
+            self.holds[key] = holds
+        # A unit without its spec label says nothing about its GPUs; keep the
+        # ones llmgw's processes hold away from new replicas.
+        for name in sorted(unlabelled):
+            node = self.capacity.nodes[name]
+            report = self.reports[name]
+            held = tuple(sorted(
+                g.index for g in report.gpus
+                if g.index not in node.used and any(p.owned_by_llmgw for p in g.processes)
+            ))
+            if held:
+                self.capacity.take(name, held, (), 0, "", "an llmgw unit without a spec label")
+
+    def _classify(self) -> None:
+        for key, replica in self.observed.items():
+            reasons = [f"{node}: {self._unreachable(node)}"
+                       for node in replica.unreachable_nodes()]
+            for rank, node in replica.missing():
+                report = self.reports.get(node)
+                if report is None or not report.reachable:
+                    reasons.append(f"{node}: {self._unreachable(node)} (shard {rank})")
+            if reasons:
+                nodes = {m.node for m in replica.members.values()} | set(replica.peers or [])
+                self.unknown.append(UnknownReplica(
+                    replica.model, replica.replica, tuple(sorted(nodes)),
+                    tuple(dict.fromkeys(reasons)),
+                ))
+                self.unknown_keys.add(key)
+            self.alive[replica.model].append(replica)
+
+    def _scale_down(self) -> None:
+        for name in sorted(self.cluster.models):
+            model = self.cluster.models[name]
+            alive = self.alive[name]
+            want = scaling.want(name, model, self.demand, len(alive))
+            self.wants[name] = want
+            known = [r for r in alive if (name, r.replica) not in self.unknown_keys]
+            victims: list[tuple[ObservedReplica, str]] = []
+            if len(alive) > model.scaling.max:
+                extra = len(alive) - model.scaling.max
+                ordered = sorted(known, key=lambda r: (not self._troubled(r), -r.replica))
+                reason = f"over max: {len(alive)} replicas, max {model.scaling.max}"
+                victims = [(r, reason) for r in ordered[:extra]]
+            elif len(alive) > want.count:
+                idle = []
+                for replica in known:
+                    why = scaling.idle_reason(name, model, replica, self.demand, self.now)
+                    if why:
+                        used = scaling.last_use(name, replica, self.demand)
+                        idle.append((used if used is not None else -1.0, -replica.replica,
+                                     replica, why))
+                idle.sort(key=lambda item: (item[0], item[1]))
+                extra = len(alive) - want.count
+                victims = [(r, f"{why}; min {model.scaling.min}")
+                           for _, _, r, why in idle[:extra]]
+            for replica, reason in victims:
+                self._destroy(replica, (reason,))
+                alive.remove(replica)
+
+    def _reconcile(self, replica: ObservedReplica) -> None:
+        name = replica.model
+        model = self.cluster.models[name]
+        members = replica.members
+        if any(m.spec is None for m in members.values()):
+            troubles = self._troubles(replica)
+            if not troubles:
+                self.warnings.append(
+                    f"{name} r{replica.replica}: its units carry no X-Llmgw-Spec label; kept as "
+                    "they are, but their spec cannot be checked"
+                )
+                return
+            self._replace(replica, [*troubles, "its spec is unknown (no X-Llmgw-Spec label)"],
+                          in_place=None, profiles=range(len(model.profiles)))
+            return
+        current = self._current_placement(replica)
+        recorded = replica.profile
+        order = [i for i in range(len(model.profiles)) if i != recorded]
+        if recorded is not None and recorded < len(model.profiles):
+            order.insert(0, recorded)
+        first_fit: tuple[int, tuple[Shard, ...]] | None = None
+        if current is not None:
+            for index in order:
+                if self._misfits(current, model.profiles[index]):
+                    continue
+                try:
+                    built = shards.build(self.cluster, self.reports, name, replica.replica,
+                                         replace(current, profile=index))
+                except launches.EngineError:
+                    continue
+                if first_fit is None:
+                    first_fit = (index, built)
+                if all(s.digest == members[s.rank].unit.digest for s in built):
+                    self._restart_troubled(replica, built)
+                    return
+        if first_fit is not None:
+            index, built = first_fit
+            reasons = self._explain(replica, built, placement=True)
+            self._replace(replica, reasons, in_place=built, profiles=[index])
+            return
+        profile = model.profiles[recorded if recorded is not None and recorded < len(
+            model.profiles) else 0]
+        reasons = self._misfits(current, profile) if current is not None else []
+        reasons += [f"shard {rank} missing on {node}" for rank, node in replica.missing()]
+        reasons += self._troubles(replica) if not reasons else []
+        self._replace(replica, reasons or ["its profile no longer fits where it runs"],
+                      in_place=None, profiles=range(len(model.profiles)))
+
+    def _scale_up(self) -> None:
+        def size(name: str) -> int:
+            first = self.cluster.models[name].profiles[0]
+            return 0 if first.cpu else first.world_size
+
+        order = sorted(self.cluster.models, key=lambda n: (-size(n), n))
+        # min replicas of every model before anything demand asks for
+        for name in order:
+            self._create(name, min(self.wants[name].count, self.cluster.models[name].scaling.min))
+        for name in order:
+            if not any(u.model == name for u in self.unplaceable):
+                self._create(name, self.wants[name].count)
+
+    def _create(self, name: str, count: int) -> None:
+        want = self.wants[name]
+        while len(self.alive[name]) + self._created(name) < count:
+            result = self._place(name, range(len(self.cluster.models[name].profiles)))
+            if isinstance(result, Placement):
+                index = self._next_index(name)
+                built = self._build(name, index, result)
+                self.creates.append(Change("create", name, index, (want.reason,), shards=built))
+                continue
+            missing = count - len(self.alive[name]) - self._created(name)
+            self.unplaceable.append(Unplaceable(
+                name, self._next_indices(name, missing), want.reason, tuple(result),
+            ))
+            return
+
+    def _evict(self) -> None:
+        for entry in list(self.unplaceable):
+            name = entry.model
+            waiting = self.demand.waiting.get(name, 0)
+            if self.cluster.models[name].scaling.min > 0 or not waiting:
+                continue
+            candidates = []
+            for key, victim in self.observed.items():
+                if key[0] == name or key in self.touched or key in self.unknown_keys:
+                    continue
+                why = scaling.evictable(key[0], self.cluster.models[key[0]], victim,
+                                        self.demand, self.now, self.policy)
+                if why:
+                    used = scaling.last_use(key[0], victim, self.demand) or 0.0
+                    candidates.append((used, key, victim, why))
+            for _, key, victim, why in sorted(candidates, key=lambda c: (c[0], c[1])):
+                self._release(key)
+                result = self._place(name, range(len(self.cluster.models[name].profiles)))
+                if not isinstance(result, Placement):
+                    self._retake(key)
+                    continue
+                plural = "s" if waiting != 1 else ""
+                self._destroy(victim, (f"evicted for {name}: {waiting} request{plural} waiting "
+                                       f"and no free capacity; {why}",), release=False)
+                index = entry.replicas[0]
+                self.indices[name].add(index)
+                built = self._build(name, index, result)
+                self.creates.append(Change(
+                    "create", name, index,
+                    (f"{entry.wanted}; room made by evicting {key[0]} r{key[1]}",), shards=built,
+                ))
+                self.unplaceable.remove(entry)
+                if len(entry.replicas) > 1:
+                    self.unplaceable.append(replace(entry, replicas=entry.replicas[1:]))
+                return  # one eviction per plan
+
+    # -- replace -------------------------------------------------------------
+
+    def _replace(
+        self,
+        replica: ObservedReplica,
+        reasons: list[str],
+        *,
+        in_place: tuple[Shard, ...] | None,
+        profiles: range | list[int],
+    ) -> None:
+        name = replica.model
+        key = (name, replica.replica)
+        self.touched.add(key)
+        removes = self._observed_shards(replica)
+        # Create before destroy: a new replica beside the old one, which keeps
+        # serving until the new one is ready.
+        result = self._place(name, profiles)
+        if isinstance(result, Placement):
+            index = self._next_index(name)
+            built = self._build(name, index, result)
+            if in_place is None:
+                reasons = reasons + self._explain(replica, built, placement=False)
+            self.replaces.append(Change(
+                "replace", name, replica.replica, tuple(dict.fromkeys(reasons)), shards=built,
+                removes=removes, strategy="create-before-destroy", new_replica=index,
+            ))
+            self.transitional.append(key)
+            return
+        if in_place is not None:
+            self.replaces.append(Change(
+                "replace", name, replica.replica, tuple(dict.fromkeys(reasons)),
+                shards=tuple(shards.with_files(s) for s in in_place), removes=removes,
+                strategy="destroy-before-create", new_replica=replica.replica,
+            ))
+            return
+        self._release(key)
+        result = self._place(name, range(len(self.cluster.models[name].profiles)))
+        if isinstance(result, Placement):
+            built = self._build(name, replica.replica, result)
+            reasons = reasons + self._explain(replica, built, placement=False)
+            self.replaces.append(Change(
+                "replace", name, replica.replica, tuple(dict.fromkeys(reasons)), shards=built,
+                removes=removes, strategy="destroy-before-create", new_replica=replica.replica,
+            ))
+            return
+        self._retake(key)
+        self.unplaceable.append(Unplaceable(
+            name, (replica.replica,), f"a new place for r{replica.replica}: "
+            + "; ".join(reasons), tuple(result),
+            note=f"r{replica.replica} keeps running where it is",
+        ))
+
+    # -- helpers -------------------------------------------------------------
+
+    def _place(self, name: str, profiles: range | list[int]) -> Placement | list[Attempt]:
+        model = self.cluster.models[name]
+        attempts: list[Attempt] = []
+        for index in profiles:
+            profile = model.profiles[index]
+            source = profile.source or model.source
+            problems = launches.problems(profile)
+            if not source:
+                problems.insert(0, f"no source: set models.{name}.source or the profile's "
+                                   "source")
+            if problems:
+                attempts.append(Attempt(index, placements.label(profile),
+                                        tuple(("", p) for p in problems)))
+                continue
+            result = placements.place(self.capacity, Request(name, index, profile, str(source)))
+            if isinstance(result, Placement):
+                return result
+            attempts.append(result)
+        return attempts
+
+    def _build(self, name: str, index: int, placement: Placement) -> tuple[Shard, ...]:
+        built = shards.build(self.cluster, self.reports, name, index, placement, render=True)
+        holds = []
+        for slot in placement.slots:
+            ports = tuple(p for p in (slot.port, slot.dist_port) if p is not None)
+            hold = _Hold(slot.node, slot.gpus, ports, placement.memory)
+            self._take_hold(name, index, hold)
+            holds.append(hold)
+        self.holds[(name, index)] = holds
+        self.indices[name].add(index)
+        return built
+
+    def _take_hold(self, model: str, replica: int, hold: _Hold) -> None:
+        self.capacity.take(hold.node, hold.gpus, hold.ports, hold.memory, model,
+                           f"{model} r{replica}")
+
+    def _release(self, key: Key) -> None:
+        holds = self.holds.pop(key, [])
+        for hold in holds:
+            self.capacity.give_back(hold.node, hold.gpus, hold.ports, hold.memory, key[0])
+        self.released[key] = holds
+
+    def _retake(self, key: Key) -> None:
+        holds = self.released.pop(key, [])
+        for hold in holds:
+            self._take_hold(key[0], key[1], hold)
+        self.holds[key] = holds
+
+    def _destroy(
+        self, replica: ObservedReplica, reasons: tuple[str, ...], *, release: bool = True,
+    ) -> None:
+        key = (replica.model, replica.replica)
+        self.touched.add(key)
+        if release:
+            self._release(key)
+        self.destroys.append(Change("destroy", replica.model, replica.replica, reasons,
+                                    removes=self._observed_shards(replica)))
+
+    def _restart_troubled(self, replica: ObservedReplica, built: tuple[Shard, ...]) -> None:
+        troubled = [s for s in built if replica.members[s.rank].unit.state in TROUBLED_STATES]
+        if not troubled:
+            return
+        self.touched.add((replica.model, replica.replica))
+        self.restarts.append(Change(
+            "restart", replica.model, replica.replica, tuple(self._troubles(replica)),
+            shards=tuple(shards.with_files(s) for s in troubled),
+        ))
+
+    def _current_placement(self, replica: ObservedReplica) -> Placement | None:
+        """Where the replica runs, rebuilt from its shards' specs; None if incomplete."""
+        peers = replica.peers
+        if not peers or replica.missing() or len(replica.members) != len(peers):
+            return None
+        slots = []
+        head: dict[str, Any] = replica.members[0].spec or {}
+        for rank in range(len(peers)):
+            member = replica.members[rank]
+            spec = member.spec or {}
+            node = self.capacity.nodes[member.node]
+            uuids = tuple(str(u) for u in spec.get("gpus", []))
+            gpus = tuple(node.by_uuid.get(u, -1) for u in uuids)
+            slots.append(Slot(
+                member.node, spec.get("gpu_class"), gpus, uuids,
+                port=spec.get("port") if rank == 0 else None,
+                dist_port=spec.get("dist_port") if rank == 0 else None,
+            ))
+        return Placement(int(head.get("profile") or 0), tuple(slots),
+                         fabric=head.get("fabric"), memory=int(head.get("memory") or 0))
+
+    def _misfits(self, placement: Placement, profile: Profile) -> list[str]:
+        """Why this replica's current place does not suit ``profile``; empty when it does."""
+        problems: list[str] = []
+        if profile.cpu:
+            if any(slot.gpus for slot in placement.slots) or len(placement.slots) != 1:
+                return ["the profile runs on CPU"]
+            slot = placement.slots[0]
+            node = self.capacity.nodes[slot.node]
+            need = int((profile.min_memory_gb or 0) * 1024**3)
+            total = node.memory_total
+            if total is not None and total - node.memory_held + placement.memory < need:
+                problems.append(f"{slot.node}: has {total / 1024**3:g} GiB of memory, "
+                                f"needs {need / 1024**3:g}")
+            return problems
+        if len(placement.slots) != profile.nodes:
+            return [f"runs on {len(placement.slots)} node(s), the profile needs {profile.nodes}"]
+        for slot in placement.slots:
+            node = self.capacity.nodes[slot.node]
+            if slot.gpu_class not in profile.gpu_classes:
+                problems.append(f"{slot.node}: runs on {slot.gpu_class or 'CPU'}, the profile "
+                                f"needs {' or '.join(profile.gpu_classes)}")
+            if len(slot.gpus) != profile.gpus_per_node:
+                problems.append(f"{slot.node}: holds {len(slot.gpus)} GPUs, the profile needs "
+                                f"{profile.gpus_per_node}")
+            for index, uuid in zip(slot.gpus, slot.gpu_uuids, strict=True):
+                if index < 0:
+                    problems.append(f"{slot.node}: GPU {uuid} is gone")
+                    continue
+                problems += [f"{slot.node}: {fault}" for fault in node.gpus[index].faults]
+            if profile.nodes > 1 and placement.fabric not in node.fabrics:
+                problems.append(f"{slot.node}: " + node.fabric_problems.get(
+                    str(placement.fabric), f"not on fabric {placement.fabric}"))
+        return problems
+
+    def _explain(
+        self, replica: ObservedReplica, built: tuple[Shard, ...], *, placement: bool,
+    ) -> list[str]:
+        lines: list[str] = []
+        for shard in built:
+            member = replica.members.get(shard.rank)
+            if member is None or member.spec is None:
+                continue
+            lines += diffs.explain(member.spec, shard.spec, placement=placement,
+                                   gpu_names=self._gpu_names)
+        return list(dict.fromkeys(lines))
+
+    def _gpu_names(self, node: str, uuids: list[str]) -> str:
+        state = self.capacity.nodes.get(node)
+        if state is None:
+            return ",".join(uuids)
+        return ",".join(str(state.by_uuid.get(u, u)) for u in uuids)
+
+    def _troubled(self, replica: ObservedReplica) -> bool:
+        return bool(self._troubles(replica))
+
+    def _troubles(self, replica: ObservedReplica) -> list[str]:
+        lines = []
+        for _, member in sorted(replica.members.items()):
+            if member.unit.state in TROUBLED_STATES:
+                lines.append(_failure(member))
+        lines += [f"shard {rank} missing on {node}" for rank, node in replica.missing()]
+        return lines
+
+    def _observed_shards(self, replica: ObservedReplica) -> tuple[ObservedShard, ...]:
+        out = []
+        for _, member in sorted(replica.members.items()):
+            if not member.reachable:
+                continue
+            node = self.capacity.nodes[member.node]
+            gpus = tuple(sorted(node.by_uuid[u] for u in (member.spec or {}).get("gpus", [])
+                                if u in node.by_uuid))
+            out.append(_observed_shard(member.node, member.unit, gpus))
+        return tuple(out)
+
+    def _unreachable(self, node: str) -> str:
+        report = self.reports.get(node)
+        if report is None:
+            return "no report from its agent"
+        return f"unreachable: {report.error or 'no answer'}"
+
+    def _created(self, name: str) -> int:
+        return sum(1 for c in self.creates if c.model == name)
+
+    def _next_index(self, name: str) -> int:
+        index = self._next_indices(name, 1)[0]
+        self.indices[name].add(index)
+        return index
+
+    def _next_indices(self, name: str, count: int) -> tuple[int, ...]:
+        found: list[int] = []
+        index = 0
+        while len(found) < count:
+            if index not in self.indices[name]:
+                found.append(index)
+            index += 1
+        return tuple(found)
+
+    def _gpus_in_use(self) -> Counter[str]:
+        used: Counter[str] = Counter()
+        for node in self.capacity.nodes.values():
+            if node.reachable:
+                for index in node.used:
+                    if index in node.gpus:
+                        used[node.gpus[index].gpu_class] += 1
+        return used
+
+    def _capacity_rows(self, used_before: Counter[str]) -> tuple[CapacityRow, ...]:
+        total: Counter[str] = Counter()
+        faulty: Counter[str] = Counter()
+        for node in self.capacity.nodes.values():
+            if not node.reachable:
+                continue
+            for gpu in node.gpus.values():
+                total[gpu.gpu_class] += 1
+                if gpu.faults and gpu.index not in node.used:
+                    faulty[gpu.gpu_class] += 1
+        used_after = self._gpus_in_use()
+        return tuple(
+            CapacityRow(name, total[name], faulty[name], used_before[name], used_after[name])
+            for name in sorted(total)
+        )
+
+
+def _failure(member: Member) -> str:
+    unit = member.unit
+    detail = unit.detail or (unit.log_tail[-1] if unit.log_tail else "")
+    detail = detail.strip()
+    if len(detail) > 200:
+        detail = detail[:197] + "..."
+    return f"{member.node}: {unit.name} {unit.state}" + (f": {detail}" if detail else "")
+
+
+def _observed_shard(node: str, unit: Any, gpus: tuple[int, ...]) -> ObservedShard:
+    return ObservedShard(node=node, unit=unit.name, rank=unit.rank, digest=unit.digest,
+                         state=unit.state, port=unit.port, gpus=gpus, detail=unit.detail)
+
+
+def _fingerprint(name: str, report: NodeReport | None) -> NodeFingerprint:
+    """A digest of what planning reads from a node's report, and nothing volatile.
+
+    Utilisation, free memory and timestamps change every second; GPUs, their
+    faults, fabrics, weights and units are what a saved plan depends on.
+    """
+    if report is None:
+        return NodeFingerprint(name, False, _hash({"absent": True}))
+    content = {
+        "reachable": report.reachable,
+        "memory_total": report.memory_total_bytes,
+        "gpus": [[g.index, g.uuid, g.gpu_class, g.faults, g.nvlink_peers]
+                 for g in sorted(report.gpus, key=lambda g: g.index)],
+        "fabrics": [[f.name, f.advertised, f.adapters, f.gid_index]
+                    for f in sorted(report.fabrics, key=lambda f: f.name)],
+        "weights": sorted(w.path for w in report.weights),
+        "units": sorted([u.name, u.digest, u.state, u.port] for u in report.units),
+    }
+    return NodeFingerprint(name, report.reachable, _hash(content))
+
+
+def _hash(content: object) -> str:
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

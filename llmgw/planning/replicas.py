@@ -1,0 +1,133 @@
+"""What runs now, rebuilt from the units agents report.
+
+There is no state file: every llmgw unit carries its model, replica, rank,
+digest and spec as labels, so grouping the reported units by (model,
+replica) gives back every replica, with the spec each shard was started
+from. Units that belong to nothing the cluster wants — a model or node
+removed from the cluster, a second copy of the same shard — are orphans, to
+be removed with a reason.
+
+A purely computational module with no side effects.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmgw.fleet.types import Fleet, Unit
+from llmgw.planning import shards
+from llmgw.spec.models import Cluster
+
+HEALTHY_STATES = frozenset({"starting", "loading", "ready", "unknown"})
+
+
+@dataclass
+class Member:
+    """One reported shard of a replica."""
+
+    node: str
+    unit: Unit
+    spec: dict[str, Any] | None  # None: no label, or one that does not match the digest
+    reachable: bool
+
+
+@dataclass
+class ObservedReplica:
+    model: str
+    replica: int
+    members: dict[int, Member] = field(default_factory=dict)  # by rank
+
+    @property
+    def peers(self) -> list[str] | None:
+        """The nodes by rank, as the shards' specs recorded them."""
+        for member in self.members.values():
+            if member.spec and isinstance(member.spec.get("nodes"), list):
+                return [str(n) for n in member.spec["nodes"]]
+        return None
+
+    @property
+    def profile(self) -> int | None:
+        for member in self.members.values():
+            if member.spec and isinstance(member.spec.get("profile"), int):
+                return int(member.spec["profile"])
+        return None
+
+    def unreachable_nodes(self) -> list[str]:
+        return sorted({m.node for m in self.members.values() if not m.reachable})
+
+    def missing(self) -> list[tuple[int, str]]:
+        """(rank, node) of shards the specs expect that no node reported."""
+        peers = self.peers or []
+        return [(rank, node) for rank, node in enumerate(peers) if rank not in self.members]
+
+    def last_used(self) -> float | None:
+        times = [m.unit.last_used for m in self.members.values() if m.unit.last_used is not None]
+        return max(times) if times else None
+
+    def since(self) -> float | None:
+        head = self.members.get(0)
+        return head.unit.since if head else None
+
+
+@dataclass(frozen=True)
+class Orphan:
+    node: str
+    unit: Unit
+    reason: str
+
+
+@dataclass
+class Observation:
+    replicas: dict[tuple[str, int], ObservedReplica]
+    orphans: list[Orphan]
+    warnings: list[str]
+
+
+def parse_spec(unit: Unit) -> dict[str, Any] | None:
+    """The unit's spec label, if present and covered by its digest."""
+    text = unit.labels.get(shards.SPEC_LABEL)
+    if not text:
+        return None
+    try:
+        spec = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(spec, dict) or shards.digest(spec) != unit.digest:
+        return None
+    return spec
+
+
+def collect(cluster: Cluster, fleet: Fleet) -> Observation:
+    """Group the fleet's units into replicas; set aside what no one wants."""
+    replicas: dict[tuple[str, int], ObservedReplica] = {}
+    orphans: list[Orphan] = []
+    warnings: list[str] = []
+    for node_name in sorted(fleet.nodes):
+        report = fleet.nodes[node_name]
+        for unit in sorted(report.units, key=lambda u: (u.model, u.replica, u.rank, u.name)):
+            if node_name not in cluster.nodes:
+                if report.reachable:
+                    orphans.append(Orphan(node_name, unit, f"node {node_name} is not in the "
+                                                            "cluster any more"))
+                continue
+            if unit.model not in cluster.models:
+                if report.reachable:
+                    orphans.append(Orphan(node_name, unit, f"model {unit.model} is not in the "
+                                                            "cluster any more"))
+                continue
+            spec = parse_spec(unit)
+            if spec is None and shards.SPEC_LABEL in unit.labels:
+                warnings.append(f"{node_name}: {unit.name}: its X-Llmgw-Spec label does not "
+                                "match its digest; treating its spec as unknown")
+            key = (unit.model, unit.replica)
+            replica = replicas.setdefault(key, ObservedReplica(unit.model, unit.replica))
+            first = replica.members.get(unit.rank)
+            if first is not None:
+                if report.reachable:
+                    orphans.append(Orphan(node_name, unit, f"duplicate of shard {unit.rank} "
+                                                            f"on {first.node}"))
+                continue
+            replica.members[unit.rank] = Member(node_name, unit, spec, report.reachable)
+    return Observation(dict(sorted(replicas.items())), orphans, warnings)

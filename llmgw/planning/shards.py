@@ -1,0 +1,177 @@
+"""From a placement to shards: engine command, spec, digest, unit files.
+
+A shard's *spec* is everything that makes it what it is — argv, environment,
+secret file paths, GPUs by UUID, ports, peers — as one JSON object. Its
+*digest* is a hash of that object, so "the digest changed" means "something
+that matters changed". The spec rides along in the unit as the
+``X-Llmgw-Spec`` label; the agent reports it back, and the next plan can say
+exactly which fields changed instead of guessing.
+
+A purely computational module with no side effects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from llmgw.engines import launches
+from llmgw.engines.launches import EngineError, FabricUse, Launch
+from llmgw.fleet.types import NodeReport
+from llmgw.planning.placements import Placement
+from llmgw.planning.types import Shard
+from llmgw.rendering import units
+from llmgw.spec.models import Cluster
+
+SPEC_VERSION = 1
+SPEC_LABEL = "X-Llmgw-Spec"
+# Fields of the spec the digest does not cover: the profile's position in
+# the list says nothing about how the engine runs, and moving it must not
+# restart anything.
+UNDIGESTED = frozenset({"profile"})
+
+__all__ = ["EngineError", "build", "digest", "files", "spec_json", "unit_name"]
+
+
+def unit_name(model: str, replica: int, rank: int) -> str:
+    return f"llmgw-{model}-r{replica}-s{rank}.service"
+
+
+def digest(spec: Mapping[str, Any]) -> str:
+    """16 hex digits of SHA-256 over the canonical JSON of the digested fields."""
+    covered = {key: value for key, value in spec.items() if key not in UNDIGESTED}
+    canonical = json.dumps(covered, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def spec_json(spec: Mapping[str, Any]) -> str:
+    """The spec as the unit's label: one ASCII line."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def build(
+    cluster: Cluster,
+    reports: Mapping[str, NodeReport],
+    model_name: str,
+    replica: int,
+    placement: Placement,
+    *,
+    render: bool = False,
+) -> tuple[Shard, ...]:
+    """The shards of one replica at ``placement``.
+
+    Raises :class:`EngineError` when the profile cannot become a command line.
+    With ``render``, each shard carries its unit files.
+    """
+    model = cluster.models[model_name]
+    profile = model.profiles[placement.profile]
+    source = profile.source or model.source
+    if not source:
+        raise EngineError(
+            f"no source: set models.{model_name}.source or the profile's source"
+        )
+    peers = [slot.node for slot in placement.slots]
+    head = cluster.nodes[peers[0]]
+    head_slot = placement.slots[0]
+    multi = len(placement.slots) > 1
+    shards = []
+    for rank, slot in enumerate(placement.slots):
+        node = cluster.nodes[slot.node]
+        fabric = _fabric(cluster, reports.get(slot.node), slot.node, placement.fabric)
+        launch = Launch(
+            model=model_name,
+            served_name=model.served_name or model_name,
+            source=source,
+            profile=profile,
+            rank=rank,
+            bind_host="127.0.0.1" if node.is_local else "0.0.0.0",
+            port=head_slot.port if rank == 0 else None,
+            head_address=head.address if multi else None,
+            dist_port=head_slot.dist_port if multi else None,
+            gpu_uuids=slot.gpu_uuids,
+            mgmt_interface=node.mgmt_interface,
+            fabric=fabric,
+            download_dir=node.weights_dirs[0] if node.weights_dirs else None,
+        )
+        command = launches.command(launch)
+        spec: dict[str, Any] = {
+            "v": SPEC_VERSION,
+            "model": model_name,
+            "replica": replica,
+            "rank": rank,
+            "nodes": peers,
+            "engine": profile.engine,
+            "source": source,
+            "argv": list(command.argv),
+            "env": dict(command.env),
+            "user_env": dict(sorted(profile.env.items())),
+            "secret_env": dict(sorted(profile.secret_env.items())),
+            "gpu_class": slot.gpu_class,
+            "gpus": list(slot.gpu_uuids),
+            "port": launch.port,
+            "dist_port": head_slot.dist_port if multi and rank == 0 else None,
+            "fabric": placement.fabric,
+            "memory": placement.memory,
+            "profile": placement.profile,
+        }
+        if command.prelude:
+            spec["prelude"] = [list(step) for step in command.prelude]
+        shard = Shard(
+            model=model_name, replica=replica, rank=rank, ranks=len(placement.slots),
+            node=slot.node, unit=unit_name(model_name, replica, rank), engine=profile.engine,
+            gpu_class=slot.gpu_class, gpus=slot.gpus, port=launch.port,
+            digest=digest(spec), spec=spec,
+        )
+        shards.append(with_files(shard) if render else shard)
+    return tuple(shards)
+
+
+def files(shard: Shard) -> units.UnitFiles:
+    """The unit and env file of a shard, rendered from its spec."""
+    spec = shard.spec
+    return units.render(units.UnitSpec(
+        name=shard.unit,
+        model=shard.model,
+        replica=shard.replica,
+        rank=shard.rank,
+        ranks=shard.ranks,
+        node=shard.node,
+        engine=shard.engine,
+        digest=shard.digest,
+        spec_json=spec_json(spec),
+        argv=tuple(spec["argv"]),
+        port=shard.port,
+        prelude=tuple(tuple(step) for step in spec.get("prelude", ())),
+        env=tuple(sorted(spec["env"].items())),
+        user_env=tuple(sorted(spec["user_env"].items())),
+        secret_env=tuple(sorted(spec["secret_env"].items())),
+    ))
+
+
+def with_files(shard: Shard) -> Shard:
+    return replace(shard, files=files(shard))
+
+
+def _fabric(
+    cluster: Cluster, report: NodeReport | None, node: str, fabric: str | None,
+) -> FabricUse | None:
+    if fabric is None:
+        return None
+    declared = cluster.nodes[node].fabrics.get(fabric, [])
+    kind = cluster.fabrics[fabric].kind
+    gid_index = cluster.fabrics[fabric].gid_index
+    status = None
+    if report is not None:
+        status = next((f for f in report.fabrics if f.name == fabric), None)
+    if status is not None:
+        # Only the declared adapters the agent found ACTIVE: NCCL must not be
+        # pointed at a port that is down.
+        adapters = [a for a in declared if a in status.adapters]
+        if gid_index is None:
+            gid_index = status.gid_index
+    else:
+        adapters = list(declared)
+    return FabricUse(fabric, kind, tuple(adapters), gid_index)

@@ -1,0 +1,175 @@
+"""The plan and its parts: plain, typed, immutable data.
+
+A :class:`Plan` is a list of :class:`Change` in the order they must run
+(destroys that free capacity first, then restarts, replaces and creates),
+replicas that cannot be placed (:class:`Unplaceable`) and replicas whose nodes
+did not answer (:class:`UnknownReplica`), each with its reasons, plus the
+fingerprints a saved plan is checked against before it is applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from llmgw.rendering.units import UnitFiles
+
+FORMAT_VERSION = 1
+
+Action = Literal["create", "replace", "destroy", "restart"]
+Strategy = Literal["create-before-destroy", "destroy-before-create"]
+ACTIONS: tuple[Action, ...] = ("create", "replace", "destroy", "restart")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One node's part of one replica, as the plan wants it to run."""
+
+    model: str
+    replica: int
+    rank: int
+    ranks: int
+    node: str
+    unit: str  # llmgw-<model>-r<replica>-s<rank>.service
+    engine: str
+    gpu_class: str | None
+    gpus: tuple[int, ...]  # indices on the node, for people; the unit pins UUIDs
+    port: int | None
+    digest: str
+    spec: Mapping[str, Any] = field(compare=False)
+    files: UnitFiles | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class ObservedShard:
+    """A unit the fleet reports."""
+
+    node: str
+    unit: str
+    rank: int
+    digest: str
+    state: str
+    port: int | None = None
+    gpus: tuple[int, ...] = ()
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class UnitOp:
+    """One thing an agent does to one unit: what :mod:`llmgw.applying` sends."""
+
+    node: str
+    unit: str
+    action: Literal["start", "remove"]
+    files: UnitFiles | None = None  # start only
+
+
+@dataclass(frozen=True)
+class Change:
+    action: Action
+    model: str
+    replica: int
+    reasons: tuple[str, ...]
+    shards: tuple[Shard, ...] = ()  # what will run: create, replace, restart
+    removes: tuple[ObservedShard, ...] = ()  # what goes away: destroy, replace
+    strategy: Strategy | None = None  # replace only
+    new_replica: int | None = None  # replace only: the index of the new replica
+
+    def phases(self) -> tuple[tuple[UnitOp, ...], ...]:
+        """The unit operations of this change, phase by phase.
+
+        Within a phase, operations may run in parallel. A create-before-destroy
+        replace waits for its new shards to be ready before the second phase.
+        """
+        starts = tuple(UnitOp(s.node, s.unit, "start", s.files) for s in self.shards)
+        # Workers first, then the head: a head that finds no peers times out.
+        removes = tuple(UnitOp(s.node, s.unit, "remove") for s in self.removes)
+        if self.action == "destroy":
+            return (removes,)
+        if self.action in ("create", "restart"):
+            return (starts,)
+        if self.strategy == "create-before-destroy":
+            return (starts, removes)
+        # In place: same unit names; "start" rewrites and restarts a unit,
+        # so only shards that disappear need removing first.
+        kept = {(s.node, s.unit) for s in self.shards}
+        gone = tuple(op for op in removes if (op.node, op.unit) not in kept)
+        return tuple(phase for phase in (gone, starts) if phase)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Why one profile did not fit: one line per node (or per fabric)."""
+
+    profile: int
+    label: str  # "vllm · 2 nodes × 8 h100-80g"
+    reasons: tuple[tuple[str, str], ...]  # (node or "", reason)
+
+
+@dataclass(frozen=True)
+class Unplaceable:
+    model: str
+    replicas: tuple[int, ...]
+    wanted: str  # why these replicas are wanted
+    attempts: tuple[Attempt, ...]
+    note: str = ""  # e.g. "the current replica keeps running"
+
+
+@dataclass(frozen=True)
+class UnknownReplica:
+    model: str
+    replica: int
+    nodes: tuple[str, ...]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    """GPUs of one class on reachable nodes, before and after the plan."""
+
+    gpu_class: str
+    total: int
+    faulty: int
+    used_before: int
+    used_after: int
+
+    @property
+    def free_after(self) -> int:
+        return self.total - self.faulty - self.used_after
+
+
+@dataclass(frozen=True)
+class NodeFingerprint:
+    node: str
+    reachable: bool
+    digest: str  # of what the plan read from the node's report
+
+
+@dataclass(frozen=True)
+class Plan:
+    cluster: str
+    now: float
+    revision: str | None
+    changes: tuple[Change, ...]
+    unplaceable: tuple[Unplaceable, ...] = ()
+    unknown: tuple[UnknownReplica, ...] = ()
+    capacity: tuple[CapacityRow, ...] = ()
+    nodes: tuple[NodeFingerprint, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def count(self, action: Action) -> int:
+        return sum(1 for change in self.changes if change.action == action)
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.changes)
+
+    def summary(self) -> str:
+        """``Plan: 2 to create, 1 to replace, 0 to destroy.`` (restarts when any)."""
+        text = (
+            f"Plan: {self.count('create')} to create, {self.count('replace')} to replace, "
+            f"{self.count('destroy')} to destroy"
+        )
+        restarts = self.count("restart")
+        return text + (f", {restarts} to restart." if restarts else ".")
