@@ -41,6 +41,7 @@ class Labels:
     rank: int
     digest: str
     port: int | None
+    raw: Mapping[str, str] = field(default_factory=dict)  # every X-Llmgw-* key, as written
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ def labels(unit: UnitFile) -> Labels:
     port = _int_label(unit, "X-Llmgw-Port", required=False)
     if port is not None and not 1 <= port <= 65535:
         raise UnitFileError(f"{unit.name}: X-Llmgw-Port={port} is not a TCP port")
-    return Labels(model, replica or 0, rank or 0, digest, port)
+    raw = {k: v for k, v in unit.sections.get("Unit", ()) if k.startswith("X-Llmgw-")}
+    return Labels(model, replica or 0, rank or 0, digest, port, raw)
 
 
 def words(value: str) -> list[tuple[str, bool]]:

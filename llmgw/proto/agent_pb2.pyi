@@ -435,6 +435,26 @@ Global___Weights: _TypeAlias = Weights  # noqa: Y015
 class Unit(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NAME_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     REPLICA_FIELD_NUMBER: _builtins.int
@@ -447,6 +467,7 @@ class Unit(_message.Message):
     LAST_USED_FIELD_NUMBER: _builtins.int
     LOG_TAIL_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     model: _builtins.str
     replica: _builtins.int
@@ -461,6 +482,10 @@ class Unit(_message.Message):
     detail: _builtins.str
     @_builtins.property
     def log_tail(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """every X-Llmgw-* key of the unit's [Unit] section"""
+
     def __init__(
         self,
         *,
@@ -476,10 +501,11 @@ class Unit(_message.Message):
         last_used: _builtins.float | None = ...,
         log_tail: _abc.Iterable[_builtins.str] | None = ...,
         detail: _builtins.str = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_since", b"_since", "last_used", b"last_used", "pid", b"pid", "port", b"port", "since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_since", b"_since", "detail", b"detail", "digest", b"digest", "last_used", b"last_used", "log_tail", b"log_tail", "model", b"model", "name", b"name", "pid", b"pid", "port", b"port", "rank", b"rank", "replica", b"replica", "since", b"since", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_since", b"_since", "detail", b"detail", "digest", b"digest", "labels", b"labels", "last_used", b"last_used", "log_tail", b"log_tail", "model", b"model", "name", b"name", "pid", b"pid", "port", b"port", "rank", b"rank", "replica", b"replica", "since", b"since", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__last_used: _TypeAlias = _typing.Literal["last_used"]  # noqa: Y015
     _WhichOneofArgType__last_used: _TypeAlias = _typing.Literal["_last_used", b"_last_used"]  # noqa: Y015

@@ -1,0 +1,161 @@
+"""The agent's view of its units over time: observe, probe, publish changes.
+
+:class:`Monitor` turns the backend's process states and the readiness probes
+into :class:`llmgw.fleet.Unit` values, every ``poll_interval`` and whenever
+asked (after an apply). Each change of a unit's state, pid, digest or port
+is published to every watcher (the ``WatchUnits`` stream), so the daemon
+reacts without polling. A watcher that falls too far behind is dropped; it
+reconnects and gets a fresh snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+
+from llmgw.agent import readiness
+from llmgw.agent.settings import ReadinessSettings
+from llmgw.agent.units import Backend, Observation
+from llmgw.fleet.types import Unit
+
+log = logging.getLogger(__name__)
+
+FAILED_LOG_LINES = 50
+WATCH_QUEUE = 1024
+_NAME = re.compile(r"^llmgw-(?P<model>.+)-r(?P<replica>\d+)-s(?P<rank>\d+)\.service$")
+
+
+@dataclass(frozen=True)
+class Event:
+    unit: Unit
+    removed: bool = False
+
+
+def _key(unit: Unit) -> tuple[object, ...]:
+    # The detail is left out: it carries countdowns that change every tick.
+    return (unit.state, unit.pid, unit.digest, unit.port)
+
+
+class Monitor:
+    """Unit states for one backend; ``run()`` refreshes them until cancelled."""
+
+    def __init__(
+        self, backend: Backend, settings: ReadinessSettings | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.backend = backend
+        self.settings = settings or ReadinessSettings()
+        self._client = client or httpx.AsyncClient(trust_env=False)
+        self._units: dict[str, Unit] = {}
+        self._watchers: set[asyncio.Queue[Event | None]] = set()
+        self._refreshing = asyncio.Lock()
+        self._wake = asyncio.Event()
+
+    @property
+    def units(self) -> list[Unit]:
+        return [self._units[name] for name in sorted(self._units)]
+
+    async def refresh(self) -> list[Unit]:
+        """Observe every unit now, probe the running ones, publish what changed."""
+        async with self._refreshing:
+            await self.backend.tick()
+            observations = await self.backend.observe()
+            probes = await asyncio.gather(*(self._probe(obs) for obs in observations))
+            current: dict[str, Unit] = {}
+            for obs, found in zip(observations, probes, strict=True):
+                current[obs.name] = await self._unit(obs, found)
+            for name, unit in current.items():
+                before = self._units.get(name)
+                if before is None or _key(before) != _key(unit):
+                    self._publish(Event(unit))
+            for name in self._units.keys() - current.keys():
+                self._publish(Event(self._units[name], removed=True))
+            self._units = current
+            return self.units
+
+    def poke(self) -> None:
+        """Refresh soon (after an apply) rather than at the next interval."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # the monitor must outlive any one bad refresh
+                log.exception("refreshing unit states failed; retrying")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
+
+    async def close(self) -> None:
+        for queue in list(self._watchers):
+            self._drop(queue)
+        await self._client.aclose()
+
+    async def watch(self) -> AsyncIterator[Event]:
+        """Every unit now, then each change as it happens."""
+        queue: asyncio.Queue[Event | None] = asyncio.Queue(WATCH_QUEUE)
+        for unit in self.units:
+            queue.put_nowait(Event(unit))
+        self._watchers.add(queue)
+        try:
+            while (event := await queue.get()) is not None:
+                yield event
+        finally:
+            self._watchers.discard(queue)
+
+    # ---- internals ----------------------------------------------------------
+
+    def _publish(self, event: Event) -> None:
+        for queue in list(self._watchers):
+            try:
+                queue.put_nowait(event)
+            except asyncio.QueueFull:
+                log.warning("a unit watcher fell %d events behind; dropping it", WATCH_QUEUE)
+                self._drop(queue)
+
+    def _drop(self, queue: asyncio.Queue[Event | None]) -> None:
+        self._watchers.discard(queue)
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(None)
+
+    async def _probe(self, obs: Observation) -> readiness.Probe | None:
+        if obs.process != "running" or obs.labels is None or obs.labels.port is None:
+            return None
+        return await readiness.probe(self._client, obs.labels.port, self.settings.probe_timeout)
+
+    async def _unit(self, obs: Observation, found: readiness.Probe | None) -> Unit:
+        state, detail = readiness.state(obs, found)
+        before = self._units.get(obs.name)
+        if before is not None and before.state == state:
+            since = before.since
+        elif before is None and obs.since is not None:
+            since = obs.since
+        else:
+            since = time.time()
+        log_tail: list[str] = []
+        if state == "failed":
+            with contextlib.suppress(KeyError, OSError):
+                log_tail = await self.backend.logs(obs.name, FAILED_LOG_LINES)
+        if obs.labels is not None:
+            labels = obs.labels
+            model, replica, rank = labels.model, labels.replica, labels.rank
+            digest, port, raw = labels.digest, labels.port, dict(labels.raw)
+        else:
+            match = _NAME.match(obs.name)
+            model = match.group("model") if match else ""
+            replica = int(match.group("replica")) if match else 0
+            rank = int(match.group("rank")) if match else 0
+            digest, port, raw = "", None, {}
+        return Unit(
+            name=obs.name, model=model, replica=replica, rank=rank, digest=digest, state=state,
+            port=port, pid=obs.pid, since=since, log_tail=log_tail, detail=detail, labels=raw,
+        )

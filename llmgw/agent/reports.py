@@ -1,0 +1,119 @@
+"""The whole node, as one :class:`llmgw.fleet.NodeReport`.
+
+Runs each discovery source (commands through a runner, files under the
+configured roots), checks the declared fabrics against the adapters found,
+and adds the units with their states. Nothing here fails the report: a
+source that cannot be read leaves its facts absent and says why in
+``warnings``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from llmgw import __version__
+from llmgw.agent import commands, processes
+from llmgw.agent.settings import Settings
+from llmgw.discovery import adapters, disks, fabrics, gpus, hosts, nvml, weights
+from llmgw.discovery.fabrics import Declaration
+from llmgw.fleet.types import Adapter, Disk, NodeReport, Unit
+
+# nvidia-smi says this, with a non-zero status, on a machine without NVIDIA GPUs.
+_NO_DEVICES = "No devices were found"
+
+
+@dataclass
+class GpuFacts:
+    records: list[gpus.GpuRecord] = field(default_factory=list)
+    processes: list[gpus.ProcessRecord] = field(default_factory=list)
+    source: str = "none"
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Collector:
+    """Collects reports for one agent's settings; keeps caches between reports."""
+
+    settings: Settings
+    run: commands.Runner | None = None
+    _weights_cache: weights.Cache = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.run is None:
+            self.run = commands.runner(self.settings.hardware.command_timeout)
+
+    async def gpus(self) -> GpuFacts:
+        """GPU records: NVML when enabled and usable, else nvidia-smi, else none (CPU node)."""
+        facts = GpuFacts()
+        if self.settings.hardware.nvml == "auto":
+            module, why = nvml.load()
+            if module is not None:
+                snapshot, why = await asyncio.to_thread(nvml.read, module, processes.name)
+                if snapshot is not None:
+                    facts.records, facts.processes = snapshot.gpus, snapshot.processes
+                    facts.source, facts.warnings = "nvml", snapshot.warnings
+                    return facts
+        smi = self.settings.nvidia_smi_path
+        if smi is None:
+            return facts  # no nvidia-smi and no NVML: a CPU node, which is not an error
+        assert self.run is not None
+        query = await self.run(gpus.query_command(smi))
+        if not query.ok:
+            if _NO_DEVICES not in query.stdout + query.stderr:
+                facts.warnings.append(f"nvidia-smi: {query.why()}")
+            return facts
+        parsed = gpus.parse_query(query.stdout)
+        facts.records, facts.source = parsed.gpus, "nvidia-smi"
+        facts.warnings.extend(parsed.warnings)
+        apps = await self.run(gpus.processes_command(smi))
+        if apps.ok:
+            facts.processes = gpus.parse_processes(apps.stdout)
+        else:
+            facts.warnings.append(
+                f"nvidia-smi: GPU processes unknown, so memory held by others is not seen "
+                f"({apps.why()})"
+            )
+        return facts
+
+    def _files(self, declaration: Declaration) -> tuple[
+        hosts.Host, list[Adapter], list[Disk], weights.Found, list[str]
+    ]:
+        hw = self.settings.hardware
+        host = hosts.read(hw.proc_root, hw.sysfs_root)
+        found_adapters = adapters.read(hw.sysfs_root)
+        found_disks, disk_warnings = disks.read(declaration.weights_dirs)
+        found_weights = weights.find(declaration.weights_dirs, self._weights_cache)
+        return host, found_adapters, found_disks, found_weights, disk_warnings
+
+    async def collect(
+        self, declaration: Declaration, units: Sequence[Unit] = (),
+        owned: Callable[[int], bool] = lambda pid: False,
+    ) -> NodeReport:
+        """The report for ``declaration`` (what the cluster expects of this node)."""
+        facts, files = await asyncio.gather(
+            self.gpus(), asyncio.to_thread(self._files, declaration)
+        )
+        host, found_adapters, found_disks, found_weights, disk_warnings = files
+        warnings = [*facts.warnings, *host.warnings, *disk_warnings, *found_weights.notes]
+        return NodeReport(
+            node=declaration.node or self.settings.node or socket.gethostname(),
+            hostname=socket.gethostname(),
+            agent_version=__version__,
+            cpu_model=host.cpu.model,
+            cpu_count=host.cpu.count,
+            cpu_flags=list(host.cpu.flags),
+            memory_total_bytes=host.memory.total_bytes,
+            memory_available_bytes=host.memory.available_bytes,
+            gpus=gpus.build(facts.records, facts.processes, owned),
+            adapters=found_adapters,
+            fabrics=fabrics.check(declaration.fabrics, found_adapters),
+            disks=found_disks,
+            weights=found_weights.weights,
+            units=list(units),
+            collected_at=time.time(),
+            warnings=warnings,
+        )

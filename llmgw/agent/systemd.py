@@ -1,0 +1,274 @@
+"""The ``systemd`` backend: unit files, env files, ``systemctl``, ``journalctl``.
+
+Commands are built by pure functions (``*_command``) and run through an
+injected runner; ``systemctl show`` output is parsed by :func:`parse_show`.
+That split is what tests exercise here, where systemd is not PID 1: the
+commands against expectations, the parser against recorded output.
+
+One ApplyUnits call becomes, in order: one ``show`` of every unit named;
+``stop`` of units being removed; file writes and deletions; one
+``daemon-reload`` if any unit file changed; ``start``/``restart``/``stop``
+per unit; ``reset-failed`` of removed units. Units are not enabled: after a
+reboot the daemon converges the node again, from its own plan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmgw.agent import commands, unitfiles, units
+from llmgw.agent.settings import SystemdSettings
+from llmgw.agent.unitfiles import Labels, UnitFileError
+from llmgw.agent.units import Observation, ProcessState, UnitChange, UnitResult
+
+SHOW_PROPERTIES = (
+    "Id", "LoadState", "ActiveState", "SubState", "Result", "MainPID", "ExecMainCode",
+    "ExecMainStatus", "NRestarts", "StateChangeTimestampMonotonic",
+)
+_CLD = {"1": "exited with status", "2": "killed by signal", "3": "dumped core on signal"}
+
+
+# ---- commands (pure) ---------------------------------------------------------
+
+def daemon_reload_command(systemctl: str = "systemctl") -> list[str]:
+    return [systemctl, "daemon-reload"]
+
+
+def unit_command(verb: str, name: str, systemctl: str = "systemctl") -> list[str]:
+    """``systemctl start|stop|restart|reset-failed -- NAME``."""
+    if verb not in ("start", "stop", "restart", "reset-failed"):
+        raise ValueError(f"not a unit verb llmgw uses: {verb}")
+    return [systemctl, verb, "--", name]
+
+
+def show_command(names: Sequence[str], systemctl: str = "systemctl") -> list[str]:
+    return [systemctl, "show", "--property=" + ",".join(SHOW_PROPERTIES), "--", *names]
+
+
+def logs_command(name: str, lines: int, journalctl: str = "journalctl") -> list[str]:
+    return [journalctl, "--unit", name, "--lines", str(lines), "--no-pager", "--output", "cat"]
+
+
+# ---- parsing (pure) ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shown:
+    """One unit as ``systemctl show`` described it."""
+
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def get(self, key: str) -> str:
+        return self.properties.get(key, "")
+
+    @property
+    def active(self) -> bool:
+        return self.get("ActiveState") in ("active", "activating", "reloading")
+
+    def exit(self) -> str:
+        code, status = self.get("ExecMainCode"), self.get("ExecMainStatus")
+        return f"{_CLD[code]} {status}" if code in _CLD else ""
+
+    def state(self) -> tuple[ProcessState, str]:
+        """The process state llmgw uses, and a detail for the operator."""
+        active, sub = self.get("ActiveState"), self.get("SubState")
+        if self.get("LoadState") == "not-found":
+            return "stopped", "systemd does not know this unit"
+        if active in ("active", "reloading"):
+            return "running", ""
+        if active == "activating":
+            if sub == "auto-restart":
+                restarts = self.get("NRestarts") or "0"
+                return "activating", f"{self.exit() or 'failed'}; restart {restarts} pending"
+            return "activating", ""
+        if active == "failed":
+            return "failed", f"{self.exit() or 'failed'} (result: {self.get('Result')})"
+        if active == "deactivating":
+            return "stopped", "stopping"
+        ended = self.exit()
+        return "stopped", "" if ended in ("", "exited with status 0") else ended
+
+    def since(self, now: float, monotonic_now: float) -> float | None:
+        """Unix time of the last state change (systemd records it on CLOCK_MONOTONIC, µs)."""
+        raw = self.get("StateChangeTimestampMonotonic")
+        if not raw.isdigit() or raw == "0":
+            return None
+        return now - (monotonic_now - int(raw) / 1e6)
+
+    @property
+    def pid(self) -> int | None:
+        raw = self.get("MainPID")
+        return int(raw) if raw.isdigit() and raw != "0" else None
+
+
+def parse_show(stdout: str) -> dict[str, Shown]:
+    """``systemctl show`` of several units: blocks separated by blank lines, keyed by Id."""
+    shown: dict[str, Shown] = {}
+    for block in stdout.strip().split("\n\n"):
+        props = {}
+        for line in block.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                props[key] = value
+        if props.get("Id"):
+            shown[props["Id"]] = Shown(props)
+    return shown
+
+
+def cgroup_unit(cgroup_text: str) -> str | None:
+    """The llmgw unit a process belongs to, from its ``/proc/<pid>/cgroup``.
+
+    Works for the unified hierarchy (``0::/system.slice/NAME``) and v1 lines
+    (``4:pids:/system.slice/NAME``); processes in sub-cgroups of the unit count.
+    """
+    for line in cgroup_text.splitlines():
+        path = line.split(":", 2)[-1]
+        for part in path.split("/"):
+            if unitfiles.NAME.match(part):
+                return part
+    return None
+
+
+# ---- the backend -----------------------------------------------------------------
+
+@dataclass
+class SystemdBackend:
+    settings: SystemdSettings = field(default_factory=SystemdSettings)
+    run: commands.Runner = field(default=commands.run)
+    proc: Path = Path("/proc")
+    kind: str = "systemd"
+
+    @property
+    def unit_dir(self) -> Path:
+        return Path(self.settings.unit_dir)
+
+    @property
+    def env_dir(self) -> Path:
+        return Path(self.settings.env_dir)
+
+    def _files(self, name: str) -> tuple[Path, Path, Path]:
+        return (self.unit_dir / name, self.env_dir / f"{name}.env",
+                self.env_dir / f"{name}.secret.env")
+
+    def _names(self) -> list[str]:
+        if not self.unit_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.unit_dir.iterdir() if unitfiles.NAME.match(p.name))
+
+    async def _show(self, names: Sequence[str]) -> tuple[dict[str, Shown], str]:
+        if not names:
+            return {}, ""
+        done = await self.run(show_command(names, self.settings.systemctl))
+        if not done.ok:
+            return {}, done.why()
+        return parse_show(done.stdout), ""
+
+    async def _do(self, verb: str, name: str) -> str:
+        done = await self.run(unit_command(verb, name, self.settings.systemctl))
+        return "" if done.ok else done.why()
+
+    async def apply(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
+        errors: dict[int, str] = {}
+        changed: dict[int, bool] = {}
+        shown, _ = await self._show([c.name for c in changes])
+        # Removed units stop before their files go, so systemd still knows how.
+        for i, change in enumerate(changes):
+            if change.action == "remove" and shown.get(change.name, Shown()).active:
+                errors[i] = await self._do("stop", change.name)
+                changed[i] = True
+        reload_needed = False
+        rewritten: set[int] = set()
+        for i, change in enumerate(changes):
+            if i in errors and errors[i]:
+                continue
+            try:
+                if change.action == "remove":
+                    gone = [units.remove(path) for path in self._files(change.name)]
+                    reload_needed |= gone[0]
+                    changed[i] = changed.get(i, False) or any(gone)
+                    continue
+                units.check(change)
+                secret = units.render_secrets(change.secret_env)
+                unit_path, env_path, secret_path = self._files(change.name)
+                wrote_unit = units.write(unit_path, change.unit_text)
+                wrote_env = units.write(env_path, change.env_text, mode=0o640)
+                wrote_secret = units.write(secret_path, secret, mode=0o600)
+                reload_needed |= wrote_unit
+                if wrote_unit or wrote_env or wrote_secret:
+                    rewritten.add(i)
+                    changed[i] = True
+            except (UnitFileError, units.SecretError, OSError) as exc:
+                errors[i] = str(exc)
+        if reload_needed:
+            done = await self.run(daemon_reload_command(self.settings.systemctl))
+            if not done.ok:
+                for i in range(len(changes)):
+                    errors.setdefault(i, f"daemon-reload failed: {done.why()}")
+        for i, change in enumerate(changes):
+            if errors.get(i):
+                continue
+            active = shown.get(change.name, Shown()).active
+            verb = None
+            if change.action == "start":
+                verb = "restart" if (active and i in rewritten) else (None if active else "start")
+            elif change.action == "stop" and active:
+                verb = "stop"
+            elif change.action == "remove":
+                await self.run(unit_command("reset-failed", change.name, self.settings.systemctl))
+            if verb:
+                errors[i] = await self._do(verb, change.name)
+                changed[i] = True
+        return [
+            UnitResult(c.name, ok=not errors.get(i), changed=changed.get(i, False),
+                       error=errors.get(i, ""))
+            for i, c in enumerate(changes)
+        ]
+
+    async def observe(self) -> list[Observation]:
+        names = self._names()
+        shown, why = await self._show(names)
+        now, mono = time.time(), time.monotonic()
+        observations = []
+        for name in names:
+            labels: Labels | None
+            try:
+                text = (self.unit_dir / name).read_text()
+                labels = unitfiles.labels(unitfiles.parse(name, text))
+                detail = ""
+            except (UnitFileError, OSError) as exc:
+                labels, detail = None, str(exc)
+            info = shown.get(name)
+            if info is None:
+                observations.append(Observation(
+                    name, labels, "stopped", detail=why or detail or "not shown by systemctl"
+                ))
+                continue
+            state, state_detail = info.state()
+            observations.append(Observation(
+                name, labels, state, info.pid, info.since(now, mono), detail or state_detail
+            ))
+        return observations
+
+    async def logs(self, name: str, lines: int) -> list[str]:
+        if not (self.unit_dir / name).exists():
+            raise KeyError(name)
+        done = await self.run(logs_command(name, lines, self.settings.journalctl))
+        if not done.ok:
+            return [f"(journalctl: {done.why()})"]
+        return done.stdout.splitlines()[-lines:]
+
+    def owns(self, pid: int) -> bool:
+        try:
+            text = (self.proc / str(pid) / "cgroup").read_text()
+        except OSError:
+            return False
+        name = cgroup_unit(text)
+        return name is not None and (self.unit_dir / name).exists()
+
+    async def tick(self) -> None:
+        return None  # systemd restarts units itself
+
+    async def close(self) -> None:
+        return None
