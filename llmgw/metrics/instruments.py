@@ -67,6 +67,7 @@ class RouterMetrics:
         self._latency: dict[str, Histogram] = {}
         self._ttft: dict[str, Histogram] = {}
         self._in_flight: dict[str, Gauge] = {}
+        self._tokens: dict[str, tuple[Counter, Counter]] = {}
 
     def started(self, model: str) -> None:
         child = self._in_flight.get(model)
@@ -95,10 +96,14 @@ class RouterMetrics:
         hist.observe(seconds)
 
     def used_tokens(self, model: str, prompt: int | None, completion: int | None) -> None:
+        children = self._tokens.get(model)
+        if children is None:
+            children = self._tokens[model] = (
+                self.tokens.labels(model, "prompt"), self.tokens.labels(model, "completion"))
         if prompt:
-            self.tokens.labels(model, "prompt").inc(prompt)
+            children[0].inc(prompt)
         if completion:
-            self.tokens.labels(model, "completion").inc(completion)
+            children[1].inc(completion)
 
     def set_endpoints(self, counts: dict[str, int]) -> None:
         """Replace the per-model endpoint gauge; models gone from the table disappear."""

@@ -18,6 +18,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sqlite3
 import time
@@ -51,7 +52,9 @@ class Settings:
     retry_after: int = 10  # seconds, in the Retry-After of "model is loading"
     max_body_bytes: int = 32 * 2**20  # requests above this get 413
     connect_timeout: float = 5.0  # to a replica; a failure is retried on another one
-    flush_interval: float = 1.0  # seconds between usage-row writes
+    # Seconds between usage-row writes: short, so each write is a small batch that does not
+    # stall the loop (a 1 s batch at 5k req/s is a visible pause in p99).
+    flush_interval: float = 0.2
 
 
 class Router:
@@ -103,6 +106,9 @@ class Router:
         """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request."""
         runner = web.AppRunner(self.create_app(), access_log=None, handler_cancellation=True)
         await runner.setup()
+        # What exists now (modules, spec, pydantic schemas) lives for the whole process:
+        # keeping it out of the collector's full passes removes multi-ms pauses from p99.
+        gc.freeze()
         await web.TCPSite(runner, host, port, backlog=1024).start()
         return runner
 
@@ -154,9 +160,14 @@ class Router:
         except ApiError as error:
             outcome.status = error.status
             return error.response()
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             outcome.status = CLIENT_CLOSED
             raise
+        except ConnectionResetError:
+            # The client hung up while we wrote to it. aiohttp's attempt to send this
+            # answer fails quietly on the closed transport; raising would log a traceback.
+            outcome.status = CLIENT_CLOSED
+            return web.Response(status=CLIENT_CLOSED)
         finally:
             self._account(request.path, label, entry_key, principal, stream, outcome, started)
 

@@ -38,11 +38,14 @@ class Catalog:
     budgets: dict[str, float | None] = field(default_factory=dict)  # project → USD or None
     auth: str = "keys"  # "keys" | "none"
 
+    _by_key: dict[str, ModelEntry] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Requests resolve served names; accounting resolves keys: both are a dict lookup.
+        object.__setattr__(self, "_by_key", {e.key: e for e in self.models.values()})
+
     def by_key(self, key: str) -> ModelEntry | None:
-        for entry in self.models.values():
-            if entry.key == key:
-                return entry
-        return None
+        return self._by_key.get(key)
 
 
 def from_cluster(cluster: Cluster) -> Catalog:

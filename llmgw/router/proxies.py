@@ -69,6 +69,8 @@ class Proxy:
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=timeout, auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
+                # Engines set no cookies worth keeping; skipping the jar saves work per request.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 
@@ -121,9 +123,10 @@ class Proxy:
         outcome: Outcome,
         can_retry: bool,
     ) -> web.StreamResponse:
-        url = upstream.endpoint.base_url + request.path
+        url = upstream.url(request.path)
         upstream.outstanding += 1
         reply: aiohttp.ClientResponse | None = None
+        done = False
         try:
             try:
                 reply = await self._client().post(url, data=body, headers=_UPSTREAM_HEADERS)
@@ -134,10 +137,12 @@ class Proxy:
                                       f"{reply.status}"))
             content_type = reply.headers.get("Content-Type", "application/json")
             if stream and content_type.startswith("text/event-stream"):
-                return await self._relay(
+                response = await self._relay(
                     request, reply, upstream, content_type, strip_usage_chunk, outcome,
                     can_retry,
                 )
+                done = True
+                return response
             try:
                 data = await reply.read()
             except (aiohttp.ClientError, TimeoutError) as exc:
@@ -145,13 +150,19 @@ class Proxy:
             outcome.status = reply.status
             if reply.status < 400:
                 outcome.usage = usages.from_body(data)
+            done = True
             return web.Response(
                 status=reply.status, body=data, headers={"Content-Type": content_type}
             )
         finally:
             upstream.outstanding -= 1
             if reply is not None:
-                reply.close()  # a no-op for a fully read reply, whose connection is reused
+                if done:
+                    reply.release()  # back to the pool for the next request
+                else:
+                    # Failed, retried or cancelled (the client hung up): closing the
+                    # connection is what tells the engine to stop generating.
+                    reply.close()
 
     async def _relay(
         self,

@@ -21,6 +21,8 @@ import asyncio
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from yarl import URL
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -36,6 +38,14 @@ class Upstream:
     endpoint: Endpoint
     outstanding: int = 0
     picked: int = field(default=0)  # total picks; breaks ties in round-robin order
+    _urls: dict[str, URL] = field(default_factory=dict, repr=False)
+
+    def url(self, path: str) -> URL:
+        """The replica's URL for ``path``, parsed once (the client would re-parse a str)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = URL(self.endpoint.base_url + path, encoded=True)
+        return url
 
 
 class Routes:

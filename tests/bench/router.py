@@ -1,0 +1,288 @@
+"""Router overhead, measured in one run against one fast mock upstream.
+
+Rows: the upstream directly; through llmgw's router; through nginx (Debian's,
+a temporary config on loopback, keep-alive to the upstream, buffering off);
+through LiteLLM's proxy when it is installed (it is not a dependency).
+Columns, for a non-streaming and a streaming chat completion: requests/s
+with ``--connections`` concurrent keep-alive clients, and latency at one
+client at a time — p50 and p99, and what each adds over the direct path.
+
+The load generator is ``wrk`` (Debian package; ``make sysdeps``). Every
+process listens on 127.0.0.1 only and the run is bounded by ``--duration``.
+llmgw runs as it does in production: keys checked against SQLite, usage
+rows written, metrics recorded. Numbers are printed, never asserted.
+
+    .venv/bin/python tests/bench/router.py [--duration 5] [--connections 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BODY = '{"model":"bench","messages":[{"role":"user","content":"Say hello to the benchmark."}]}'
+STREAM_BODY = BODY[:-1] + ',"stream":true}'
+
+NGINX_CONF = """\
+worker_processes 1;
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/body;
+  proxy_temp_path {tmp}/proxy;
+  fastcgi_temp_path {tmp}/fastcgi;
+  uwsgi_temp_path {tmp}/uwsgi;
+  scgi_temp_path {tmp}/scgi;
+  upstream engine {{ server 127.0.0.1:{upstream}; keepalive 128; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
+
+LITELLM_CONF = """\
+model_list:
+  - model_name: bench
+    litellm_params:
+      model: openai/bench
+      api_base: http://127.0.0.1:{upstream}/v1
+      api_key: none
+"""
+
+
+@dataclass
+class Measure:
+    rps: float
+    p50_us: float
+    p99_us: float
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+@contextlib.contextmanager
+def process(argv: list[str], port: int, **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, **kwargs)  # type: ignore[call-overload]
+    try:
+        try:
+            wait_port(port)
+        except RuntimeError:
+            proc.kill()
+            why = proc.communicate()[1].decode()
+            raise RuntimeError(f"{argv[0]} did not start: {why}") from None
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+_UNITS = {"us": 1.0, "ms": 1000.0, "s": 1_000_000.0}
+
+
+def wrk(url: str, body: str, key: str, connections: int, duration: float, tmp: Path) -> Measure:
+    script = tmp / "post.lua"
+    script.write_text(
+        'wrk.method = "POST"\n'
+        f"wrk.body = '{body}'\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {key}"\n'
+    )
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(script),
+         url + "/v1/chat/completions"],
+        capture_output=True, text=True, timeout=duration + 30, check=True,
+    ).stdout
+    if "Non-2xx" in out or "Socket errors" in out or re.search(r"^\s*0 requests", out, re.M):
+        raise RuntimeError(f"errors while measuring {url}:\n{out}")
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    percentiles = {
+        int(p): float(v) * _UNITS[u]
+        for p, v, u in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    }
+    return Measure(rps, percentiles[50], percentiles[99])
+
+
+def measure(url: str, key: str, args: argparse.Namespace, tmp: Path) -> dict[str, Measure]:
+    results = {}
+    for mode, body in (("plain", BODY), ("stream", STREAM_BODY)):
+        try:
+            wrk(url, body, key, args.connections, 1, tmp)  # warm: pools, caches
+            load = wrk(url, body, key, args.connections, args.duration, tmp)
+            latency = wrk(url, body, key, 1, args.duration, tmp)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{mode}: {exc}") from None
+        results[mode] = Measure(load.rps, latency.p50_us, latency.p99_us)
+    return results
+
+
+def serve_router(port: int, upstream: int, db: str, key_file: str, loop: str) -> None:
+    """The llmgw row's server: the Router as `llmgw serve` builds it."""
+    from prometheus_client import CollectorRegistry
+
+    from llmgw.router import Endpoint, Router, catalogs
+    from llmgw.spec.models import Cluster
+    from llmgw.store import databases, keys
+
+    cluster = Cluster.model_validate({
+        "cluster": {"name": "bench", "auth": "keys"},
+        "models": {"bench": {"profiles": [{"engine": "llama.cpp", "cpu": True}],
+                             "pricing": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}}},
+        "projects": {"bench": {"budget_usd": None}},
+    })
+    conn = databases.connect(db)
+    Path(key_file).write_text(keys.create(conn, "bench").secret)
+
+    async def main() -> None:
+        router = Router(catalogs.from_cluster(cluster), store=conn, registry=CollectorRegistry())
+        router.update_routes({"bench": [Endpoint(f"http://127.0.0.1:{upstream}", "local", 0)]})
+        await router.start("127.0.0.1", port)
+        await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        if loop == "uvloop":
+            import uvloop
+
+            uvloop.run(main())
+        else:
+            asyncio.run(main())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--connections", type=int, default=32, help="concurrent clients")
+    parser.add_argument("--serve-router", nargs=5,
+                        metavar=("PORT", "UPSTREAM", "DB", "KEYFILE", "LOOP"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_router:
+        port, upstream, db, key_file, loop = args.serve_router
+        serve_router(int(port), int(upstream), db, key_file, loop)
+        return 0
+    missing = [tool for tool in ("wrk", "nginx") if not (shutil.which(tool) or
+               Path(f"/usr/sbin/{tool}").exists())]
+    if missing:
+        print(f"skipped: {', '.join(missing)} not installed (`make sysdeps`)")
+        return 0
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    python = sys.executable
+    results: dict[str, dict[str, Measure]] = {}
+    notes = []
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        up = free_port()
+        with process([python, str(ROOT / "tests/support/upstream.py"), "--port", str(up)], up):
+            results["direct"] = measure(f"http://127.0.0.1:{up}", "none", args, tmp)
+
+            loops = ["asyncio"]
+            if importlib.util.find_spec("uvloop") is not None:
+                loops.append("uvloop")  # what `llmgw serve` gets where uvloop is installed
+            else:
+                notes.append("llmgw+uvloop: uvloop not installed, row skipped")
+            for loop in loops:
+                port = free_port()
+                key_file = tmp / f"key-{loop}"
+                argv = [python, __file__, "--serve-router", str(port), str(up),
+                        str(tmp / f"llmgw-{loop}.db"), str(key_file), loop]
+                name = "llmgw" if loop == "asyncio" else f"llmgw+{loop}"
+                with process(argv, port, cwd=ROOT) as proc:
+                    try:
+                        results[name] = measure(f"http://127.0.0.1:{port}",
+                                                key_file.read_text(), args, tmp)
+                    except RuntimeError as exc:
+                        os.killpg(proc.pid, signal.SIGTERM)
+                        log = proc.communicate(timeout=10)[1].decode()[-3000:]
+                        raise RuntimeError(f"{name}: {exc}\nits stderr:\n{log}") from None
+
+            port = free_port()
+            conf = tmp / "nginx.conf"
+            conf.write_text(NGINX_CONF.format(tmp=tmp, upstream=up, port=port))
+            with process([nginx, "-p", str(tmp), "-e", str(tmp / "nginx-error.log"),
+                          "-c", str(conf)], port):
+                results["nginx"] = measure(f"http://127.0.0.1:{port}", "none", args, tmp)
+
+            if importlib.util.find_spec("litellm") is None:
+                notes.append("litellm: not installed, row skipped (it is not an llmgw "
+                             "dependency; `pip install 'litellm[proxy]'` to include it)")
+            else:
+                port = free_port()
+                conf = tmp / "litellm.yaml"
+                conf.write_text(LITELLM_CONF.format(upstream=up))
+                with process([python, "-m", "litellm", "--config", str(conf), "--host",
+                              "127.0.0.1", "--port", str(port)], port):
+                    results["litellm"] = measure(f"http://127.0.0.1:{port}", "none", args, tmp)
+    print(table(results, args))
+    for note in notes:
+        print(f"note: {note}")
+    llmgw, nginx_row = results["llmgw"], results["nginx"]
+    for mode in ("plain", "stream"):
+        added = llmgw[mode].p50_us - results["direct"][mode].p50_us
+        ratio = llmgw[mode].rps / nginx_row[mode].rps
+        print(f"{mode}: llmgw adds {added / 1000:.3f} ms at p50 (target < 1 ms); "
+              f"{ratio:.2f}× nginx's requests/s (target ≥ 0.5×)")
+    return 0
+
+
+def table(results: dict[str, dict[str, Measure]], args: argparse.Namespace) -> str:
+    lines = [
+        f"wrk, 1 thread; req/s at {args.connections} connections; latency at 1 connection; "
+        f"{args.duration:g} s each; CPUs: {os.cpu_count()}",
+        "",
+        "| path | mode | req/s | p50 | p99 | added p50 | added p99 |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    direct = results["direct"]
+    for name, row in results.items():
+        for mode in ("plain", "stream"):
+            m, d = row[mode], direct[mode]
+            added = "—" if name == "direct" else f"{(m.p50_us - d.p50_us) / 1000:+.3f} ms"
+            added99 = "—" if name == "direct" else f"{(m.p99_us - d.p99_us) / 1000:+.3f} ms"
+            lines.append(f"| {name} | {mode} | {m.rps:,.0f} | {m.p50_us / 1000:.3f} ms | "
+                         f"{m.p99_us / 1000:.3f} ms | {added} | {added99} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
