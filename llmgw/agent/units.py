@@ -13,34 +13,20 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 from llmgw.agent import unitfiles
 from llmgw.agent.unitfiles import Labels, UnitFile, UnitFileError
+from llmgw.proto.conversions import Action, UnitChange, UnitResult
 
-Action = Literal["start", "stop", "remove"]
+__all__ = [
+    "Action", "Backend", "Observation", "ProcessState", "SecretError", "UnitChange",
+    "UnitResult", "check", "remove", "render_secrets", "tail", "write",
+]
+
 ProcessState = Literal["running", "activating", "stopped", "failed"]
-
-
-@dataclass(frozen=True)
-class UnitChange:
-    """One unit as the daemon wants it on this node."""
-
-    name: str
-    unit_text: str
-    env_text: str = ""
-    secret_env: Mapping[str, str] = field(default_factory=dict)
-    action: Action = "start"
-
-
-@dataclass(frozen=True)
-class UnitResult:
-    name: str
-    ok: bool
-    changed: bool = False
-    error: str = ""
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from llmgw.agent import messages
-from llmgw.agent.units import UnitChange
+from llmgw.agent import messages as agent_messages
 from llmgw.discovery.fabrics import Declaration, DeclaredFabric
 from llmgw.fleet import types as fleet
 from llmgw.proto import agent_pb2 as pb
+from llmgw.proto import conversions as messages
+from llmgw.proto.conversions import UnitChange
+from llmgw.transport.agent_client import declaration_to_message
 
 
 def full_report() -> fleet.NodeReport:
@@ -91,7 +93,7 @@ def test_declaration_and_changes_round_trip() -> None:
         "n1", (DeclaredFabric("ib-a", "infiniband", ("mlx5_0",)),
                DeclaredFabric("roce-a", "roce", ("mlx5_1",), 0)), ("/models",),
     )
-    assert messages.declaration_from_message(messages.declaration_to_message(declared)) == declared
+    assert agent_messages.declaration_from_message(declaration_to_message(declared)) == declared
     for action in ("start", "stop", "remove"):
         change = UnitChange("u", "text", "A=1\n", {"HF_TOKEN": "/etc/t"}, action)  # type: ignore[arg-type]
         assert messages.change_from_message(messages.change_to_message(change)) == change

@@ -1,0 +1,211 @@
+"""``llmgw agent serve``: the gRPC service on a unix socket, and its lifetime.
+
+:class:`Agent` is the node side of the API, independent of gRPC: a backend,
+a monitor of unit states, and a report collector. :class:`Service` maps the
+gRPC methods onto it. :func:`serve` binds the socket (unix only: the way in
+is SSH as a user allowed to open it, so its mode and group are the access
+control), runs the monitor, and shuts down on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import logging
+import os
+import signal
+import socket
+import stat
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from llmgw.agent import messages, monitors, reports
+from llmgw.agent.settings import Settings
+from llmgw.agent.supervisors import Supervisor
+from llmgw.agent.systemd import SystemdBackend
+from llmgw.agent.units import Backend, UnitChange, UnitResult
+from llmgw.discovery.fabrics import Declaration
+from llmgw.fleet.types import NodeReport
+from llmgw.proto import agent_pb2 as pb
+from llmgw.proto import agent_pb2_grpc, conversions
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOG_LINES = 100
+
+
+class ServeError(Exception):
+    """The agent cannot start serving; the message says what to fix."""
+
+
+def backend_for(settings: Settings, readonly: bool = False) -> Backend:
+    """The unit backend the settings choose (``readonly``: observe only)."""
+    if settings.backend_kind == "systemd":
+        return SystemdBackend(settings.systemd)
+    return Supervisor(Path(settings.state_dir), settings.supervise, readonly=readonly)
+
+
+class Agent:
+    """The node agent without its transport: report, apply, logs, watch."""
+
+    def __init__(self, settings: Settings, backend: Backend | None = None) -> None:
+        self.settings = settings
+        self.backend = backend if backend is not None else backend_for(settings)
+        self.monitor = monitors.Monitor(self.backend, settings.readiness)
+        self.collector = reports.Collector(settings)
+
+    def declaration(self, asked: Declaration | None) -> Declaration:
+        """What to check the node against: the daemon's declaration, else the settings'."""
+        if asked is not None and asked.node:
+            return asked
+        return self.settings.declaration()
+
+    async def report(self, asked: Declaration | None = None) -> NodeReport:
+        units = await self.monitor.refresh()
+        return await self.collector.collect(self.declaration(asked), units, self.backend.owns)
+
+    async def apply(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
+        results = await self.backend.apply(changes)
+        for result in results:
+            log.info("apply %s: %s", result.name,
+                     "changed" if result.changed else "unchanged" if result.ok else result.error)
+        self.monitor.poke()
+        return results
+
+    async def logs(self, name: str, lines: int) -> list[str]:
+        wanted = lines or DEFAULT_LOG_LINES
+        return await self.backend.logs(name, min(wanted, self.settings.log_lines_max))
+
+    async def close(self) -> None:
+        await self.monitor.close()
+        await self.backend.close()
+
+
+class Service(agent_pb2_grpc.AgentServicer):
+    """The gRPC methods of ``llmgw.agent.v1.Agent`` over an :class:`Agent`."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    async def Report(self, request: pb.ReportRequest, context: Any) -> pb.NodeReport:
+        try:
+            asked = messages.declaration_from_message(request)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return conversions.report_to_message(await self.agent.report(asked))
+
+    async def ApplyUnits(
+        self, request: pb.ApplyRequest, context: Any
+    ) -> pb.ApplyResponse:
+        changes: list[UnitChange] = []
+        refused: dict[int, UnitResult] = {}
+        for index, item in enumerate(request.units):
+            try:
+                changes.append(conversions.change_from_message(item))
+            except ValueError as exc:
+                refused[index] = UnitResult(item.name, ok=False, error=str(exc))
+        applied = iter(await self.agent.apply(changes))
+        results = [refused.get(i) or next(applied) for i in range(len(request.units))]
+        return pb.ApplyResponse(results=[conversions.result_to_message(r) for r in results])
+
+    async def UnitLogs(
+        self, request: pb.UnitLogsRequest, context: Any
+    ) -> pb.UnitLogsResponse:
+        try:
+            lines = await self.agent.logs(request.name, request.lines)
+        except KeyError:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no unit {request.name} on this node")
+        return pb.UnitLogsResponse(lines=lines)
+
+    async def WatchUnits(
+        self, request: pb.WatchRequest, context: Any
+    ) -> AsyncIterator[pb.UnitEvent]:
+        async for event in self.agent.monitor.watch():
+            yield pb.UnitEvent(unit=conversions.unit_to_message(event.unit), removed=event.removed)
+
+
+def _prepare_socket(path: Path) -> None:
+    """Make room for the socket: its directory exists, no stale socket is left."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    if not os.path.lexists(path):
+        return
+    if not stat.S_ISSOCK(path.lstat().st_mode):
+        raise ServeError(f"{path} exists and is not a socket; refusing to replace it")
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # left by an agent that died: nobody listens
+            return
+    raise ServeError(f"another agent is already serving on {path}")
+
+
+def _secure_socket(path: Path, settings: Settings) -> None:
+    os.chmod(path, settings.socket.mode_bits)
+    group = settings.socket.group
+    if group is None:
+        return
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ServeError(
+            f"socket group {group!r} does not exist: create it (groupadd --system {group}) "
+            "or set socket.group to null"
+        ) from None
+    try:
+        os.chown(path, -1, gid)
+    except PermissionError as exc:
+        raise ServeError(f"cannot give {path} to group {group}: {exc.strerror}") from None
+
+
+async def start(agent: Agent) -> grpc.aio.Server:
+    """Bind and start the gRPC server on the agent's socket (mode and group applied)."""
+    path = Path(agent.settings.socket.path)
+    _prepare_socket(path)
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServicer_to_server(Service(agent), server)
+    # The socket is created by bind; a tight umask keeps it private until chmod.
+    previous = os.umask(0o177)
+    try:
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+    finally:
+        os.umask(previous)
+    try:
+        _secure_socket(path, agent.settings)
+    except ServeError:
+        await server.stop(None)
+        raise
+    return server
+
+
+async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT. Engines keep running unless stop_on_exit is set."""
+    agent = Agent(settings)
+    server = await start(agent)
+    monitor = asyncio.create_task(agent.monitor.run())
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    log.info("llmgw agent serving on unix:%s (backend %s)", settings.socket.path,
+             agent.backend.kind)
+    if ready is not None:
+        ready()
+    try:
+        await stopping.wait()
+    finally:
+        log.info("shutting down")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await server.stop(grace=2.0)
+        monitor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await monitor
+        await agent.close()
+        with contextlib.suppress(FileNotFoundError):
+            Path(settings.socket.path).unlink()

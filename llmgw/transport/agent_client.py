@@ -1,0 +1,83 @@
+"""The thin client of a node agent's gRPC API, over any ``grpc.aio`` channel.
+
+The channel comes from a transport (an SSH-forwarded socket, or the local
+socket for ``address: local``); this class only speaks the protocol and
+returns llmgw's own types. gRPC errors (``grpc.aio.AioRpcError``) propagate
+unchanged: :mod:`llmgw.transport.failures` classifies them in one place.
+
+Usage::
+
+    async with grpc.aio.insecure_channel("unix:/run/llmgw/agent.sock") as channel:
+        agent = AgentClient(channel)
+        report = await agent.report(declared)
+        results = await agent.apply_units([UnitChange(name, text, env, {}, "start")])
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, cast
+
+from llmgw.discovery.fabrics import Declaration
+from llmgw.fleet.types import NodeReport, Unit
+from llmgw.proto import agent_pb2 as pb
+from llmgw.proto import agent_pb2_grpc
+from llmgw.proto import conversions as messages
+from llmgw.proto.conversions import UnitChange, UnitResult
+
+__all__ = ["AgentClient", "Declaration", "UnitChange", "UnitResult", "declaration_to_message"]
+
+
+def declaration_to_message(declared: Declaration) -> pb.ReportRequest:
+    """The Report request carrying what the cluster declares for the node."""
+    request = pb.ReportRequest(node=declared.node, weights_dirs=declared.weights_dirs)
+    for fabric in declared.fabrics:
+        item = request.fabrics.add(name=fabric.name, kind=fabric.kind, adapters=fabric.adapters)
+        if fabric.gid_index is not None:
+            item.gid_index = fabric.gid_index
+    return request
+
+
+class AgentClient:
+    """Report, ApplyUnits, UnitLogs and WatchUnits of one agent.
+
+    ``timeout`` (seconds) bounds each unary call; None leaves it to the
+    caller (an ``asyncio.timeout`` around the call, as the pool does).
+    """
+
+    def __init__(self, channel: Any, timeout: float | None = None) -> None:
+        self._stub = agent_pb2_grpc.AgentStub(channel)
+        self.timeout = timeout
+
+    async def report(self, declared: Declaration | None = None) -> NodeReport:
+        """The node's report, checked against ``declared`` (None: the agent's own settings)."""
+        request = (
+            declaration_to_message(declared) if declared is not None
+            else pb.ReportRequest()
+        )
+        reply = await self._stub.Report(request, timeout=self.timeout)
+        return messages.report_from_message(cast(pb.NodeReport, reply))
+
+    async def apply_units(self, units: Sequence[UnitChange]) -> list[UnitResult]:
+        """Write/start/stop/remove units; one result per unit, in order. Idempotent."""
+        request = pb.ApplyRequest(units=[messages.change_to_message(u) for u in units])
+        reply = cast(pb.ApplyResponse, await self._stub.ApplyUnits(request, timeout=self.timeout))
+        return [messages.result_from_message(r) for r in reply.results]
+
+    async def unit_logs(self, name: str, lines: int = 100) -> list[str]:
+        """The last ``lines`` lines of a unit's log (the agent caps the count)."""
+        request = pb.UnitLogsRequest(name=name, lines=lines)
+        reply = cast(pb.UnitLogsResponse, await self._stub.UnitLogs(request, timeout=self.timeout))
+        return list(reply.lines)
+
+    async def watch_units(self) -> AsyncIterator[Unit]:
+        """Every unit now, then each change. A removed unit comes as ``stopped``, "removed"."""
+        call = self._stub.WatchUnits(pb.WatchRequest())
+        try:
+            async for event in call:
+                unit = messages.unit_from_message(event.unit)
+                if event.removed:
+                    unit = unit.model_copy(update={"state": "stopped", "detail": "removed"})
+                yield unit
+        finally:
+            call.cancel()
