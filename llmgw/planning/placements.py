@@ -279,12 +279,12 @@ def _why_not_multi(node: NodeState, fabric: str, gpu_class: str, count: int) -> 
         return blocked
     if fabric not in node.fabrics:
         return node.fabric_problems.get(fabric, f"not on fabric {fabric}")
+    if len(node.free(gpu_class)) < count:
+        return _why_not_gpus(node, [gpu_class], count)
     if node.spec.is_local:
         return "address is local; a replica across nodes needs a reachable address"
     if not node.spec.mgmt_interface:
         return "no mgmt_interface for the NCCL/Gloo bootstrap"
-    if len(node.free(gpu_class)) < count:
-        return _why_not_gpus(node, [gpu_class], count)
     return None
 
 

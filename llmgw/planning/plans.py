@@ -157,8 +157,15 @@ class _Planner:
             groups.setdefault((orphan.unit.model, orphan.unit.replica), []).append(orphan)
         for (model, replica), orphans in sorted(groups.items()):
             reasons = tuple(dict.fromkeys(o.reason for o in orphans))
-            removes = tuple(_observed_shard(o.node, o.unit, ()) for o in orphans)
-            self.destroys.append(Change("destroy", model, replica, reasons, removes=removes))
+            removes = []
+            for orphan in orphans:
+                node = self.capacity.nodes.get(orphan.node)
+                spec = replicas.parse_spec(orphan.unit) or {}
+                gpus = tuple(sorted(node.by_uuid[u] for u in spec.get("gpus", [])
+                                    if u in node.by_uuid)) if node else ()
+                removes.append(_observed_shard(orphan.node, orphan.unit, gpus))
+            self.destroys.append(Change("destroy", model, replica, reasons,
+                                        removes=tuple(removes)))
 
     def _hold_observed(self) -> None:
         unlabelled: set[str] = set()
@@ -325,22 +332,26 @@ class _Planner:
         for entry in list(self.unplaceable):
             name = entry.model
             waiting = self.demand.waiting.get(name, 0)
-            if self.cluster.models[name].scaling.min > 0 or not waiting:
+            if self.cluster.models[name].scaling.min > 0 or not waiting or entry.note:
                 continue
             candidates = []
+            refused = []
             for key, victim in self.observed.items():
                 if key[0] == name or key in self.touched or key in self.unknown_keys:
                     continue
-                why = scaling.evictable(key[0], self.cluster.models[key[0]], victim,
-                                        self.demand, self.now, self.policy)
-                if why:
+                ok, why = scaling.evictable(key[0], self.cluster.models[key[0]], victim,
+                                            self.demand, self.now, self.policy)
+                if ok:
                     used = scaling.last_use(key[0], victim, self.demand) or 0.0
                     candidates.append((used, key, victim, why))
+                else:
+                    refused.append(f"{key[0]} r{key[1]}: {why}")
             for _, key, victim, why in sorted(candidates, key=lambda c: (c[0], c[1])):
                 self._release(key)
                 result = self._place(name, range(len(self.cluster.models[name].profiles)))
                 if not isinstance(result, Placement):
                     self._retake(key)
+                    refused.append(f"{key[0]} r{key[1]}: evicting it would not make room")
                     continue
                 plural = "s" if waiting != 1 else ""
                 self._destroy(victim, (f"evicted for {name}: {waiting} request{plural} waiting "
@@ -356,6 +367,11 @@ class _Planner:
                 if len(entry.replicas) > 1:
                     self.unplaceable.append(replace(entry, replicas=entry.replicas[1:]))
                 return  # one eviction per plan
+            if refused:
+                position = self.unplaceable.index(entry)
+                self.unplaceable[position] = replace(
+                    entry, note="nothing to evict: " + "; ".join(sorted(refused)),
+                )
 
     # -- replace -------------------------------------------------------------
 
@@ -522,8 +538,9 @@ class _Planner:
                 problems.append(f"{slot.node}: runs on {slot.gpu_class or 'CPU'}, the profile "
                                 f"needs {' or '.join(profile.gpu_classes)}")
             if len(slot.gpus) != profile.gpus_per_node:
-                problems.append(f"{slot.node}: holds {len(slot.gpus)} GPUs, the profile needs "
-                                f"{profile.gpus_per_node}")
+                held = len(slot.gpus)
+                problems.append(f"{slot.node}: holds {held} GPU{'s' if held != 1 else ''}, the "
+                                f"profile needs {profile.gpus_per_node}")
             for index, uuid in zip(slot.gpus, slot.gpu_uuids, strict=True):
                 if index < 0:
                     problems.append(f"{slot.node}: GPU {uuid} is gone")

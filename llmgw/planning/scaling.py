@@ -49,7 +49,7 @@ def want(name: str, model: Model, demand: Demand, running: int) -> Want:
         reason = (f"on demand: {waiting} request{'s' if waiting != 1 else ''} waiting, "
                   f"{running} running")
     elif count > scaling.min:
-        reason = f"demand: the router wants {count} (max {scaling.max}), {running} running"
+        reason = f"demand: the router wants {asked} (max {scaling.max}), {running} running"
     else:
         reason = f"scaling: min {scaling.min}, {running} running"
     return Want(count, reason)
@@ -84,20 +84,27 @@ def idle_reason(
 def evictable(
     name: str, model: Model, replica: ObservedReplica, demand: Demand, now: float,
     policy: Policy,
-) -> str | None:
-    """Why this replica may be evicted for another on-demand model; None if it may not."""
+) -> tuple[bool, str]:
+    """Whether this replica may be evicted for another on-demand model, and why (not)."""
     single_node = len(replica.members) == 1 and len(replica.peers or [0]) == 1
-    if model.scaling.min > 0 or not single_node:
-        return None
+    if model.scaling.min > 0:
+        return False, f"min {model.scaling.min}"
+    if not single_node:
+        return False, "spans nodes"
     if demand.waiting.get(name, 0):
-        return None
+        return False, "has requests waiting"
     since = replica.since()
-    if since is None or now - since < policy.min_lifetime:
-        return None
+    if since is None:
+        return False, "no start time reported"
+    if now - since < policy.min_lifetime:
+        return False, (f"started {_ago(now - since)} ago (minimum lifetime "
+                       f"{format_duration(policy.min_lifetime)})")
     used = last_use(name, replica, demand)
-    if used is None or now - used < policy.evict_idle:
-        return None
-    return f"last request {_ago(now - used)} ago"
+    if used is None:
+        return False, "no reported use"
+    if now - used < policy.evict_idle:
+        return False, f"used {_ago(now - used)} ago"
+    return True, f"last request {_ago(now - used)} ago"
 
 
 def _ago(seconds: float) -> str:

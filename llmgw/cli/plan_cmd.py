@@ -1,0 +1,141 @@
+"""``llmgw plan``: what would change, and why — without changing anything.
+
+Reads the cluster directory and the observed fleet — a snapshot file from
+``llmgw inventory --json`` (``--observed``, so CI plans without SSH), or a
+live collection through the transport — and prints the plan as text,
+Markdown (pull request comments) or JSON. With ``--detailed-exitcode`` the
+exit status says whether anything would change: 0 nothing, 2 changes, 1 error.
+
+A snapshot is planned *as of the moment it was taken* (its latest
+``collected_at``), so the same snapshot always gives the same plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pydantic
+
+from llmgw.cli import clusters
+from llmgw.cli.errors import UserError
+from llmgw.fleet.types import FORMAT_VERSION, Fleet
+from llmgw.planning import outputs, plans
+from llmgw.spec.models import Cluster
+
+FORMATS = {"text": outputs.text, "markdown": outputs.markdown, "json": outputs.json_text}
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="show what would change in the fleet, and why",
+        description="Compare the cluster directory with the observed fleet and print the "
+        "changes that would bring the fleet there, each with its reason; replicas that cannot "
+        "be placed say why, node by node. Nothing is changed.",
+    )
+    clusters.add_cluster_flag(parser)
+    parser.add_argument(
+        "--observed", metavar="FILE", type=Path,
+        help="plan against a fleet snapshot (`llmgw inventory --json`) instead of asking "
+        "the nodes now",
+    )
+    parser.add_argument("--format", choices=sorted(FORMATS), default="text",
+                        help="output format (default: text)")
+    parser.add_argument("--out", metavar="FILE", type=Path,
+                        help="write the plan to FILE instead of standard output")
+    parser.add_argument(
+        "--detailed-exitcode", action="store_true",
+        help="exit 0 when nothing would change, 2 when something would, 1 on error",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = clusters.load(args.cluster)
+    if args.observed is not None:
+        fleet = read_snapshot(args.observed)
+        now = snapshot_time(fleet)
+    else:
+        fleet = collect_fleet(cluster, args.cluster)
+        now = time.time()
+    result = plans.plan(cluster, fleet, now, revision=revision_of(args.cluster))
+    rendered = FORMATS[args.format](result)
+    if args.out is not None:
+        try:
+            args.out.write_text(rendered)
+        except OSError as exc:
+            raise UserError(f"cannot write the plan to {args.out}: {exc.strerror}") from None
+        print(f"{result.summary()} Written to {args.out}.", file=sys.stderr)
+    else:
+        sys.stdout.write(rendered)
+    if args.detailed_exitcode and result.has_changes:
+        return 2
+    return 0
+
+
+def read_snapshot(path: Path) -> Fleet:
+    """A fleet snapshot file, or a UserError saying where it is wrong."""
+    try:
+        data = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file (write one with `llmgw inventory --json`)") \
+            from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it: {exc.strerror}") from None
+    try:
+        fleet = Fleet.model_validate_json(data)
+    except pydantic.ValidationError as exc:
+        problems = []
+        for error in exc.errors()[:10]:
+            where = ".".join(str(p) for p in error["loc"]) or "(top level)"
+            problems.append(f"{path}: {where}: {error['msg']}")
+        more = exc.error_count() - len(problems)
+        if more > 0:
+            problems.append(f"{path}: …and {more} more problems")
+        raise UserError("not a fleet snapshot:\n" + "\n".join(problems)) from None
+    if fleet.format_version > FORMAT_VERSION:
+        raise UserError(
+            f"{path}: format_version {fleet.format_version} is newer than this llmgw reads "
+            f"({FORMAT_VERSION}); upgrade llmgw"
+        )
+    return fleet
+
+
+def snapshot_time(fleet: Fleet) -> float:
+    """When the snapshot was taken: its latest report, else now."""
+    times = [r.collected_at for r in fleet.nodes.values() if r.collected_at is not None]
+    return max(times) if times else time.time()
+
+
+def collect_fleet(cluster: Cluster, directory: Path) -> Fleet:
+    """Ask every node's agent now, through the transport."""
+    try:
+        from llmgw.transport import pools
+    except ImportError:
+        raise UserError(
+            "live inventory needs the transport, which this build lacks; pass --observed FILE"
+        ) from None
+    return asyncio.run(pools.collect(cluster, directory))
+
+
+def revision_of(directory: Path) -> str | None:
+    """The git revision of the cluster directory (``+dirty`` with local edits), if any."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(directory), "status", "--porcelain", "--", "."],
+            capture_output=True, text=True, timeout=10, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    revision = head.stdout.strip()
+    return revision + ("+dirty" if dirty.stdout.strip() else "")
