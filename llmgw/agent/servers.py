@@ -179,6 +179,7 @@ async def start(agent: Agent) -> grpc.aio.Server:
         _secure_socket(path, agent.settings)
     except ServeError:
         await server.stop(None)
+        path.unlink(missing_ok=True)
         raise
     return server
 

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -79,3 +79,27 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state not in ("Z", "X")
+
+
+def short_dir() -> Path:
+    """A fresh directory with a short path: a unix socket path must fit in 108 bytes."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="llmgw-t-", dir="/tmp"))
+
+
+def node_settings(fixture: str, root: Path, **overrides: Any) -> Any:
+    """A fixture node's agent settings, with its socket and state under ``root``."""
+    from llmgw.agent import settings
+
+    data = settings.load(NODES / fixture / "agent.yaml").model_dump()
+    data["socket"] = {"path": str(root / "agent.sock"), "mode": "0660", "group": None}
+    data["state_dir"] = str(root / "state")
+    data["readiness"] = {"poll_interval": 0.05, "probe_timeout": 1.0}
+    data["supervise"] = {"restart_backoff": 0.05, "restart_backoff_max": 0.2, "stop_timeout": 2.0}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return settings.Settings.model_validate(data)
