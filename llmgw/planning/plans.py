@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
@@ -640,10 +641,19 @@ class _Planner:
         )
 
 
+_ERROR_LINE = re.compile(r"error|exception|fatal|traceback|killed|denied", re.IGNORECASE)
+
+
 def _failure(member: Member) -> str:
+    """``node: unit failed: <why>``, the why from the agent or the engine's log tail.
+
+    The last log line is often a generic "exiting", and the agent's detail
+    often "exited with status 1"; the last log line naming an error says more.
+    """
     unit = member.unit
-    detail = unit.detail or (unit.log_tail[-1] if unit.log_tail else "")
-    detail = detail.strip()
+    lines = [line.strip() for line in unit.log_tail if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.search(line)]
+    detail = (errors[-1] if errors else unit.detail or (lines[-1] if lines else "")).strip()
     if len(detail) > 200:
         detail = detail[:197] + "..."
     return f"{member.node}: {unit.name} {unit.state}" + (f": {detail}" if detail else "")

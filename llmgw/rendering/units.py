@@ -38,6 +38,7 @@ class UnitSpec:
     spec_json: str  # compact, ASCII-only: the X-Llmgw-Spec label
     argv: tuple[str, ...]
     port: int | None = None  # HTTP port the agent polls; None for worker shards
+    served_name: str = ""  # the name /v1/models must list before the shard is ready
     prelude: tuple[tuple[str, ...], ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # from the placement: Environment= lines
     user_env: tuple[tuple[str, str], ...] = ()  # the profile's env: the env file
