@@ -142,7 +142,8 @@ class Monitor:
         else:
             since = time.time()
         log_tail: list[str] = []
-        if state == "failed":
+        # Why a unit failed, or why it is being restarted, is in its last lines.
+        if state == "failed" or (obs.process == "activating" and obs.detail):
             with contextlib.suppress(KeyError, OSError):
                 log_tail = await self.backend.logs(obs.name, FAILED_LOG_LINES)
         if obs.labels is not None:

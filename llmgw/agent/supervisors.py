@@ -9,7 +9,8 @@ its state directory. It mirrors what llmgw's units ask of systemd:
   SIGKILL after ``TimeoutStopSec`` — forked workers die with the engine; when
   the main process exits on its own, the rest of its group is killed too;
 * ``Restart=on-failure`` with ``RestartSec=``: restarts with doubling backoff,
-  and after ``restart_limit`` quick failures in a row the unit is Failed;
+  and after ``restart_limit`` quick failures in a row the unit is Failed —
+  unless the unit sets ``StartLimitIntervalSec=0``, as systemd would;
 * engines outlive the agent: each pid file holds the process's fingerprint
   (pid, start time, boot, command line), and a restarted agent adopts only a
   process whose fingerprint still matches — a reused pid is never adopted,
@@ -351,7 +352,9 @@ class Supervisor:
             if ran_for >= self.settings.stable_after:
                 slot.failures = 0
             slot.failures += 1
-            if slot.failures > self.settings.restart_limit:
+            # StartLimitIntervalSec=0 turns systemd's start limit off: retry for ever.
+            unlimited = unit.value("Unit", "StartLimitIntervalSec") in ("0", "infinity")
+            if not unlimited and slot.failures > self.settings.restart_limit:
                 slot.given_up = True
                 slot.last_exit = f"{how}; gave up after {slot.failures - 1} restarts"
                 return

@@ -264,3 +264,36 @@ async def test_group_signals_reach_forked_children() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_start_limit_off_keeps_restarting_and_shows_why(tmp_path: Path) -> None:
+    """StartLimitIntervalSec=0 (as llmgw's template writes it): never Failed, just retried."""
+    from llmgw.agent.monitors import Monitor
+
+    sup = Supervisor(tmp_path / "state", FAST)
+    text = unit_text(port=free_port(), args="--exit-after 0.05 --exit-code 4").replace(
+        "[Unit]\n", "[Unit]\nStartLimitIntervalSec=0\n"
+    )
+    await sup.apply([UnitChange(unit_name(), text)])
+    monitor = Monitor(sup)
+    try:
+        async def restarted_often() -> bool:
+            await sup.tick()
+            log = await sup.logs(unit_name(), 500)
+            return sum("-- llmgw: starting" in line for line in log) > FAST.restart_limit + 2
+
+        await eventually(restarted_often, what="more restarts than the limit")
+        units = await eventually(
+            lambda: _restarting(monitor), what="a unit waiting to be restarted"
+        )
+        [unit] = units
+        assert unit.state == "starting" and "exited with status 4" in unit.detail
+        assert any("exiting with status 4 as asked" in line for line in unit.log_tail)
+    finally:
+        await monitor.close()
+        await sup.apply([UnitChange(unit_name(), "", action="remove")])
+
+
+async def _restarting(monitor):  # type: ignore[no-untyped-def]
+    units = await monitor.refresh()
+    return units if units and units[0].state == "starting" and units[0].log_tail else None
