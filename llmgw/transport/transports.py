@@ -22,12 +22,16 @@ import grpc
 from llmgw.transport import failures
 from llmgw.transport.failures import NodeUnreachable
 
-# Reports with log tails can exceed gRPC's 4 MiB default; nothing legitimate
-# comes near this.
 CHANNEL_OPTIONS = (
+    # Reports with log tails can exceed gRPC's 4 MiB default; nothing
+    # legitimate comes near this.
     ("grpc.max_receive_message_length", 32 * 1024 * 1024),
     ("grpc.max_send_message_length", 32 * 1024 * 1024),
     ("grpc.enable_http_proxy", 0),
+    # By default channels to the same target share subchannels process-wide,
+    # so a channel reopened after an agent restart would inherit the old
+    # one's reconnect backoff and fail on. Each channel gets its own.
+    ("grpc.use_local_subchannel_pool", 1),
 )
 
 

@@ -180,10 +180,16 @@ class SimNode:
     root: Path
     port: int
     authorized_keys: Path
-    hardware: str | None = None
+    hardware: str = "cpu-only"
     sshd: subprocess.Popen[bytes] | None = None
     agent: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    _listening_before: int = 0
+
+    def processes(self) -> list[int]:
+        """Pids of this node's sshd and agent and everything they started."""
+        pids = [p.pid for p in (self.sshd, self.agent) if p is not None]
+        return [*pids, *(d for pid in pids for d in _descendants(pid))]
 
     @property
     def host_key(self) -> Path:
@@ -218,8 +224,8 @@ class SimNode:
 
     # -- sshd -------------------------------------------------------------
 
-    def start_sshd(self) -> None:
-        """Start sshd and wait until it listens; a second call while running is a no-op."""
+    def start_sshd(self, *, wait: bool = True) -> None:
+        """Start sshd and (unless ``wait=False``: see :meth:`wait_sshd`) wait until it listens."""
         if self.sshd is not None and self.sshd.poll() is None:
             return
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation dir
@@ -233,13 +239,19 @@ class SimNode:
         )
         if check.returncode != 0:
             raise HarnessError(f"sshd -t rejected {self.sshd_config}: {check.stderr}")
-        before = self._listening_lines()
+        self._listening_before = self._listening_lines()
         with self.sshd_log.open("ab") as log:
             self.sshd = subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(self.sshd_config)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 start_new_session=True, env=self._environment(),
             )
+        if wait:
+            self.wait_sshd()
+
+    def wait_sshd(self) -> None:
+        assert self.sshd is not None, "sshd was not started"
+        before = self._listening_before
         _wait_for(lambda: self._listening_lines() > before, f"sshd of {self.name}",
                   self.sshd, self.sshd_log)
 
@@ -275,8 +287,8 @@ class SimNode:
 
     # -- agent ------------------------------------------------------------
 
-    def start_agent(self, config: Mapping[str, Any]) -> None:
-        """Start ``llmgw agent serve`` with ``config`` (written as YAML) and wait for its socket."""
+    def start_agent(self, config: Mapping[str, Any], *, wait: bool = True) -> None:
+        """Start ``llmgw agent serve`` with ``config`` (written as YAML), wait for its socket."""
         if self.agent is not None and self.agent.poll() is None:
             return
         _write_yaml(self.agent_config, dict(config))
@@ -287,6 +299,11 @@ class SimNode:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 start_new_session=True, env=self._environment(), cwd=self.root,
             )
+        if wait:
+            self.wait_agent()
+
+    def wait_agent(self) -> None:
+        assert self.agent is not None, "the agent was not started"
         _wait_for(self._socket_accepts, f"agent of {self.name}", self.agent, self.agent_log)
 
     def stop_agent(self, *, engines: bool = True) -> None:
@@ -348,7 +365,7 @@ class SimCluster:
     def known_hosts(self) -> Path:
         return self.cluster_dir / "known_hosts"
 
-    def add_node(self, name: str, hardware: str | None = None) -> SimNode:
+    def add_node(self, name: str, hardware: str = "cpu-only") -> SimNode:
         """A node with its own directory, host key and port; nothing started yet."""
         node_root = self.root / name
         node_root.mkdir()
@@ -368,9 +385,22 @@ class SimCluster:
                                   "agent_socket": str(self.root / f"{name}.sock")}
         return port
 
-    def start_agent(self, node: SimNode) -> None:
+    def start_agent(self, node: SimNode, *, wait: bool = True) -> None:
         """Start the node's agent: supervise backend, its fixture hardware, its own socket."""
-        node.start_agent(agent_config(node))
+        node.start_agent(agent_config(node), wait=wait)
+
+    def start(self, *, sshd: bool = True, agents: bool = True) -> None:
+        """Start every node's sshd and agent, all at once, and wait until all are up."""
+        for node in self.nodes.values():
+            if sshd:
+                node.start_sshd(wait=False)
+            if agents:
+                self.start_agent(node, wait=False)
+        for node in self.nodes.values():
+            if sshd:
+                node.wait_sshd()
+            if agents:
+                node.wait_agent()
 
     def pin_host_keys(self, nodes: Iterable[SimNode] | None = None) -> Path:
         """Write known_hosts with the current key of each node (default: all)."""
@@ -380,15 +410,15 @@ class SimCluster:
 
     def cluster_data(self, **ssh: Any) -> dict[str, Any]:
         """The cluster spec for these nodes, as plain data; ``ssh`` overrides cluster.ssh."""
-        nodes: dict[str, Any] = {
-            name: {"address": "127.0.0.1", "ssh_port": node.port,
-                   "agent_socket": str(node.agent_socket)}
-            for name, node in self.nodes.items()
-        }
+        nodes = {name: node_spec(node) for name, node in self.nodes.items()}
         nodes.update(self.extra_nodes)
         settings = {"user": getpass.getuser(), "known_hosts": "known_hosts",
                     "identity_file": str(self.client_key), "connect_timeout": "5s", **ssh}
-        return {"cluster": {"name": "sim", "ssh": settings}, "nodes": nodes}
+        data: dict[str, Any] = {"cluster": {"name": "sim", "ssh": settings}, "nodes": nodes}
+        fabrics = fabric_specs(self.nodes.values())
+        if fabrics:
+            data["fabrics"] = fabrics
+        return data
 
     def write_cluster(self, extra: Mapping[str, Any] | None = None, **ssh: Any) -> Path:
         """Write ``cluster.yaml`` (plus ``extra`` sections) and pin every node's key if unpinned."""
@@ -402,9 +432,13 @@ class SimCluster:
 
     def close(self) -> None:
         """Stop every process started for these nodes, and remove their files."""
+        pids = [pid for node in self.nodes.values() for pid in node.processes()]
+        terminate([*pids, *self._strays()])
         for node in self.nodes.values():
-            node.stop_agent()
-            node.stop_sshd()
+            for process in (node.sshd, node.agent):
+                if process is not None:
+                    process.wait(timeout=STOP_TIMEOUT)
+            node.sshd = node.agent = None
         for sock in self._blackholes:
             sock.close()
         terminate(self._strays())
@@ -426,9 +460,59 @@ class SimCluster:
         return found
 
 
+def fixture_settings(hardware: str) -> dict[str, Any]:
+    """The fixture node's own ``agent.yaml``, its relative paths made absolute."""
+    base = FIXTURES / hardware
+    data: dict[str, Any] = YAML(typ="safe").load((base / "agent.yaml").read_text()) or {}
+    hw = dict(data.get("hardware") or {})
+    for key in ("sysfs_root", "proc_root"):
+        if key in hw:
+            hw[key] = str(base / hw[key])
+    if "/" in str(hw.get("nvidia_smi", "")):
+        hw["nvidia_smi"] = str(base / hw["nvidia_smi"])
+    data["hardware"] = hw
+    declared = dict(data.get("declared") or {})
+    declared["weights_dirs"] = [str(base / d) for d in declared.get("weights_dirs", [])]
+    data["declared"] = declared
+    return data
+
+
 def agent_config(node: SimNode) -> dict[str, Any]:
-    """The agent config of a simulated node (format: ``llmgw agent serve --config``)."""
-    raise HarnessError("the agent's config format is not known yet")
+    """The agent settings of a simulated node: its fixture hardware, socket and state dir."""
+    data = fixture_settings(node.hardware)
+    data.update({
+        "node": node.name,
+        "socket": {"path": str(node.agent_socket), "mode": "0660", "group": None},
+        "backend": "supervise",
+        "state_dir": str(node.root / "state"),
+    })
+    data.setdefault("readiness", {"poll_interval": "0.2s", "probe_timeout": "1s"})
+    return data
+
+
+def node_spec(node: SimNode) -> dict[str, Any]:
+    """The node's entry in the cluster spec: where SSH reaches it and what it declares."""
+    spec: dict[str, Any] = {"address": "127.0.0.1", "ssh_port": node.port,
+                            "agent_socket": str(node.agent_socket)}
+    declared = fixture_settings(node.hardware)["declared"]
+    if declared.get("fabrics"):
+        spec["fabrics"] = {name: list(f.get("adapters", []))
+                           for name, f in declared["fabrics"].items()}
+    if declared.get("weights_dirs"):
+        spec["weights_dirs"] = declared["weights_dirs"]
+    return spec
+
+
+def fabric_specs(nodes: Iterable[SimNode]) -> dict[str, Any]:
+    """Cluster-level fabric entries for every fabric the nodes' fixtures declare."""
+    fabrics: dict[str, Any] = {}
+    for node in nodes:
+        for name, fabric in fixture_settings(node.hardware)["declared"].get("fabrics", {}).items():
+            entry = {"kind": fabric["kind"]}
+            if fabric.get("gid_index") is not None:
+                entry["gid_index"] = fabric["gid_index"]
+            fabrics.setdefault(name, entry)
+    return fabrics
 
 
 def _write_yaml(path: Path, data: dict[str, Any]) -> None:

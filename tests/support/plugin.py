@@ -1,7 +1,7 @@
 """Pytest fixtures for simulated nodes (registered in ``tests/conftest.py``).
 
-``sim_cluster`` is a factory: ``sim_cluster(3)`` starts three nodes (sshd and,
-once the agent exists, an agent each) and returns a
+``sim_cluster`` is a factory: ``sim_cluster(3)`` starts three nodes (sshd and
+an agent each, hardware from :data:`DEFAULT_HARDWARE` in turn) and returns a
 :class:`support.nodes.SimCluster`; everything it started is stopped when
 the test ends, pass or fail.
 """
@@ -15,6 +15,8 @@ import pytest
 from support import nodes
 
 SimClusterFactory = Callable[..., nodes.SimCluster]
+# Fixture hardware (tests/fixtures/nodes/) the nodes get in turn, unless a test says.
+DEFAULT_HARDWARE = ("h100-ib", "l40s-nofabric", "cpu-only")
 
 
 @pytest.fixture
@@ -26,20 +28,17 @@ def sim_cluster() -> Iterator[SimClusterFactory]:
     def make(
         count: int = 3,
         *,
-        hardware: Sequence[str | None] | None = None,
+        hardware: Sequence[str] = DEFAULT_HARDWARE,
         sshd: bool = True,
         agents: bool = True,
         prefix: str = "node",
     ) -> nodes.SimCluster:
         sim = nodes.SimCluster.create()
         made.append(sim)
-        kinds = list(hardware) if hardware is not None else [None] * count
+        kinds = list(hardware)
         for index in range(count):
-            node = sim.add_node(f"{prefix}-{index + 1:02d}", kinds[index % len(kinds)])
-            if sshd:
-                node.start_sshd()
-            if agents:
-                sim.start_agent(node)
+            sim.add_node(f"{prefix}-{index + 1:02d}", kinds[index % len(kinds)])
+        sim.start(sshd=sshd, agents=agents)
         sim.pin_host_keys()
         return sim
 
