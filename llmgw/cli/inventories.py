@@ -1,0 +1,269 @@
+"""What ``llmgw inventory`` and ``llmgw status`` print: a fleet, summarised for people.
+
+Pure functions of (cluster, fleet, now) → text: no I/O, no clock reads, so
+the commands and their tests see the same output for the same input.
+
+A GPU is *faulty* when it must not get new work (:attr:`Gpu.faults`:
+uncorrected ECC errors, memory held by a process llmgw did not start),
+*used* when a process llmgw started holds memory on it, *free* otherwise. A
+replica's state is its least advanced shard's: one failed shard fails it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llmgw.fleet.types import Fleet, NodeReport, Unit
+from llmgw.spec.models import Cluster
+
+# Worst first: a replica is as far along as its least advanced shard.
+_STATE_ORDER = ("failed", "unknown", "stopped", "starting", "loading", "ready")
+
+
+@dataclass
+class GpuCounts:
+    total: int = 0
+    used: int = 0
+    free: int = 0
+    faulty: int = 0
+
+
+@dataclass(frozen=True)
+class Shard:
+    node: str
+    unit: Unit
+
+
+@dataclass
+class Replica:
+    model: str
+    replica: int
+    shards: list[Shard] = field(default_factory=list)
+
+    @property
+    def state(self) -> str:
+        states = {s.unit.state for s in self.shards}
+        return next(s for s in _STATE_ORDER if s in states)
+
+
+def gpu_counts(fleet: Fleet) -> dict[str, GpuCounts]:
+    """GPUs of reachable nodes by class: total, used, free, faulty."""
+    counts: dict[str, GpuCounts] = defaultdict(GpuCounts)
+    for report in fleet.nodes.values():
+        for gpu in report.gpus:
+            row = counts[gpu.gpu_class]
+            row.total += 1
+            if gpu.faults:
+                row.faulty += 1
+            elif any(p.owned_by_llmgw for p in gpu.processes):
+                row.used += 1
+            else:
+                row.free += 1
+    return dict(sorted(counts.items()))
+
+
+def replicas(fleet: Fleet) -> list[Replica]:
+    """Units grouped into replicas (model, replica number), shards in rank order."""
+    found: dict[tuple[str, int], Replica] = {}
+    for node, unit in fleet.units():
+        key = (unit.model, unit.replica)
+        found.setdefault(key, Replica(unit.model, unit.replica)).shards.append(Shard(node, unit))
+    for replica in found.values():
+        replica.shards.sort(key=lambda s: (s.unit.rank, s.node))
+    return [found[key] for key in sorted(found)]
+
+
+def render_inventory(cluster: Cluster, fleet: Fleet, now: float) -> str:
+    """The full inventory: nodes, GPUs by class, faults, fabrics, replicas, unreachable nodes."""
+    reachable = [r for r in fleet.nodes.values() if r.reachable]
+    down = [r for r in fleet.nodes.values() if not r.reachable]
+    lines = [
+        f"Cluster {cluster.cluster.name}: {_count(len(fleet.nodes), 'node')}, "
+        f"{len(reachable)} reachable, {len(down)} unreachable",
+        "",
+    ]
+    rows = [["NODE", "ADDRESS", "GPUS", "CPUS", "MEMORY", "FABRICS", "UNITS"]]
+    for name, report in sorted(fleet.nodes.items()):
+        node = cluster.nodes.get(name)
+        address = _address(cluster, name)
+        if not report.reachable:
+            rows.append([name, address, "-", "-", "-", "-", "unreachable"])
+            continue
+        fabrics = ", ".join(f.name for f in report.fabrics if f.advertised) or "-"
+        rows.append([
+            name + (" (cordoned)" if node is not None and node.cordoned else ""),
+            address,
+            _gpu_summary(report),
+            _unknown(report.cpu_count),
+            _bytes(report.memory_total_bytes),
+            fabrics,
+            str(len(report.units)),
+        ])
+    lines += _table(rows)
+
+    counts = gpu_counts(fleet)
+    if counts:
+        lines += ["", "GPUs by class"]
+        table = [["CLASS", "TOTAL", "USED", "FREE", "FAULTY"]]
+        table += [[name, str(c.total), str(c.used), str(c.free), str(c.faulty)]
+                  for name, c in counts.items()]
+        lines += _table(table)
+
+    faults = [f"  {name}: {fault}" for name, report in sorted(fleet.nodes.items())
+              for gpu in report.gpus for fault in gpu.faults]
+    if faults:
+        lines += ["", "GPU faults (no new work is placed on these)", *faults]
+
+    fabric_lines = _fabrics(cluster, fleet)
+    if fabric_lines:
+        lines += ["", "Fabrics", *fabric_lines]
+
+    found = replicas(fleet)
+    lines += ["", f"Replicas ({len(found)})" if found else "Replicas: none running"]
+    if found:
+        table = [["MODEL", "REPLICA", "STATE", "SHARDS"]]
+        for replica in found:
+            table.append([replica.model, f"r{replica.replica}", replica.state,
+                          ", ".join(_shard(s, now) for s in replica.shards)])
+        lines += _table(table)
+        for replica in found:
+            for shard in replica.shards:
+                if shard.unit.state == "failed":
+                    lines += _failure(shard)
+
+    if down:
+        lines += ["", "Unreachable nodes"]
+        lines += [f"  {r.node}: {r.error}" for r in sorted(down, key=lambda r: r.node)]
+    warnings = [f"  {r.node}: {w}" for r in reachable for w in r.warnings]
+    if warnings:
+        lines += ["", "Warnings", *warnings]
+    return "\n".join(lines) + "\n"
+
+
+def render_status(cluster: Cluster, fleet: Fleet, now: float) -> str:
+    """One line per node, then one per replica: the compact view."""
+    found = replicas(fleet)
+    down = sum(1 for r in fleet.nodes.values() if not r.reachable)
+    by_state: dict[str, int] = defaultdict(int)
+    for replica in found:
+        by_state[replica.state] += 1
+    states = ", ".join(f"{n} {s}" for s, n in sorted(by_state.items(), key=_state_key))
+    lines = [
+        f"{cluster.cluster.name}: {_count(len(fleet.nodes), 'node')}"
+        + (f" ({down} unreachable)" if down else "")
+        + f", {_count(len(found), 'replica')}" + (f" ({states})" if states else "")
+    ]
+    rows = []
+    for name, report in sorted(fleet.nodes.items()):
+        if not report.reachable:
+            rows.append([name, "DOWN", report.error or "unreachable"])
+            continue
+        faulty = sum(1 for g in report.gpus if g.faults)
+        gpus = _gpu_summary(report) + (f" ({faulty} faulty)" if faulty else "")
+        rows.append([name, "up", f"{gpus}, {_count(len(report.units), 'unit')}"])
+    lines += _table(rows, header=False)
+    if found:
+        rows = [[r.model, f"r{r.replica}", r.state, ", ".join(_shard(s, now) for s in r.shards)]
+                for r in found]
+        lines += _table(rows, header=False)
+    return "\n".join(lines) + "\n"
+
+
+def _state_key(item: tuple[str, int]) -> int:
+    return _STATE_ORDER.index(item[0]) if item[0] in _STATE_ORDER else -1
+
+
+def _fabrics(cluster: Cluster, fleet: Fleet) -> list[str]:
+    lines = []
+    for name, fabric in sorted(cluster.fabrics.items()):
+        members = [n for n, node in sorted(cluster.nodes.items()) if name in node.fabrics]
+        up, out = [], []
+        for node in members:
+            report = fleet.nodes.get(node)
+            if report is None or not report.reachable:
+                out.append(f"{node} (unreachable)")
+                continue
+            status = next((f for f in report.fabrics if f.name == name), None)
+            if status is not None and status.advertised:
+                up.append(f"{node} ({len(status.adapters)} adapters)")
+            else:
+                why = "; ".join(status.reasons) if status and status.reasons else "not reported"
+                out.append(f"{node}: {why}")
+        lines.append(f"  {name} ({fabric.kind}): advertised by " + (", ".join(up) or "no node"))
+        lines += [f"    not advertised: {o}" for o in out]
+    return lines
+
+
+def _failure(shard: Shard) -> list[str]:
+    unit = shard.unit
+    head = f"  {unit.name} on {shard.node} failed" + (f": {unit.detail}" if unit.detail else "")
+    return [head, *(f"    | {line}" for line in unit.log_tail[-10:])]
+
+
+def _shard(shard: Shard, now: float) -> str:
+    unit = shard.unit
+    port = f":{unit.port}" if unit.port else ""
+    age = f" {_age(now - unit.since)}" if unit.since is not None else ""
+    return f"{shard.node}{port} s{unit.rank} {unit.state}{age}"
+
+
+def _gpu_summary(report: NodeReport) -> str:
+    if not report.gpus:
+        return "cpu only"
+    classes: dict[str, int] = defaultdict(int)
+    for gpu in report.gpus:
+        classes[gpu.gpu_class] += 1
+    return ", ".join(f"{n}× {c}" for c, n in sorted(classes.items()))
+
+
+def _address(cluster: Cluster, name: str) -> str:
+    node = cluster.nodes.get(name)
+    if node is None:
+        return "?"
+    if node.is_local:
+        return "local"
+    port = node.ssh_port or cluster.cluster.ssh.port
+    return node.address if port == 22 else f"{node.address}:{port}"
+
+
+def _table(rows: Sequence[Sequence[str]], *, header: bool = True) -> list[str]:
+    if not rows:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        out.append(("" if header else "  ") + "  ".join(cells).rstrip())
+    return out
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _unknown(value: object) -> str:
+    return "?" if value is None else str(value)
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "?"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover - the loop returns
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
