@@ -1,0 +1,75 @@
+"""Declared fabrics against the adapters found: advertised or not, and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmgw.discovery import adapters, fabrics
+from llmgw.discovery.fabrics import DeclaredFabric
+from llmgw.fleet.types import Adapter, Port
+
+NODES = Path(__file__).resolve().parents[1] / "fixtures" / "nodes"
+IB4 = ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")
+
+
+def on(node: str) -> list[Adapter]:
+    return adapters.read(NODES / node / "sys")
+
+
+@pytest.mark.parametrize(
+    ("node", "declared", "advertised", "usable", "reasons"),
+    [
+        pytest.param("h100-ib", DeclaredFabric("ib-a", "infiniband", IB4), True, list(IB4), [],
+                     id="all-active"),
+        pytest.param("faulty", DeclaredFabric("ib-a", "infiniband", IB4), True,
+                     ["mlx5_0", "mlx5_1", "mlx5_3"],
+                     ["mlx5_2 has no ACTIVE port (port 1: INIT, LinkUp)"], id="one-port-init"),
+        pytest.param("h100-ib", DeclaredFabric("ib-a", "infiniband", (*IB4, "mlx5_4")), False,
+                     list(IB4), ["adapter mlx5_4 is declared but not present "
+                                 "(found: mlx5_0, mlx5_1, mlx5_2, mlx5_3)"], id="missing-adapter"),
+        pytest.param("l40s-nofabric", DeclaredFabric("ib-a", "infiniband", ("mlx5_0",)), False,
+                     [], ["adapter mlx5_0 is declared but not present (found: none)"],
+                     id="no-infiniband-at-all"),
+        pytest.param("a100-roce", DeclaredFabric("roce-a", "roce", ("mlx5_0", "mlx5_1"), 3),
+                     True, ["mlx5_0", "mlx5_1"], [], id="roce"),
+        pytest.param("a100-roce", DeclaredFabric("roce-a", "roce", ("mlx5_0",), 5), False, [],
+                     ["mlx5_0 port 1 has no GID at index 5 (RoCE v2 needs an IP address on "
+                      "the adapter's interface)", "no declared adapter of roce-a is usable"],
+                     id="roce-gid-index-unpopulated"),
+        pytest.param("a100-roce", DeclaredFabric("roce-a", "roce", ("mlx5_0",), 2), False, [],
+                     ["mlx5_0 port 1 GID 2 is IB/RoCE v1, not RoCE v2",
+                      "no declared adapter of roce-a is usable"], id="roce-v1-gid"),
+        pytest.param("a100-roce", DeclaredFabric("ib-a", "infiniband", ("mlx5_0",)), False, [],
+                     ["mlx5_0 is Ethernet, but ib-a is declared infiniband",
+                      "no declared adapter of ib-a is usable"], id="roce-declared-as-ib"),
+    ],
+)
+def test_check(
+    node: str, declared: DeclaredFabric, advertised: bool, usable: list[str], reasons: list[str]
+) -> None:
+    [status] = fabrics.check([declared], on(node))
+    assert (status.advertised, status.adapters, status.reasons) == (advertised, usable, reasons)
+
+
+def test_roce_gets_the_default_gid_index_and_ib_none() -> None:
+    [roce] = fabrics.check([DeclaredFabric("r", "roce", ("mlx5_0",))], on("a100-roce"))
+    [ib] = fabrics.check([DeclaredFabric("i", "infiniband", ("mlx5_0",))], on("h100-ib"))
+    assert roce.gid_index == 3 and roce.advertised and ib.gid_index is None
+
+
+def test_every_port_down_is_not_advertised() -> None:
+    down = [Adapter(name="mlx5_0", ports=[Port(number=1, state="DOWN", phys_state="Disabled",
+                                                link_layer="InfiniBand")])]
+    [status] = fabrics.check([DeclaredFabric("ib-a", "infiniband", ("mlx5_0",))], down)
+    assert not status.advertised
+    assert status.reasons == ["mlx5_0 has no ACTIVE port (port 1: DOWN, Disabled)",
+                              "no declared adapter of ib-a is usable"]
+
+
+def test_a_fabric_declared_without_adapters_is_not_advertised() -> None:
+    [status] = fabrics.check([DeclaredFabric("ib-a", "infiniband", ())], on("h100-ib"))
+    assert not status.advertised and status.reasons == [
+        "no adapters declared for ib-a on this node"
+    ]
