@@ -1,1 +1,1 @@
-"""llmgw.applying."""
+"""Carry out plans through the node agents; wait for readiness; say what happened."""

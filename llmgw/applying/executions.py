@@ -1,0 +1,284 @@
+"""Execute a :class:`~llmgw.planning.types.Plan` through the agents.
+
+Order, so that nothing is stopped before what replaces it serves:
+
+1. **First call per node**: every unit to remove that frees capacity (destroyed
+   replicas, and the old shards of destroy-before-create replaces), then every
+   unit to start (creates, restarts, new shards of replaces) — one
+   ``ApplyUnits`` call per node, removes first, nodes in parallel with a bound.
+2. **Wait** for each started unit to be Ready (Starting → Loading → Ready), or
+   Failed, or the readiness timeout — watching the agents' unit streams.
+3. **Second call per node**: the old shards of create-before-destroy replaces
+   whose new replica became Ready. A replacement that failed leaves the old
+   replica running.
+
+Nothing here raises for a node that cannot be reached: its changes fail with
+the reason, the rest go on, and the :class:`Outcome` says what changed and
+what did not. Running the same plan again converges: agent calls are
+idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+import grpc
+
+from llmgw.fleet.types import Unit
+from llmgw.planning.types import Change, Plan, Shard
+from llmgw.transport.agent_client import AgentClient, UnitChange
+from llmgw.transport.failures import NodeUnreachable
+
+T = TypeVar("T")
+
+DEFAULT_READY_TIMEOUT = 900.0
+"""Seconds a started replica may take to load: large weights from a cold disk are slow."""
+
+TERMINAL = frozenset({"ready", "failed"})
+LOG_LINES = 30
+
+
+class Agents(Protocol):
+    """What execution needs of :class:`llmgw.transport.pools.Pool`."""
+
+    max_parallel: int
+
+    async def call(
+        self, node: str, fn: Callable[[AgentClient], Awaitable[T]],
+        *, timeout: float | None = None,
+    ) -> T: ...
+
+    async def client(self, node: str) -> AgentClient: ...
+
+
+@dataclass(frozen=True)
+class Step:
+    """A progress event: one unit of one change reached a state."""
+
+    change: Change
+    node: str
+    unit: str
+    state: str  # writing, starting, loading, ready, failed, removing, removed
+    elapsed: float
+    detail: str = ""
+
+
+@dataclass
+class ChangeOutcome:
+    change: Change
+    ok: bool = True
+    errors: list[str] = field(default_factory=list)
+    logs: dict[str, list[str]] = field(default_factory=dict)  # unit → log tail
+    kept_old: bool = False  # a failed create-before-destroy replace left the old replica
+
+    def fail(self, message: str) -> None:
+        self.ok = False
+        if message not in self.errors:
+            self.errors.append(message)
+
+
+@dataclass
+class Outcome:
+    changes: list[ChangeOutcome]
+    elapsed: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.changes)
+
+    @property
+    def failed(self) -> list[ChangeOutcome]:
+        return [c for c in self.changes if not c.ok]
+
+    def summary(self) -> str:
+        done = sum(1 for c in self.changes if c.ok)
+        text = f"Apply: {done} of {len(self.changes)} changes done in {self.elapsed:.1f}s"
+        if self.failed:
+            text += f", {len(self.failed)} failed"
+        return text + "."
+
+
+Progress = Callable[[Step], None]
+
+
+async def execute(
+    plan: Plan,
+    agents: Agents,
+    *,
+    progress: Progress | None = None,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT,
+    clock: Callable[[], float] = time.monotonic,
+) -> Outcome:
+    """Carry out ``plan``; never raises for a node or an engine that fails."""
+    started = clock()
+    report: Progress = progress or (lambda step: None)
+    outcomes = {id(change): ChangeOutcome(change) for change in plan.changes}
+
+    def emit(change: Change, node: str, unit: str, state: str, detail: str = "") -> None:
+        report(Step(change, node, unit, state, clock() - started, detail))
+
+    first = _first_calls(plan.changes)
+    await _call_all(agents, first, outcomes, emit)
+
+    waiting = [(c, s) for c in plan.changes for s in c.shards if outcomes[id(c)].ok]
+    states = await _wait_ready(agents, waiting, ready_timeout, emit)
+    no_logs: list[tuple[ChangeOutcome, Shard]] = []
+    for change, shard in waiting:
+        state, detail, tail = states.get((shard.node, shard.unit), ("failed", "no answer", []))
+        if state == "ready":
+            continue
+        outcome = outcomes[id(change)]
+        outcome.fail(f"{shard.unit} on {shard.node}: {state}" + (f" ({detail})" if detail else ""))
+        if tail:
+            outcome.logs[f"{shard.node}/{shard.unit}"] = tail
+        else:
+            no_logs.append((outcome, shard))
+    await _fetch_logs(agents, no_logs)
+
+    second: dict[str, list[tuple[Change, UnitChange]]] = defaultdict(list)
+    for change in plan.changes:
+        if change.action != "replace" or change.strategy != "create-before-destroy":
+            continue
+        outcome = outcomes[id(change)]
+        if not outcome.ok:
+            outcome.kept_old = True
+            continue
+        for old in change.removes:
+            second[old.node].append((change, UnitChange(old.unit, "", action="remove")))
+    await _call_all(agents, second, outcomes, emit)
+    return Outcome(list(outcomes.values()), clock() - started)
+
+
+def _first_calls(changes: Sequence[Change]) -> dict[str, list[tuple[Change, UnitChange]]]:
+    """Per node: the removes that free capacity, then every start."""
+    removes: dict[str, list[tuple[Change, UnitChange]]] = defaultdict(list)
+    starts: dict[str, list[tuple[Change, UnitChange]]] = defaultdict(list)
+    for change in changes:
+        kept = {(s.node, s.unit) for s in change.shards}
+        if change.action == "destroy" or (
+            change.action == "replace" and change.strategy != "create-before-destroy"
+        ):
+            for old in change.removes:
+                # In-place replaces reuse the unit name: "start" rewrites it.
+                if (old.node, old.unit) not in kept:
+                    removes[old.node].append((change, UnitChange(old.unit, "", action="remove")))
+        for shard in change.shards:
+            starts[shard.node].append((change, _start(shard)))
+    return {node: removes.get(node, []) + starts.get(node, [])
+            for node in sorted(set(removes) | set(starts))}
+
+
+def _start(shard: Shard) -> UnitChange:
+    if shard.files is None:
+        raise ValueError(f"shard {shard.unit} on {shard.node} has no rendered unit files")
+    files = shard.files
+    return UnitChange(files.name, files.unit_text, files.env_text, dict(files.secret_env),
+                      "start")
+
+
+async def _call_all(
+    agents: Agents,
+    calls: dict[str, list[tuple[Change, UnitChange]]],
+    outcomes: dict[int, ChangeOutcome],
+    emit: Callable[[Change, str, str, str, str], None],
+) -> None:
+    limit = asyncio.Semaphore(max(1, agents.max_parallel))
+
+    async def one(node: str, items: list[tuple[Change, UnitChange]]) -> None:
+        for change, unit in items:
+            emit(change, node, unit.name, "removing" if unit.action == "remove" else "writing",
+                 "")
+        async with limit:
+            try:
+                results = await agents.call(
+                    node, lambda agent: agent.apply_units([u for _, u in items])
+                )
+            except NodeUnreachable as failure:
+                for change, unit in items:
+                    outcomes[id(change)].fail(f"{node}: {failure}")
+                    emit(change, node, unit.name, "failed", str(failure))
+                return
+        for (change, unit), result in zip(items, results, strict=False):
+            if result.ok:
+                state = "removed" if unit.action == "remove" else "starting"
+                emit(change, node, unit.name, state, "")
+            else:
+                outcomes[id(change)].fail(f"{unit.name} on {node}: {result.error}")
+                emit(change, node, unit.name, "failed", result.error)
+
+    await asyncio.gather(*(one(node, items) for node, items in calls.items() if items))
+
+
+async def _wait_ready(
+    agents: Agents,
+    waiting: Iterable[tuple[Change, Shard]],
+    timeout: float,
+    emit: Callable[[Change, str, str, str, str], None],
+) -> dict[tuple[str, str], tuple[str, str, list[str]]]:
+    """Final (state, detail, log tail) of every started unit, watching each node's stream."""
+    by_node: dict[str, dict[str, tuple[Change, str]]] = defaultdict(dict)
+    for change, shard in waiting:
+        by_node[shard.node][shard.unit] = (change, shard.digest)
+    final: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
+
+    async def watch(node: str, units: dict[str, tuple[Change, str]]) -> None:
+        last: dict[str, str] = {}
+        pending = set(units)
+        try:
+            agent = await agents.client(node)
+            async for unit in agent.watch_units():
+                # The unit's old instance (same name, old digest) may still be
+                # reported as ready: only the new spec's states count.
+                if unit.name not in pending or unit.digest != units[unit.name][1]:
+                    continue
+                if last.get(unit.name) != unit.state:
+                    last[unit.name] = unit.state
+                    emit(units[unit.name][0], node, unit.name, unit.state, unit.detail)
+                if unit.state in TERMINAL:
+                    final[(node, unit.name)] = _final(unit)
+                    pending.discard(unit.name)
+                    if not pending:
+                        return
+        except NodeUnreachable as failure:
+            for name in pending:
+                final[(node, name)] = ("failed", str(failure), [])
+        except (grpc.aio.AioRpcError, OSError) as exc:
+            for name in pending:
+                final[(node, name)] = ("failed", f"{node}: lost the agent's unit stream "
+                                       f"({type(exc).__name__})", [])
+
+    async def bounded() -> None:
+        await asyncio.gather(*(watch(node, units) for node, units in by_node.items()))
+
+    try:
+        async with asyncio.timeout(timeout):
+            await bounded()
+    except TimeoutError:
+        for node, units in by_node.items():
+            for name in units:
+                final.setdefault((node, name), ("failed", f"not ready after {timeout:.0f}s", []))
+    return final
+
+
+def _final(unit: Unit) -> tuple[str, str, list[str]]:
+    return unit.state, unit.detail, list(unit.log_tail)
+
+
+async def _fetch_logs(agents: Agents, wanted: list[tuple[ChangeOutcome, Shard]]) -> None:
+    """Failed shards whose event carried no log tail: ask their agents for one."""
+
+    async def fetch(outcome: ChangeOutcome, shard: Shard) -> None:
+        try:
+            lines = await agents.call(shard.node,
+                                      lambda agent: agent.unit_logs(shard.unit, LOG_LINES))
+        except NodeUnreachable:
+            return
+        if lines:
+            outcome.logs[f"{shard.node}/{shard.unit}"] = lines
+
+    await asyncio.gather(*(fetch(o, s) for o, s in wanted))

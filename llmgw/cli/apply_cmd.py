@@ -1,0 +1,149 @@
+"""``llmgw apply [PLANFILE]``: plan, show, confirm, execute — like ``terraform apply``.
+
+Stages: connect (collect every node's report), prepare (plan, or load a
+saved plan and re-plan only the nodes whose observation changed), print,
+confirm (unless ``--auto-approve``), execute with progress, summarise. A
+partial failure prints what changed and what did not, the engine's log tail
+for failed replicas, and exits 1; running it again converges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from llmgw.applying import executions, saved
+from llmgw.applying.executions import Outcome, Step
+from llmgw.cli import clusters
+from llmgw.cli.errors import UserError
+from llmgw.cli.plan_cmd import revision_of
+from llmgw.planning import outputs, plans
+from llmgw.planning.types import Plan
+from llmgw.spec.models import Cluster
+from llmgw.spec.quantities import parse_duration
+from llmgw.transport import pools
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "apply", help="converge the fleet to the cluster directory",
+        description="Plan (or load PLANFILE, saved with `llmgw plan --format json --out`), "
+        "print the plan, ask, then start, replace and remove units on the nodes, waiting "
+        "for each replica to be Ready. Units being replaced stop only after their "
+        "replacement is Ready.",
+    )
+    parser.add_argument("planfile", nargs="?", type=Path, metavar="PLANFILE",
+                        help="a saved JSON plan to apply instead of planning now")
+    clusters.add_cluster_flag(parser)
+    parser.add_argument("--auto-approve", action="store_true",
+                        help="apply without asking for confirmation")
+    parser.add_argument("--ready-timeout", default="15m", metavar="DURATION",
+                        help="how long a replica may take to become Ready (default: 15m)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        ready_timeout = parse_duration(args.ready_timeout)
+    except ValueError as exc:
+        raise UserError(f"--ready-timeout: {exc}") from None
+    cluster = clusters.load(args.cluster)
+    try:
+        previous = saved.load(args.planfile) if args.planfile else None
+    except saved.SavedPlanError as exc:
+        raise UserError(str(exc)) from None
+    return asyncio.run(_apply(cluster, args, previous, ready_timeout))
+
+
+async def _apply(
+    cluster: Cluster, args: argparse.Namespace, previous: Plan | None, ready_timeout: float
+) -> int:
+    out = sys.stdout
+    async with pools.Pool(cluster, args.cluster) as pool:
+        fleet = await pool.fleet()
+        fresh = plans.plan(cluster, fleet, time.time(), revision=revision_of(args.cluster))
+        plan = fresh
+        if previous is not None:
+            merge = saved.merge(previous, fresh)
+            plan = merge.plan
+            for node in merge.changed_nodes:
+                print(f"! {node}: its observation changed since the plan was saved; its "
+                      "changes were re-planned from what it reports now.", file=out)
+        out.write(outputs.text(plan))
+        if not plan.has_changes:
+            print("\nNo changes. The fleet matches the cluster.", file=out)
+            return 0
+        if not args.auto_approve and not _confirm(out):
+            print("Apply cancelled.", file=out)
+            return 1
+        display = Display(out)
+        outcome = await executions.execute(
+            plan, pool, progress=display.step, ready_timeout=ready_timeout
+        )
+        display.close()
+    _report(outcome, out)
+    return 0 if outcome.ok else 1
+
+
+def _confirm(out: TextIO) -> bool:
+    if not sys.stdin.isatty():
+        raise UserError("standard input is not a terminal: pass --auto-approve to apply "
+                        "without confirmation")
+    print("\nDo you want to apply these changes? Only 'yes' will be accepted.", file=out)
+    try:
+        answer = input("  Enter a value: ")
+    except EOFError:
+        return False
+    return answer.strip() == "yes"
+
+
+class Display:
+    """Progress per replica: a live table in a terminal, one line per step elsewhere."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.live = out.isatty()
+        self.rows: dict[tuple[str, str], str] = {}
+        self.drawn = 0
+
+    def step(self, step: Step) -> None:
+        change = step.change
+        line = (f"{outputs.symbol(change)} {change.model} r{change.replica}  "
+                f"{step.node}  {step.unit}  {step.state}  ({step.elapsed:.1f}s)"
+                + (f"  {step.detail}" if step.detail and step.state == "failed" else ""))
+        if not self.live:
+            print(line, file=self.out, flush=True)
+            return
+        self.rows[(step.node, step.unit)] = line
+        if self.drawn:
+            self.out.write(f"\x1b[{self.drawn}F")
+        for row in self.rows.values():
+            self.out.write(f"\x1b[2K{row}\n")
+        self.drawn = len(self.rows)
+        self.out.flush()
+
+    def close(self) -> None:
+        self.out.flush()
+
+
+def _report(outcome: Outcome, out: TextIO) -> None:
+    print(f"\n{outcome.summary()}", file=out)
+    for item in outcome.changes:
+        change = item.change
+        mark = "ok" if item.ok else "FAILED"
+        print(f"  {outputs.symbol(change)} {change.action} {change.model} r{change.replica}: "
+              f"{mark}", file=out)
+        for error in item.errors:
+            print(f"      {error}", file=out)
+        if item.kept_old:
+            print("      the replica it replaces keeps running", file=out)
+        for unit, lines in item.logs.items():
+            print(f"      last lines of {unit}:", file=out)
+            for line in lines[-executions.LOG_LINES:]:
+                print(f"        | {line}", file=out)
+    if not outcome.ok:
+        print("\nRun `llmgw apply` again to retry what failed; what succeeded stays.", file=out)

@@ -1,0 +1,305 @@
+"""The reconcile loop of ``llmgw serve``: observe, plan, apply, route — again and again.
+
+One iteration: reload the cluster directory if a file changed (an invalid
+edit is refused and the last valid cluster stays in force), collect every
+node's report, hand the ready replicas to the router, plan with the router's
+demand, and — under ``sync: auto`` — execute the plan. Iterations run one at
+a time; what wakes the loop:
+
+* a file in the cluster directory changed (watchfiles);
+* the drift timer (``cluster.drift_interval``): units stopped by hand, or
+  running without a plan that wants them, are found and fixed;
+* a unit on some node changed state (the agents' WatchUnits streams), so a
+  failed engine is restarted without waiting for the timer;
+* a request is waiting for a model with no ready replica (on demand).
+
+There is no state file: every iteration starts from what the nodes report,
+so a restarted daemon adopts the running fleet and restarts nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import watchfiles
+
+from llmgw.applying import executions
+from llmgw.applying.executions import Outcome, Step
+from llmgw.fleet.types import Demand, Fleet
+from llmgw.metrics.collectors import FleetCollector
+from llmgw.planning import outputs, plans
+from llmgw.planning.types import Plan
+from llmgw.router import catalogs
+from llmgw.router.apps import Router
+from llmgw.router.routes import Endpoint
+from llmgw.spec import loading
+from llmgw.spec.models import Cluster
+from llmgw.transport import pools
+from llmgw.transport.failures import NodeUnreachable
+
+log = logging.getLogger("llmgw.daemon")
+
+RevisionOf = Callable[[Path], str | None]
+
+
+@dataclass
+class State:
+    """What the daemon knows now; the admin API serves it."""
+
+    cluster: Cluster
+    directory: Path
+    started_at: float
+    revision: str | None = None  # of the directory as last loaded
+    applied_revision: str | None = None  # the revision the fleet last converged to
+    fleet: Fleet | None = None
+    observed_at: float | None = None
+    plan: Plan | None = None
+    planned_at: float | None = None
+    outcome: Outcome | None = None
+    applied_at: float | None = None
+    refused: list[str] = field(default_factory=list)  # errors of the last refused edit
+    iterations: int = 0
+
+
+class Daemon:
+    """The loop; ``router`` and ``collector`` are optional so tests can run it bare."""
+
+    def __init__(
+        self,
+        directory: Path,
+        cluster: Cluster,
+        *,
+        router: Router | None = None,
+        collector: FleetCollector | None = None,
+        revision_of: RevisionOf = lambda _: None,
+        ready_timeout: float = executions.DEFAULT_READY_TIMEOUT,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state = State(cluster, directory, clock(), revision=revision_of(directory))
+        self.router = router
+        self.collector = collector
+        self.revision_of = revision_of
+        self.ready_timeout = ready_timeout
+        self.clock = clock
+        self.pool = pools.Pool(cluster, directory)
+        self._wake = asyncio.Event()
+        self._reload = False
+        self._reasons: set[str] = set()
+        self._watchers: list[asyncio.Task[None]] = []
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.state.cluster
+
+    def wake(self, reason: str) -> None:
+        self._reasons.add(reason)
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Reconcile until ``stop`` is set; then close every connection."""
+        helpers = [
+            asyncio.create_task(self._watch_files(stop), name="watch-files"),
+            asyncio.create_task(self._watch_demand(stop), name="watch-demand"),
+        ]
+        self._start_unit_watchers()
+        self.wake("start")
+        try:
+            while not stop.is_set():
+                await self._sleep(stop)
+                if stop.is_set():
+                    break
+                reasons, self._reasons = self._reasons or {"drift timer"}, set()
+                self._wake.clear()
+                if not await self._until_stopped(self.reconcile(reasons), stop):
+                    break
+        finally:
+            for task in [*helpers, *self._watchers]:
+                task.cancel()
+            await asyncio.gather(*helpers, *self._watchers, return_exceptions=True)
+            await self.pool.aclose()
+
+    async def _until_stopped(self, work: Coroutine[Any, Any, Any], stop: asyncio.Event) -> bool:
+        """Run one iteration; False when ``stop`` came first (the iteration is cancelled).
+
+        This is the one place an iteration's failure is handled: an unexpected
+        exception is a bug, logged with its traceback, and the loop goes on.
+        """
+        task = asyncio.ensure_future(work)
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return False
+        if task.exception() is not None:
+            log.error("reconcile failed; retrying at the next tick",
+                      exc_info=task.exception())
+        return True
+
+    async def _sleep(self, stop: asyncio.Event) -> None:
+        waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=self.cluster.cluster.drift_interval,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def reconcile(self, reasons: set[str] | None = None) -> Plan:
+        """One iteration; returns the plan it made (and applied, under ``sync: auto``)."""
+        state = self.state
+        state.iterations += 1
+        if self._reload:
+            self._reload = False
+            await self._load()
+        log.debug("reconciling (%s)", ", ".join(sorted(reasons or {"request"})))
+        fleet = await self.observe()
+        plan = plans.plan(self.cluster, fleet, self.clock(), self._demand(),
+                          revision=state.revision)
+        state.plan, state.planned_at = plan, self.clock()
+        if not plan.has_changes:
+            if state.applied_revision != state.revision and not plan.unplaceable:
+                state.applied_revision = state.revision
+            return plan
+        log.info("%s", plan.summary())
+        if self.cluster.cluster.sync != "auto":
+            log.info("sync is manual: run `llmgw apply` to make these changes")
+            return plan
+        for line in outputs.text(plan).splitlines():
+            if line.strip():
+                log.info("  %s", line)
+        outcome = await executions.execute(plan, self.pool, progress=_log_step,
+                                           ready_timeout=self.ready_timeout)
+        state.outcome, state.applied_at = outcome, self.clock()
+        log.info("%s", outcome.summary())
+        for failed in outcome.failed:
+            for error in failed.errors:
+                log.warning("  %s r%d: %s", failed.change.model, failed.change.replica, error)
+        if outcome.ok and not plan.unplaceable:
+            state.applied_revision = state.revision
+        await self.observe()
+        return plan
+
+    async def observe(self) -> Fleet:
+        """Collect every node's report; hand ready replicas to the router and metrics."""
+        fleet = await self.pool.fleet()
+        self.state.fleet, self.state.observed_at = fleet, self.clock()
+        for name, report in sorted(fleet.nodes.items()):
+            if not report.reachable:
+                log.warning("node %s unreachable: %s", name, report.error)
+        if self.router is not None:
+            self.router.update_routes(endpoints(self.cluster, fleet))
+        if self.collector is not None:
+            self.collector.observe(fleet)
+        return fleet
+
+    def _demand(self) -> Demand:
+        return self.router.demand() if self.router is not None else Demand()
+
+    async def _load(self) -> None:
+        """Reload the directory; an invalid edit is refused and the last valid one stays."""
+        try:
+            cluster = await asyncio.to_thread(loading.load, self.state.directory)
+        except loading.SpecErrors as exc:
+            self.state.refused = [str(e) for e in exc.errors]
+            log.error("cluster directory has %d errors; keeping the last valid cluster:",
+                      len(exc.errors))
+            for error in exc.errors:
+                log.error("  %s", error)
+            return
+        self.state.refused = []
+        self.state.revision = self.revision_of(self.state.directory)
+        if cluster == self.cluster:
+            return
+        log.info("cluster directory changed (revision %s)", self.state.revision or "-")
+        if _transport_settings(cluster) != _transport_settings(self.cluster):
+            old = self.pool
+            self.pool = pools.Pool(cluster, self.state.directory)
+            for task in self._watchers:
+                task.cancel()
+            await old.aclose()
+            self.state.cluster = cluster
+            self._start_unit_watchers()
+        self.state.cluster = cluster
+        self.pool.cluster = cluster  # declared fabrics and weights dirs travel in Report
+        if self.router is not None:
+            self.router.configure(catalogs.from_cluster(cluster))
+
+    async def _watch_files(self, stop: asyncio.Event) -> None:
+        directory = self.state.directory
+        async for changes in watchfiles.awatch(directory, stop_event=stop, recursive=False,
+                                               debounce=300, step=100):
+            names = sorted({Path(path).name for _, path in changes})
+            if any(n.endswith((".yaml", ".yml")) or n == "known_hosts" for n in names):
+                self._reload = True
+                self.wake(f"files changed: {', '.join(names)}")
+
+    async def _watch_demand(self, stop: asyncio.Event) -> None:
+        """Requests waiting for a model no replica serves: plan now, not at the next tick."""
+        seen: dict[str, int] = {}
+        while not stop.is_set():
+            waiting = self._demand().waiting
+            fresh = {m: n for m, n in waiting.items() if n > seen.get(m, 0)}
+            if fresh:
+                self.wake(f"requests waiting for {', '.join(sorted(fresh))}")
+            seen = dict(waiting)
+            await asyncio.sleep(0.2)
+
+    def _start_unit_watchers(self) -> None:
+        self._watchers = [
+            asyncio.create_task(self._watch_units(node), name=f"watch-units-{node}")
+            for node in self.pool.nodes
+        ]
+
+    async def _watch_units(self, node: str) -> None:
+        """A unit failing or stopping on ``node`` wakes the loop (reconnecting as needed)."""
+        delay = 1.0
+        while True:
+            try:
+                agent = await self.pool.client(node)
+                async for unit in agent.watch_units():
+                    delay = 1.0
+                    if unit.state in ("failed", "stopped") and unit.detail != "removed":
+                        self.wake(f"{unit.name} on {node} is {unit.state}")
+            except (NodeUnreachable, grpc.aio.AioRpcError, OSError):
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+
+def endpoints(cluster: Cluster, fleet: Fleet) -> dict[str, list[Endpoint]]:
+    """Ready replicas by model key: the head shard (rank 0) serves HTTP."""
+    table: dict[str, list[Endpoint]] = {}
+    for name, report in sorted(fleet.nodes.items()):
+        node = cluster.nodes.get(name)
+        if node is None or not report.reachable:
+            continue
+        host = "127.0.0.1" if node.is_local else node.address
+        for unit in report.units:
+            if unit.state == "ready" and unit.rank == 0 and unit.port is not None:
+                if unit.model in cluster.models:
+                    table.setdefault(unit.model, []).append(
+                        Endpoint(f"http://{host}:{unit.port}", node=name, replica=unit.replica)
+                    )
+    return table
+
+
+def _transport_settings(cluster: Cluster) -> object:
+    return (cluster.cluster.ssh, cluster.cluster.agent_socket,
+            {n: (node.address, node.ssh_port, node.agent_socket)
+             for n, node in cluster.nodes.items()})
+
+
+def _log_step(step: Step) -> None:
+    change = step.change
+    detail = f" ({step.detail})" if step.detail and step.state == "failed" else ""
+    log.info("  %s r%d %s %s: %s after %.1fs%s", change.model, change.replica, step.node,
+             step.unit, step.state, step.elapsed, detail)
