@@ -114,7 +114,7 @@ def labels(unit: UnitFile) -> Labels:
 def words(value: str) -> list[tuple[str, bool]]:
     """Split on whitespace honouring quotes and backslash escapes, as systemd does.
 
-    Each word comes with whether it was quoted (a quoted ``$VAR`` is not split).
+    Each word comes with whether any part of it was quoted.
     """
     out: list[tuple[str, bool]] = []
     i, n = 0, len(value)
@@ -157,15 +157,16 @@ def split_command(value: str) -> list[str]:
 def expand(value: str, env: Mapping[str, str], unit_name: str = "") -> list[str]:
     """``ExecStart=`` as systemd would run it with ``env``.
 
-    ``${VAR}`` is replaced inside a word; ``$VAR`` alone as a word becomes
-    the value split on whitespace; ``$$`` is a literal ``$``; ``%n`` is the
+    ``${VAR}`` is replaced inside a word; a word that is exactly ``$VAR``
+    (quoted or not) becomes the value split on whitespace; ``$VAR`` inside a
+    longer word stays as written; ``$$`` is a literal ``$``; ``%n`` is the
     unit name and ``%%`` a literal ``%``. An undefined variable is empty.
     """
     argv: list[str] = []
-    for word, quoted in words(value.lstrip("-@:+!")):
+    for word, _ in words(value.lstrip("-@:+!")):
         word = word.replace("%%", "\0pct").replace("%n", unit_name).replace("\0pct", "%")
         bare = _BARE_VAR.match(word)
-        if bare and not quoted:
+        if bare:
             argv.extend(env.get(bare.group(1), "").split())
             continue
         word = word.replace("$$", "\0dollar")
