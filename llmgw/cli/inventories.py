@@ -158,7 +158,9 @@ def render_status(cluster: Cluster, fleet: Fleet, now: float) -> str:
     rows = []
     for name, report in sorted(fleet.nodes.items()):
         if not report.reachable:
-            rows.append([name, "DOWN", report.error or "unreachable"])
+            # The first clause names the node, the key or the port; what to check
+            # after it is in `llmgw inventory`.
+            rows.append([name, "DOWN", (report.error or "unreachable").split("; ")[0]])
             continue
         faulty = sum(1 for g in report.gpus if g.faults)
         gpus = _gpu_summary(report) + (f" ({faulty} faulty)" if faulty else "")

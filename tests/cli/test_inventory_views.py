@@ -56,7 +56,8 @@ def fleet() -> Fleet:
         ),
         "cpu-01": NodeReport(node="cpu-01", cpu_count=16),
         "gpu-b-01": NodeReport(node="gpu-b-01", reachable=False,
-                               error="refused: llmgw@10.0.0.21 refused the connection"),
+                               error="refused: llmgw@10.0.0.21 refused the connection; "
+                               "is sshd running there?"),
     })
 
 
@@ -99,7 +100,8 @@ def test_inventory_shows_every_section() -> None:
     assert "not advertised: gpu-a-02: mlx5_1 port 1 is INIT" in text
     assert "llama  r0       loading  gpu-a-01:18000 s0 ready 5m, gpu-a-02 s1 loading 5m" in text
     assert "llmgw-qwen-r0-s0.service on gpu-a-02 failed: exited 1\n    | OOM" in text
-    assert "Unreachable nodes\n  gpu-b-01: refused: llmgw@10.0.0.21 refused the connection" in text
+    assert ("Unreachable nodes\n  gpu-b-01: refused: llmgw@10.0.0.21 refused the connection; "
+            "is sshd running there?\n") in text
 
 
 def test_status_is_one_line_per_node_and_replica() -> None:
@@ -107,5 +109,5 @@ def test_status_is_one_line_per_node_and_replica() -> None:
     lines = text.splitlines()
     assert lines[0] == "lab: 4 nodes (1 unreachable), 2 replicas (1 failed, 1 loading)"
     assert len(lines) == 1 + 4 + 2
-    assert "gpu-b-01  DOWN  refused: llmgw@10.0.0.21 refused the connection" in text
+    assert "gpu-b-01  DOWN  refused: llmgw@10.0.0.21 refused the connection\n" in text
     assert "gpu-a-02  up    2× h100-80g (1 faulty), 2 units" in text
