@@ -25,10 +25,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sized
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from llmgw.planning.nodes import Capacity, NodeState, gib
 from llmgw.planning.types import Attempt
 from llmgw.spec.models import Profile
+
+if TYPE_CHECKING:
+    from llmgw.planning.replicas import ObservedReplica
 
 # Combinations tried when looking for an NVLink-connected set on one node;
 # C(8, 4) = 70, so this only bounds unusual 16-GPU boxes.
@@ -249,6 +253,66 @@ def _place_cpu(capacity: Capacity, request: Request) -> Placement | Attempt:
     node = best[1]
     slot = Slot(node.name, None, (), (), port=node.next_ports(1)[0])
     return Placement(request.profile_index, (slot,), memory=need)
+
+
+# -- replicas that already run ---------------------------------------------
+
+
+def current(capacity: Capacity, replica: ObservedReplica) -> Placement | None:
+    """Where an observed replica runs, rebuilt from its shards' specs; None if incomplete."""
+    peers = replica.peers
+    if not peers or replica.missing() or len(replica.members) != len(peers):
+        return None
+    slots = []
+    head: dict[str, Any] = replica.members[0].spec or {}
+    for rank in range(len(peers)):
+        member = replica.members[rank]
+        spec = member.spec or {}
+        node = capacity.nodes[member.node]
+        uuids = tuple(str(u) for u in spec.get("gpus", []))
+        gpus = tuple(node.by_uuid.get(u, -1) for u in uuids)
+        slots.append(Slot(
+            member.node, spec.get("gpu_class"), gpus, uuids,
+            port=spec.get("port") if rank == 0 else None,
+            dist_port=spec.get("dist_port") if rank == 0 else None,
+        ))
+    return Placement(int(head.get("profile") or 0), tuple(slots),
+                     fabric=head.get("fabric"), memory=int(head.get("memory") or 0))
+
+def misfits(capacity: Capacity, placement: Placement, profile: Profile) -> list[str]:
+    """Why a running replica's place does not suit ``profile``; empty when it does."""
+    problems: list[str] = []
+    if profile.cpu:
+        if any(slot.gpus for slot in placement.slots) or len(placement.slots) != 1:
+            return ["the profile runs on CPU"]
+        slot = placement.slots[0]
+        node = capacity.nodes[slot.node]
+        need = int((profile.min_memory_gb or 0) * 1024**3)
+        total = node.memory_total
+        if total is not None and total - node.memory_held + placement.memory < need:
+            problems.append(f"{slot.node}: has {total / 1024**3:g} GiB of memory, "
+                            f"needs {need / 1024**3:g}")
+        return problems
+    if len(placement.slots) != profile.nodes:
+        return [f"runs on {len(placement.slots)} node(s), the profile needs {profile.nodes}"]
+    for slot in placement.slots:
+        node = capacity.nodes[slot.node]
+        if slot.gpu_class not in profile.gpu_classes:
+            problems.append(f"{slot.node}: runs on {slot.gpu_class or 'CPU'}, the profile "
+                            f"needs {' or '.join(profile.gpu_classes)}")
+        if len(slot.gpus) != profile.gpus_per_node:
+            held = len(slot.gpus)
+            problems.append(f"{slot.node}: holds {held} GPU{'s' if held != 1 else ''}, the "
+                            f"profile needs {profile.gpus_per_node}")
+        for index, uuid in zip(slot.gpus, slot.gpu_uuids, strict=True):
+            if index < 0:
+                problems.append(f"{slot.node}: GPU {uuid} is gone")
+                continue
+            problems += [f"{slot.node}: {fault}" for fault in node.gpus[index].faults]
+        if profile.nodes > 1 and placement.fabric not in node.fabrics:
+            problems.append(f"{slot.node}: " + node.fabric_problems.get(
+                str(placement.fabric), f"not on fabric {placement.fabric}"))
+    return problems
 
 
 # -- why a node does not fit: the sentences plans show --------------------

@@ -21,32 +21,28 @@ clock, and the same inputs give the same plan byte for byte.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
 from llmgw.engines import launches
 from llmgw.fleet.types import Demand, Fleet, NodeReport
-from llmgw.planning import diffs, placements, replicas, scaling, shards
+from llmgw.planning import diffs, fingerprints, placements, replicas, scaling, shards
 from llmgw.planning.nodes import Capacity
-from llmgw.planning.placements import Placement, Request, Slot
-from llmgw.planning.replicas import Member, ObservedReplica
+from llmgw.planning.placements import Placement, Request
+from llmgw.planning.replicas import ObservedReplica
 from llmgw.planning.scaling import Policy, Want
 from llmgw.planning.types import (
     Attempt,
     CapacityRow,
     Change,
-    NodeFingerprint,
     ObservedShard,
     Plan,
     Shard,
     UnknownReplica,
     Unplaceable,
 )
-from llmgw.spec.models import Cluster, Profile
+from llmgw.spec.models import Cluster
 
 __all__ = ["Policy", "plan"]
 
@@ -107,6 +103,7 @@ class _Planner:
         self.holds: dict[Key, list[_Hold]] = {}
         self.released: dict[Key, list[_Hold]] = {}
         self.transitional: list[Key] = []
+        self.orphan_holds: list[_Hold] = []
         self.wants: dict[str, Want] = {}
         self.alive: dict[str, list[ObservedReplica]] = {name: [] for name in cluster.models}
 
@@ -117,6 +114,8 @@ class _Planner:
         self._destroy_orphans()
         self._hold_observed()
         used_before = self._gpus_in_use()
+        for hold in self.orphan_holds:  # their destroys run first
+            self.capacity.give_back(hold.node, hold.gpus, hold.ports, hold.memory, "")
         self._classify()
         self._scale_down()
         for key, replica in self.observed.items():
@@ -134,7 +133,7 @@ class _Planner:
             unplaceable=tuple(self.unplaceable),
             unknown=tuple(self.unknown),
             capacity=self._capacity_rows(used_before),
-            nodes=tuple(_fingerprint(name, self.reports.get(name))
+            nodes=tuple(fingerprints.node(name, self.reports.get(name))
                         for name in sorted({*self.cluster.nodes, *self.reports})),
             warnings=tuple(self.warnings),
         )
@@ -165,6 +164,10 @@ class _Planner:
                 gpus = tuple(sorted(node.by_uuid[u] for u in spec.get("gpus", [])
                                     if u in node.by_uuid)) if node else ()
                 removes.append(_observed_shard(orphan.node, orphan.unit, gpus))
+                if node is not None and gpus:
+                    # Held until the plan's destroys run: counted as in use before.
+                    self.capacity.take(orphan.node, gpus, (), 0, "", f"{model} r{replica}")
+                    self.orphan_holds.append(_Hold(orphan.node, gpus, (), 0))
             self.destroys.append(Change("destroy", model, replica, reasons,
                                         removes=tuple(removes)))
 
@@ -268,7 +271,7 @@ class _Planner:
             self._replace(replica, [*troubles, "its spec is unknown (no X-Llmgw-Spec label)"],
                           in_place=None, profiles=range(len(model.profiles)))
             return
-        current = self._current_placement(replica)
+        current = placements.current(self.capacity, replica)
         recorded = replica.profile
         order = [i for i in range(len(model.profiles)) if i != recorded]
         if recorded is not None and recorded < len(model.profiles):
@@ -276,7 +279,7 @@ class _Planner:
         first_fit: tuple[int, tuple[Shard, ...]] | None = None
         if current is not None:
             for index in order:
-                if self._misfits(current, model.profiles[index]):
+                if placements.misfits(self.capacity, current, model.profiles[index]):
                     continue
                 try:
                     built = shards.build(self.cluster, self.reports, name, replica.replica,
@@ -295,7 +298,7 @@ class _Planner:
             return
         profile = model.profiles[recorded if recorded is not None and recorded < len(
             model.profiles) else 0]
-        reasons = self._misfits(current, profile) if current is not None else []
+        reasons = placements.misfits(self.capacity, current, profile) if current is not None else []
         reasons += [f"shard {rank} missing on {node}" for rank, node in replica.missing()]
         reasons += self._troubles(replica) if not reasons else []
         self._replace(replica, reasons or ["its profile no longer fits where it runs"],
@@ -496,62 +499,6 @@ class _Planner:
             shards=tuple(shards.with_files(s) for s in troubled),
         ))
 
-    def _current_placement(self, replica: ObservedReplica) -> Placement | None:
-        """Where the replica runs, rebuilt from its shards' specs; None if incomplete."""
-        peers = replica.peers
-        if not peers or replica.missing() or len(replica.members) != len(peers):
-            return None
-        slots = []
-        head: dict[str, Any] = replica.members[0].spec or {}
-        for rank in range(len(peers)):
-            member = replica.members[rank]
-            spec = member.spec or {}
-            node = self.capacity.nodes[member.node]
-            uuids = tuple(str(u) for u in spec.get("gpus", []))
-            gpus = tuple(node.by_uuid.get(u, -1) for u in uuids)
-            slots.append(Slot(
-                member.node, spec.get("gpu_class"), gpus, uuids,
-                port=spec.get("port") if rank == 0 else None,
-                dist_port=spec.get("dist_port") if rank == 0 else None,
-            ))
-        return Placement(int(head.get("profile") or 0), tuple(slots),
-                         fabric=head.get("fabric"), memory=int(head.get("memory") or 0))
-
-    def _misfits(self, placement: Placement, profile: Profile) -> list[str]:
-        """Why this replica's current place does not suit ``profile``; empty when it does."""
-        problems: list[str] = []
-        if profile.cpu:
-            if any(slot.gpus for slot in placement.slots) or len(placement.slots) != 1:
-                return ["the profile runs on CPU"]
-            slot = placement.slots[0]
-            node = self.capacity.nodes[slot.node]
-            need = int((profile.min_memory_gb or 0) * 1024**3)
-            total = node.memory_total
-            if total is not None and total - node.memory_held + placement.memory < need:
-                problems.append(f"{slot.node}: has {total / 1024**3:g} GiB of memory, "
-                                f"needs {need / 1024**3:g}")
-            return problems
-        if len(placement.slots) != profile.nodes:
-            return [f"runs on {len(placement.slots)} node(s), the profile needs {profile.nodes}"]
-        for slot in placement.slots:
-            node = self.capacity.nodes[slot.node]
-            if slot.gpu_class not in profile.gpu_classes:
-                problems.append(f"{slot.node}: runs on {slot.gpu_class or 'CPU'}, the profile "
-                                f"needs {' or '.join(profile.gpu_classes)}")
-            if len(slot.gpus) != profile.gpus_per_node:
-                held = len(slot.gpus)
-                problems.append(f"{slot.node}: holds {held} GPU{'s' if held != 1 else ''}, the "
-                                f"profile needs {profile.gpus_per_node}")
-            for index, uuid in zip(slot.gpus, slot.gpu_uuids, strict=True):
-                if index < 0:
-                    problems.append(f"{slot.node}: GPU {uuid} is gone")
-                    continue
-                problems += [f"{slot.node}: {fault}" for fault in node.gpus[index].faults]
-            if profile.nodes > 1 and placement.fabric not in node.fabrics:
-                problems.append(f"{slot.node}: " + node.fabric_problems.get(
-                    str(placement.fabric), f"not on fabric {placement.fabric}"))
-        return problems
-
     def _explain(
         self, replica: ObservedReplica, built: tuple[Shard, ...], *, placement: bool,
     ) -> list[str]:
@@ -577,7 +524,7 @@ class _Planner:
         lines = []
         for _, member in sorted(replica.members.items()):
             if member.unit.state in TROUBLED_STATES:
-                lines.append(_failure(member))
+                lines.append(replicas.failure(member))
         lines += [f"shard {rank} missing on {node}" for rank, node in replica.missing()]
         return lines
 
@@ -641,50 +588,6 @@ class _Planner:
         )
 
 
-_ERROR_LINE = re.compile(r"error|exception|fatal|traceback|killed|denied", re.IGNORECASE)
-
-
-def _failure(member: Member) -> str:
-    """``node: unit failed: <why>``, the why from the agent or the engine's log tail.
-
-    The last log line is often a generic "exiting", and the agent's detail
-    often "exited with status 1"; the last log line naming an error says more.
-    """
-    unit = member.unit
-    lines = [line.strip() for line in unit.log_tail if line.strip()]
-    errors = [line for line in lines if _ERROR_LINE.search(line)]
-    detail = (errors[-1] if errors else unit.detail or (lines[-1] if lines else "")).strip()
-    if len(detail) > 200:
-        detail = detail[:197] + "..."
-    return f"{member.node}: {unit.name} {unit.state}" + (f": {detail}" if detail else "")
-
-
 def _observed_shard(node: str, unit: Any, gpus: tuple[int, ...]) -> ObservedShard:
     return ObservedShard(node=node, unit=unit.name, rank=unit.rank, digest=unit.digest,
                          state=unit.state, port=unit.port, gpus=gpus, detail=unit.detail)
-
-
-def _fingerprint(name: str, report: NodeReport | None) -> NodeFingerprint:
-    """A digest of what planning reads from a node's report, and nothing volatile.
-
-    Utilisation, free memory and timestamps change every second; GPUs, their
-    faults, fabrics, weights and units are what a saved plan depends on.
-    """
-    if report is None:
-        return NodeFingerprint(name, False, _hash({"absent": True}))
-    content = {
-        "reachable": report.reachable,
-        "memory_total": report.memory_total_bytes,
-        "gpus": [[g.index, g.uuid, g.gpu_class, g.faults, g.nvlink_peers]
-                 for g in sorted(report.gpus, key=lambda g: g.index)],
-        "fabrics": [[f.name, f.advertised, f.adapters, f.gid_index]
-                    for f in sorted(report.fabrics, key=lambda f: f.name)],
-        "weights": sorted(w.path for w in report.weights),
-        "units": sorted([u.name, u.digest, u.state, u.port] for u in report.units),
-    }
-    return NodeFingerprint(name, report.reachable, _hash(content))
-
-
-def _hash(content: object) -> str:
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -13,6 +13,7 @@ A purely computational module with no side effects.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,3 +132,23 @@ def collect(cluster: Cluster, fleet: Fleet) -> Observation:
                 continue
             replica.members[unit.rank] = Member(node_name, unit, spec, report.reachable)
     return Observation(dict(sorted(replicas.items())), orphans, warnings)
+
+
+_ERROR_LINE = re.compile(r"error|exception|fatal|killed|denied", re.IGNORECASE)
+
+
+def failure(member: Member) -> str:
+    """``node: unit failed: <why>``, the why from the agent or the engine's log tail.
+
+    The last log line is often a generic "exiting", and the agent's detail
+    often "exited with status 1"; the last log lines naming an error (the
+    cause and its consequence) say more.
+    """
+    unit = member.unit
+    lines = [line.strip() for line in unit.log_tail if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.search(line)]
+    detail = (" | ".join(errors[-2:]) if errors
+              else unit.detail or (lines[-1] if lines else "")).strip()
+    if len(detail) > 300:
+        detail = detail[:297] + "..."
+    return f"{member.node}: {unit.name} {unit.state}" + (f": {detail}" if detail else "")

@@ -83,7 +83,6 @@ class Change:
         replace waits for its new shards to be ready before the second phase.
         """
         starts = tuple(UnitOp(s.node, s.unit, "start", s.files) for s in self.shards)
-        # Workers first, then the head: a head that finds no peers times out.
         removes = tuple(UnitOp(s.node, s.unit, "remove") for s in self.removes)
         if self.action == "destroy":
             return (removes,)

@@ -22,6 +22,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from plan_builders import _units  # noqa: E402
+
 from llmgw.fleet.types import (  # noqa: E402
     Adapter,
     Disk,
@@ -35,7 +37,6 @@ from llmgw.fleet.types import (  # noqa: E402
 )
 from llmgw.spec import loading  # noqa: E402
 from llmgw.spec.models import Cluster  # noqa: E402
-from plan_builders import _units  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "cluster.example"
@@ -58,9 +59,11 @@ WEIGHTS = {
     "gpu-a-01": ["/models/models--meta-llama--Llama-3.1-70B-Instruct"],
     "gpu-a-02": ["/models/models--meta-llama--Llama-3.1-70B-Instruct"],
     "gpu-b-01": ["/models/models--Qwen--Qwen2.5-Coder-32B-Instruct"],
-    "l40s-01": ["/models/models--meta-llama--Llama-3.1-8B-Instruct", "/models/models--BAAI--bge-m3"],
+    "l40s-01": ["/models/models--meta-llama--Llama-3.1-8B-Instruct",
+                "/models/models--BAAI--bge-m3"],
     "l40s-02": ["/models/models--meta-llama--Llama-3.1-8B-Instruct"],
-    "cpu-01": ["/models/gemma-2-2b-it-Q4_K_M.gguf", "/models/qwen2.5-coder-14b-instruct-q4_k_m.gguf"],
+    "cpu-01": ["/models/gemma-2-2b-it-Q4_K_M.gguf",
+               "/models/qwen2.5-coder-14b-instruct-q4_k_m.gguf"],
 }
 RUNNING: list[dict[str, Any]] = [
     {"model": "llama-3.1-70b", "replica": 0, "fabric": "ib-a",

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plan_builders import apply, cluster_from, fleet_from
 from ruamel.yaml import YAML
 
 from llmgw.fleet.types import Demand
 from llmgw.planning import outputs, plans
 from llmgw.planning.scaling import Policy
 from llmgw.planning.types import Change, Plan
-from plan_builders import apply, cluster_from, fleet_from
 
 CASES = Path(__file__).parent / "cases"
 DEFAULT_NOW = 1_700_000_000.0

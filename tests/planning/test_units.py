@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plan_builders import cluster_from, fleet_from
 
 from llmgw.agent import unitfiles
 from llmgw.planning import plans
 from llmgw.planning.types import Plan, Shard
 from llmgw.rendering import quoting
-from plan_builders import cluster_from, fleet_from
 
 NOW = 1_700_000_000.0
 STUBS = ("vllm", "ray", "python3", "llama-server")
