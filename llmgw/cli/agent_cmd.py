@@ -71,6 +71,8 @@ def run_serve(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Readiness probes run every poll_interval; one log line each would drown the rest.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         asyncio.run(servers.serve(chosen))
     except servers.ServeError as exc:

@@ -124,6 +124,8 @@ class Handler(BaseHTTPRequestHandler):
     engine: Engine
 
     def log_message(self, format: str, *args: Any) -> None:
+        if self.command == "GET":
+            return  # readiness probes every few seconds would bury everything else
         log(f"{self.command} {self.path} " + (format % args).split('"')[-1].strip())
 
     def _json(self, status: int, body: dict[str, Any]) -> None:
