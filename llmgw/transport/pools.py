@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -38,6 +39,16 @@ from llmgw.transport.transports import LocalTransport, Transport
 from llmgw.transport.tunnels import SSHTarget, SSHTransport
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LocalRoute:
+    node: str
+    socket: str
+
+
+Route = SSHTarget | LocalRoute
+"""How one node is reached; a transport is kept while its route stays the same."""
 
 DEFAULT_CALL_TIMEOUT = 30.0
 """Seconds one call may take, connecting included, unless the caller says otherwise."""
@@ -59,9 +70,14 @@ class Pool:
         self.call_timeout = call_timeout
         self.max_parallel = cluster.cluster.ssh.max_parallel
         self._forward_dir: Path | None = None
-        self._transports: dict[str, Transport] = (
-            dict(transports) if transports is not None else self._build_transports()
-        )
+        self._pinned: hostkeys.Pinned | None = None
+        self._routes: dict[str, Route] = {}
+        self._transports: dict[str, Transport] = {}
+        if transports is not None:
+            self._transports = dict(transports)
+        else:
+            self._routes = self._plan_routes(cluster)
+            self._transports = {name: self._open(route) for name, route in self._routes.items()}
 
     async def __aenter__(self) -> Pool:
         return self
@@ -175,19 +191,47 @@ class Pool:
             shutil.rmtree(self._forward_dir, ignore_errors=True)
             self._forward_dir = None
 
-    def _build_transports(self) -> dict[str, Transport]:
-        settings = self.cluster.cluster
-        built: dict[str, Transport] = {}
-        pinned: hostkeys.Pinned | None = None
-        for name, node in self.cluster.nodes.items():
+    async def reconfigure(self, cluster: Cluster) -> None:
+        """Follow an edited cluster directory, keeping every session still valid.
+
+        New nodes get a transport; removed nodes' connections are closed; a node
+        whose address, port, user, key or socket changed starts afresh, and so
+        does one whose pinned host keys changed in known_hosts. (A pool built
+        with injected ``transports`` only takes the new settings.)
+        """
+        self.cluster = cluster
+        self.max_parallel = cluster.cluster.ssh.max_parallel
+        if not self._routes:
+            return
+        before = self._pinned
+        self._pinned = None
+        routes = self._plan_routes(cluster)
+        stale = [
+            name for name, route in self._routes.items()
+            if routes.get(name) != route
+            or (isinstance(route, SSHTarget) and _pins(before, route) != _pins(self._pinned, route))
+        ]
+        await asyncio.gather(*(self._transports.pop(name).aclose() for name in stale))
+        for name in stale:
+            del self._routes[name]
+        for name, route in routes.items():
+            transport = self._transports.get(name)
+            if transport is None:
+                self._transports[name] = self._open(route)
+                self._routes[name] = route
+            elif isinstance(transport, SSHTransport) and self._pinned is not None:
+                transport.pinned = self._pinned  # same pins for it; the file is newer
+
+    def _plan_routes(self, cluster: Cluster) -> dict[str, Route]:
+        settings = cluster.cluster
+        routes: dict[str, Route] = {}
+        for name, node in cluster.nodes.items():
             socket = node.agent_socket or settings.agent_socket
             if node.is_local:
-                built[name] = LocalTransport(name, socket)
+                routes[name] = LocalRoute(name, socket)
                 continue
-            if pinned is None:
-                pinned = hostkeys.load(self._resolve(settings.ssh.known_hosts))
             identity = settings.ssh.identity_file
-            target = SSHTarget(
+            routes[name] = SSHTarget(
                 node=name,
                 host=node.address,
                 port=node.ssh_port or settings.ssh.port,
@@ -196,8 +240,15 @@ class Pool:
                 identity_file=self._resolve(identity) if identity else None,
                 connect_timeout=settings.ssh.connect_timeout,
             )
-            built[name] = SSHTransport(target, pinned, self._forwards())
-        return built
+            if self._pinned is None:
+                self._pinned = hostkeys.load(self._resolve(settings.ssh.known_hosts))
+        return routes
+
+    def _open(self, route: Route) -> Transport:
+        if isinstance(route, LocalRoute):
+            return LocalTransport(route.node, route.socket)
+        assert self._pinned is not None
+        return SSHTransport(route, self._pinned, self._forwards())
 
     def _resolve(self, path: str) -> Path:
         expanded = Path(path).expanduser()
@@ -230,6 +281,14 @@ async def fan_out(
     async with asyncio.TaskGroup() as group:
         tasks = [group.create_task(bounded(key)) for key in names]
     return {key: task.result() for key, task in zip(names, tasks, strict=True)}
+
+
+def _pins(pinned: hostkeys.Pinned | None, target: SSHTarget) -> tuple[str | None, set[str]]:
+    """What known_hosts says about one target: its problem, or its keys' fingerprints."""
+    if pinned is None:
+        return None, set()
+    keys = pinned.keys_for(target.host, target.host, target.port)
+    return pinned.problem, {hostkeys.fingerprint(k) for k in keys}
 
 
 def unreachable(node: str, failure: NodeUnreachable) -> NodeReport:

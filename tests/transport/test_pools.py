@@ -248,3 +248,27 @@ async def test_unreachable_node_never_raises_to_the_caller(
     assert not report.reachable and reason_of(report.error) == "refused"
     failure = results["node-01"]
     assert isinstance(failure, pools.NodeUnreachable) and failure.reason == "refused"
+
+
+async def test_reconfigure_keeps_sessions_of_unchanged_nodes(
+    sim_cluster: SimClusterFactory,
+) -> None:
+    sim = sim_cluster(3)
+    data = sim.cluster_data()
+    first = dict(data, nodes={k: v for k, v in data["nodes"].items() if k != "node-03"})
+    second = dict(data, nodes={k: v for k, v in data["nodes"].items() if k != "node-02"})
+    async with pools.Pool(Cluster.model_validate(first), sim.cluster_dir) as pool:
+        healthy(await pool.fleet(), "node-01", "node-02")
+        kept = pool.transport("node-01")
+        await pool.reconfigure(Cluster.model_validate(second))
+        assert pool.nodes == ["node-01", "node-03"]
+        healthy(await pool.fleet(), "node-01", "node-03")
+        assert pool.transport("node-01") is kept and kept.connects == 1
+        # node-01 is reinstalled: refused under the old pins, fine once re-pinned.
+        sim.nodes["node-01"].rotate_host_key()
+        assert reasons(await pool.fleet()) == {"node-01": "host key", "node-03": None}
+        sim.pin_host_keys()
+        await pool.reconfigure(Cluster.model_validate(second))
+        healthy(await pool.fleet(), "node-01", "node-03")
+        assert pool.transport("node-01") is not kept
+    assert [n.accepted_logins() for n in sim.nodes.values()] == [2, 1, 1]
