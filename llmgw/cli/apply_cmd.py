@@ -65,6 +65,10 @@ async def _apply(
     out = sys.stdout
     async with pools.Pool(cluster, args.cluster) as pool:
         fleet = await pool.fleet()
+        for name, report in sorted(fleet.nodes.items()):
+            if not report.reachable:
+                print(f"! {name} is unreachable, nothing will change there: {report.error}",
+                      file=out)
         fresh = plans.plan(cluster, fleet, time.time(), revision=revision_of(args.cluster))
         plan = fresh
         if previous is not None:

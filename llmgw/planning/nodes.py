@@ -47,6 +47,8 @@ class NodeState:
     fabrics: dict[str, FabricStatus] = field(default_factory=dict)  # usable, declared here
     fabric_problems: dict[str, str] = field(default_factory=dict)
     weights: frozenset[str] = frozenset()
+    version: int = 0  # bumped whenever something is taken or given back here
+    class_counts: Counter[str] = field(default_factory=Counter)
 
     @property
     def reachable(self) -> bool:
@@ -80,15 +82,16 @@ class NodeState:
         ]
 
     def classes(self) -> Counter[str]:
-        return Counter(g.gpu_class for g in self.gpus.values())
+        return self.class_counts
 
     def topology_known(self, indices: Iterable[int]) -> bool:
         return all(self.gpus[i].peers is not None for i in indices)
 
     def next_ports(self, count: int) -> list[int]:
-        """The lowest ``count`` free ports from 18000 on, not used by any llmgw unit."""
+        """The lowest ``count`` free ports from the node's first engine port, not used by
+        any llmgw unit."""
         found: list[int] = []
-        port = FIRST_PORT
+        port = self.spec.engine_ports_from
         while len(found) < count:
             if port not in self.ports:
                 found.append(port)
@@ -135,6 +138,9 @@ class Capacity:
         self.fabric_nodes: dict[str, list[str]] = {}
         # class → free count → sorted names of placeable nodes
         self._buckets: dict[str, dict[int, list[str]]] = {}
+        # (node, what was asked) → (node version, why it did not fit): a failed
+        # placement asks every node, and most nodes have not changed since.
+        self.reasons: dict[tuple[str, tuple[str, ...], int], tuple[int, str]] = {}
         for name in sorted(cluster.nodes):
             node = _node_state(name, cluster.nodes[name], fleet.nodes.get(name))
             self.nodes[name] = node
@@ -181,6 +187,7 @@ class Capacity:
             state.used[index] = holder
         state.ports.update(ports)
         state.memory_held += memory
+        state.version += 1
         self.model_nodes.setdefault(model, Counter())[node] += 1
         self._refile(state, touched)
 
@@ -194,6 +201,7 @@ class Capacity:
             state.used.pop(index, None)
         state.ports.difference_update(ports)
         state.memory_held -= memory
+        state.version += 1
         counts = self.model_nodes.get(model)
         if counts and counts[node]:
             counts[node] -= 1
@@ -230,6 +238,7 @@ def _node_state(name: str, spec: Node, report: NodeReport | None) -> NodeState:
             peers=None if gpu.nvlink_peers is None else frozenset(gpu.nvlink_peers),
         )
         node.by_uuid[gpu.uuid] = gpu.index
+        node.class_counts[gpu.gpu_class] += 1
     reported = {f.name: f for f in report.fabrics}
     for fabric in sorted(spec.fabrics):
         status = reported.get(fabric)

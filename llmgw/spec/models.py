@@ -160,6 +160,11 @@ class Node(Strict):
         "`local` node a path starting with `./` or `../` is relative to the cluster directory.",
     )
     cordoned: bool = Field(False, description="No new replicas are placed here.")
+    engine_ports_from: Port = Field(
+        18000,
+        description="Engines on this node listen on free ports from this one upward (one "
+        "per replica shard that serves HTTP).",
+    )
 
     @property
     def is_local(self) -> bool:

@@ -184,6 +184,8 @@ class SimNode:
     sshd: subprocess.Popen[bytes] | None = None
     agent: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # Every simulated node shares 127.0.0.1: each gets its own engine port range.
+    engine_ports_from: int = 18000
     _listening_before: int = 0
 
     def processes(self) -> list[int]:
@@ -369,7 +371,8 @@ class SimCluster:
         """A node with its own directory, host key and port; nothing started yet."""
         node_root = self.root / name
         node_root.mkdir()
-        node = SimNode(name, node_root, free_port(), self.authorized_keys, hardware)
+        node = SimNode(name, node_root, free_port(), self.authorized_keys, hardware,
+                       engine_ports_from=21000 + 100 * len(self.nodes))
         keygen(node.host_key, f"host key of {name}")
         self.nodes[name] = node
         return node
@@ -493,7 +496,8 @@ def agent_config(node: SimNode) -> dict[str, Any]:
 def node_spec(node: SimNode) -> dict[str, Any]:
     """The node's entry in the cluster spec: where SSH reaches it and what it declares."""
     spec: dict[str, Any] = {"address": "127.0.0.1", "ssh_port": node.port,
-                            "agent_socket": str(node.agent_socket)}
+                            "agent_socket": str(node.agent_socket),
+                            "engine_ports_from": node.engine_ports_from}
     declared = fixture_settings(node.hardware)["declared"]
     if declared.get("fabrics"):
         spec["fabrics"] = {name: list(f.get("adapters", []))

@@ -1,0 +1,212 @@
+"""``llmgw apply`` end to end: real sshd nodes, real agents, real engine processes.
+
+The engines are the test engine behind stand-in ``vllm`` and ``llama-server``
+binaries (tests/support/bin), so each test can read back the argv and the
+environment that a rendered unit really started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from support import nodes
+from support.plugin import SimClusterFactory
+
+from llmgw.cli.main import main
+from llmgw.transport.agent_client import AgentClient
+
+STUBS = Path(__file__).parents[1] / "support" / "bin"
+
+MODELS: dict[str, Any] = {
+    "chat": {
+        "source": "org/chat-8b",
+        "profiles": [{"engine": "vllm", "gpu_class": "h100-80g", "tensor_parallel": 2,
+                      "args": {"max-model-len": 8192}}],
+    },
+    "tiny": {
+        "source": "/models/tiny.gguf",
+        "profiles": [{"engine": "llama.cpp", "cpu": True, "min_memory_gb": 1}],
+    },
+}
+
+
+@pytest.fixture
+def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Stand-in engine binaries on the agents' PATH; their records land in the returned dir."""
+    records = tmp_path / "records"
+    records.mkdir()
+    monkeypatch.setenv("PATH", f"{STUBS}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("TESTENGINE_RECORD_DIR", str(records))
+    return records
+
+
+def running(records: Path) -> dict[str, dict[str, Any]]:
+    """Engines alive now, by served model name (the alias or --served-model-name)."""
+    alive: dict[str, dict[str, Any]] = {}
+    for path in records.glob("*.json"):
+        data = json.loads(path.read_text())
+        try:
+            os.kill(data["pid"], 0)
+        except ProcessLookupError:
+            continue
+        argv = data["argv"]
+        for flag in ("--served-model-name", "--alias"):
+            if flag in argv:
+                alive[argv[argv.index(flag) + 1]] = data
+    return alive
+
+
+def apply(directory: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(["apply", "--cluster", str(directory), "--auto-approve", "--ready-timeout", "60s"])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def write(sim: nodes.SimCluster, models: dict[str, Any]) -> Path:
+    """The cluster with ``models``; each engine records itself into the test's directory."""
+    records = os.environ["TESTENGINE_RECORD_DIR"]
+    models = json.loads(json.dumps(models))
+    for model in models.values():
+        for profile in model["profiles"]:
+            profile.setdefault("env", {})["TESTENGINE_RECORD_DIR"] = records
+            if "TESTENGINE_LOAD_DELAY" in os.environ:
+                profile["env"]["TESTENGINE_LOAD_DELAY"] = os.environ["TESTENGINE_LOAD_DELAY"]
+    return sim.write_cluster({"models": models})
+
+
+def argument(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_apply_creates_replaces_and_destroys(
+    sim_cluster: SimClusterFactory, engines: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sim = sim_cluster(2, hardware=("h100-ib", "cpu-only"))
+    directory = write(sim, MODELS)
+
+    code, out = apply(directory, capsys)
+    assert code == 0, out
+    assert "Plan: 2 to create, 0 to replace, 0 to destroy." in out
+    alive = running(engines)
+    assert set(alive) == {"chat", "tiny"}
+    chat = alive["chat"]
+    assert argument(chat["argv"], "--tensor-parallel-size") == "2"
+    assert argument(chat["argv"], "--max-model-len") == "8192"
+    # GPUs pinned by UUID, two of them, from the fixture node's nvidia-smi.
+    visible = chat["env"]["CUDA_VISIBLE_DEVICES"].split(",")
+    assert len(visible) == 2 and all(v.startswith("GPU-") for v in visible)
+    assert not any(k.startswith("NCCL_IB") for k in chat["env"]), "single node: no fabric"
+    assert argument(alive["tiny"]["argv"], "--n-gpu-layers") == "0"
+
+    # Applying an up-to-date cluster changes nothing.
+    code, out = apply(directory, capsys)
+    assert code == 0
+    assert "No changes." in out
+    assert running(engines)["chat"]["pid"] == chat["pid"]
+
+    # A changed engine argument replaces the replica; the old engine is gone.
+    changed = json.loads(json.dumps(MODELS))
+    changed["chat"]["profiles"][0]["args"]["max-model-len"] = 16384
+    write(sim, changed)
+    code, out = apply(directory, capsys)
+    assert code == 0, out
+    assert "Plan: 0 to create, 1 to replace, 0 to destroy." in out
+    assert "max-model-len 8192 → 16384" in out
+    alive = running(engines)
+    assert argument(alive["chat"]["argv"], "--max-model-len") == "16384"
+    assert alive["chat"]["pid"] != chat["pid"]
+    assert alive["tiny"]["pid"] == running(engines)["tiny"]["pid"]
+
+    # A removed model's units are gone, and so are its processes.
+    del changed["chat"]
+    write(sim, changed)
+    code, out = apply(directory, capsys)
+    assert code == 0, out
+    assert "Plan: 0 to create, 0 to replace, 1 to destroy." in out
+    assert set(running(engines)) == {"tiny"}
+    assert main(["plan", "--cluster", str(directory), "--detailed-exitcode"]) == 0
+
+
+def test_an_agent_killed_mid_apply_fails_that_node_and_a_rerun_converges(
+    sim_cluster: SimClusterFactory, engines: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sim = sim_cluster(2, hardware=("h100-ib", "cpu-only"))
+    directory = write(sim, MODELS)
+    victim = sim.nodes["node-02"]  # the CPU node: it gets "tiny"
+    monkeypatch.setenv("TESTENGINE_LOAD_DELAY", "4")
+    directory = write(sim, MODELS)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmgw", "apply", "--cluster", str(directory), "--auto-approve",
+         "--ready-timeout", "60s"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while "tiny" not in running(engines):
+            assert time.monotonic() < deadline, "the engine never started"
+            time.sleep(0.1)
+        victim.stop_agent(engines=False)  # the engine keeps loading; its agent is gone
+        out, _ = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, out
+    assert "FAILED" in out and "node-02" in out
+    assert "create chat r0: ok" in out  # the other node's change went through
+
+    sim.start_agent(victim)  # back again: it re-adopts the engine it was running
+    code, out = apply(directory, capsys)
+    assert code == 0, out
+    assert main(["plan", "--cluster", str(directory), "--detailed-exitcode"]) == 0
+    capsys.readouterr()
+
+
+def test_a_changed_host_key_is_refused_and_nothing_is_applied_there(
+    sim_cluster: SimClusterFactory, engines: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sim = sim_cluster(2, hardware=("h100-ib", "cpu-only"))
+    directory = write(sim, MODELS)
+    impostor = sim.nodes["node-02"]
+    impostor.rotate_host_key()
+    impostor.restart_sshd()
+
+    code, out = apply(directory, capsys)
+
+    assert "! node-02 is unreachable, nothing will change there: host key" in out
+    assert impostor.host_fingerprint() in out  # the key it offered, to check by hand
+    assert units_on(impostor) == []  # nothing was applied behind the changed key
+    assert set(running(engines)) == {"chat", "tiny"}  # the honest node took both
+    assert code == 0  # what could be applied was; the unreachable node is reported
+
+
+def units_on(node: nodes.SimNode) -> list[str]:
+    """The units a node's agent runs, asked straight over its socket (no SSH)."""
+
+    async def ask() -> list[str]:
+        async with grpc.aio.insecure_channel(f"unix:{node.agent_socket}") as channel:
+            report = await AgentClient(channel, timeout=10).report()
+        return [unit.name for unit in report.units]
+
+    return asyncio.run(ask())
+
+
+@pytest.fixture(autouse=True)
+def _no_strays(engines: Path) -> Iterator[None]:
+    yield
+    for data in running(engines).values():
+        try:
+            os.killpg(data["pgid"], signal.SIGKILL)
+        except (ProcessLookupError, KeyError):
+            pass
