@@ -86,6 +86,11 @@ class SuperviseSettings(_Strict):
         10.0, description="SIGTERM → SIGKILL wait when the unit sets no TimeoutStopSec."
     )
     log_max_bytes: Size = Field(8 * 1024 * 1024, description="Each unit's log is cut to this.")
+    inherit_environment: bool = Field(
+        True,
+        description="Engines start with the agent's environment under the unit's own "
+        "(false: only PATH, HOME, LANG and the like, as systemd gives a service).",
+    )
     stop_on_exit: bool = Field(
         False,
         description="Stop every unit when the agent exits. Off by default: a restarted agent "

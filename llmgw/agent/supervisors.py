@@ -3,7 +3,9 @@
 For laptops, containers and CI. It runs the same rendered unit systemd
 would: ``ExecStart`` expanded with ``Environment=`` and the env files it was
 given, in its own session and process group, output appended to a log in
-its state directory. It mirrors what llmgw's units ask of systemd:
+its state directory. Unlike systemd it passes the agent's own environment
+on underneath the unit's (``inherit_environment``), which is what a laptop
+or CI job expects of PATH, HF_HOME and the like. It mirrors what llmgw's units ask of systemd:
 
 * ``KillMode=control-group``: stop sends SIGTERM to the whole group, then
   SIGKILL after ``TimeoutStopSec`` — forked workers die with the engine; when
@@ -41,7 +43,7 @@ from llmgw.agent.units import Observation, ProcessState, UnitChange, UnitResult
 
 log = logging.getLogger(__name__)
 
-# What systemd gives a service; the rest of the agent's environment stays out.
+# What systemd gives a service, when the agent's environment is not inherited.
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "USER", "LOGNAME", "TMPDIR")
 # Exits systemd counts as clean for Restart=on-failure.
 _CLEAN = ("exited with status 0",) + tuple(
@@ -229,8 +231,8 @@ class Supervisor:
         return any(s.run is not None and s.run.print.pid == info.pgrp for s in self._slots.values())
 
     async def tick(self) -> None:
-        if self.readonly:
-            return
+        if self.readonly or self._lock.locked():
+            return  # an apply in progress (a slow stop, say) must not stall reports
         async with self._lock:
             for slot in list(self._slots.values()):
                 self._reap(slot)
@@ -257,7 +259,10 @@ class Supervisor:
         return unitfiles.parse(slot.name, (slot.directory / "unit").read_text())
 
     def _environment(self, slot: _Slot, unit: UnitFile) -> dict[str, str]:
-        env = {k: os.environ[k] for k in BASE_ENV if k in os.environ}
+        if self.settings.inherit_environment:
+            env = dict(os.environ)
+        else:
+            env = {k: os.environ[k] for k in BASE_ENV if k in os.environ}
         env.update(unitfiles.environment(unit))
         given = {
             f"{slot.name}.env": slot.directory / "env",

@@ -297,3 +297,22 @@ async def test_start_limit_off_keeps_restarting_and_shows_why(tmp_path: Path) ->
 async def _restarting(monitor):  # type: ignore[no-untyped-def]
     units = await monitor.refresh()
     return units if units and units[0].state == "starting" and units[0].log_tail else None
+
+
+@pytest.mark.parametrize("inherit", [True, False])
+async def test_engines_inherit_the_agents_environment_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inherit: bool
+) -> None:
+    monkeypatch.setenv("LLMGW_FROM_AGENT", "yes")
+    monkeypatch.setenv("HF_HOME", "/agent/hf")
+    settings = FAST.model_copy(update={"inherit_environment": inherit})
+    sup = Supervisor(tmp_path / "state", settings)
+    record = tmp_path / "record.json"
+    text = unit_text(port=free_port(), args=f"--record {record}")
+    await sup.apply([UnitChange(unit_name(), text, env_text="HF_HOME=/unit/hf\n")])
+    try:
+        data = await eventually(lambda: record.exists() and json.loads(record.read_text()))
+        assert data["env"]["HF_HOME"] == "/unit/hf", "the unit's environment wins"
+        assert ("LLMGW_FROM_AGENT" in data["env"]) is inherit
+    finally:
+        await sup.apply([UnitChange(unit_name(), "", action="remove")])
