@@ -47,6 +47,7 @@ class NodeState:
     fabrics: dict[str, FabricStatus] = field(default_factory=dict)  # usable, declared here
     fabric_problems: dict[str, str] = field(default_factory=dict)
     weights: frozenset[str] = frozenset()
+    fully_connected: bool = False  # every GPU an NVLink peer of every other (NVSwitch)
     version: int = 0  # bumped whenever something is taken or given back here
     class_counts: Counter[str] = field(default_factory=Counter)
 
@@ -239,6 +240,10 @@ def _node_state(name: str, spec: Node, report: NodeReport | None) -> NodeState:
         )
         node.by_uuid[gpu.uuid] = gpu.index
         node.class_counts[gpu.gpu_class] += 1
+    indices = set(node.gpus)
+    node.fully_connected = bool(node.gpus) and all(
+        g.peers is not None and g.peers >= indices - {g.index} for g in node.gpus.values()
+    )
     reported = {f.name: f for f in report.fabrics}
     for fabric in sorted(spec.fabrics):
         status = reported.get(fabric)

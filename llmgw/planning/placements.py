@@ -98,7 +98,7 @@ def choose_gpus(node: NodeState, gpu_class: str, count: int) -> tuple[tuple[int,
     """
     free = node.free(gpu_class)
     first = tuple(free[:count])
-    if count <= 1:
+    if count <= 1 or node.fully_connected:
         return first, NVLINK
     if not node.topology_known(free):
         return first, TOPOLOGY_UNKNOWN
@@ -167,9 +167,10 @@ def _place_single(capacity: Capacity, request: Request) -> Placement | Attempt:
                 node.name, gpu_class, gpus, tuple(node.gpus[i].uuid for i in gpus), port=port,
             )
             return Placement(request.profile_index, (slot,))
+    classes = tuple(profile.gpu_classes)
     return Attempt(
         request.profile_index, label(profile),
-        tuple((name, _why_not_gpus(node, profile.gpu_classes, count))
+        tuple((name, _why_not_gpus_cached(capacity, node, classes, count))
               for name, node in capacity.nodes.items()),
     )
 
@@ -316,6 +317,18 @@ def misfits(capacity: Capacity, placement: Placement, profile: Profile) -> list[
 
 
 # -- why a node does not fit: the sentences plans show --------------------
+
+
+def _why_not_gpus_cached(
+    capacity: Capacity, node: NodeState, classes: tuple[str, ...], count: int,
+) -> str:
+    key = (node.name, classes, count)
+    known = capacity.reasons.get(key)
+    if known is not None and known[0] == node.version:
+        return known[1]
+    text = _why_not_gpus(node, list(classes), count)
+    capacity.reasons[key] = (node.version, text)
+    return text
 
 
 def _why_not_gpus(node: NodeState, classes: list[str], count: int) -> str:

@@ -104,6 +104,7 @@ class _Planner:
         self.released: dict[Key, list[_Hold]] = {}
         self.transitional: list[Key] = []
         self.orphan_holds: list[_Hold] = []
+        self.created: Counter[str] = Counter()
         self.wants: dict[str, Want] = {}
         self.alive: dict[str, list[ObservedReplica]] = {name: [] for name in cluster.models}
 
@@ -313,8 +314,9 @@ class _Planner:
         # min replicas of every model before anything demand asks for
         for name in order:
             self._create(name, min(self.wants[name].count, self.cluster.models[name].scaling.min))
+        short = {u.model for u in self.unplaceable}
         for name in order:
-            if not any(u.model == name for u in self.unplaceable):
+            if name not in short:
                 self._create(name, self.wants[name].count)
 
     def _create(self, name: str, count: int) -> None:
@@ -325,6 +327,7 @@ class _Planner:
                 index = self._next_index(name)
                 built = self._build(name, index, result)
                 self.creates.append(Change("create", name, index, (want.reason,), shards=built))
+                self.created[name] += 1
                 continue
             missing = count - len(self.alive[name]) - self._created(name)
             self.unplaceable.append(Unplaceable(
@@ -367,6 +370,7 @@ class _Planner:
                     "create", name, index,
                     (f"{entry.wanted}; room made by evicting {key[0]} r{key[1]}",), shards=built,
                 ))
+                self.created[name] += 1
                 self.unplaceable.remove(entry)
                 if len(entry.replicas) > 1:
                     self.unplaceable.append(replace(entry, replicas=entry.replicas[1:]))
@@ -546,7 +550,7 @@ class _Planner:
         return f"unreachable: {report.error or 'no answer'}"
 
     def _created(self, name: str) -> int:
-        return sum(1 for c in self.creates if c.model == name)
+        return self.created[name]
 
     def _next_index(self, name: str) -> int:
         index = self._next_indices(name, 1)[0]
