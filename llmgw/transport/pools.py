@@ -100,10 +100,15 @@ class Pool:
     async def client(self, node: str) -> AgentClient:
         """An agent client on the node's pooled channel, for long calls (``watch_units``).
 
-        Raises :class:`NodeUnreachable` if the node cannot be reached now. No
-        timeout and no retry: the caller owns the stream's lifetime.
+        Raises :class:`NodeUnreachable` if the node cannot be reached within the
+        pool's call timeout. The stream itself has no timeout and no retry: the
+        caller owns its lifetime.
         """
-        return AgentClient(await self._transports[node].channel())
+        try:
+            async with asyncio.timeout(self.call_timeout):
+                return AgentClient(await self._transports[node].channel())
+        except TimeoutError:
+            raise failures.call_timeout(node, self.call_timeout, "connecting") from None
 
     async def call(
         self,

@@ -43,6 +43,11 @@ def test_inventory_text_json_and_snapshot_file(
     assert len(fleet.nodes["node-01"].gpus) == 8
     assert not fleet.nodes["node-03"].reachable
 
+    # The snapshot is what `llmgw plan --observed` reads.
+    plan = llmgw("plan", "--cluster", str(cluster_dir), "--observed", str(snapshot),
+                 "--detailed-exitcode")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+
     status = llmgw("status", "--cluster", str(cluster_dir))
     assert status.returncode == 0, status.stderr
     lines = status.stdout.splitlines()

@@ -1,0 +1,64 @@
+"""The simulated-node harness itself: it must leave nothing running behind."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+
+from support import nodes
+
+from llmgw.proto.conversions import UnitChange
+from llmgw.spec import loading
+from llmgw.transport import pools
+
+ENGINE = Path(__file__).resolve().parents[1] / "support" / "testengine.py"
+
+
+def engine_unit(port: int) -> UnitChange:
+    name = "llmgw-m-r0-s0.service"
+    text = (
+        "[Unit]\nX-Llmgw-Model=m\nX-Llmgw-Replica=0\nX-Llmgw-Rank=0\nX-Llmgw-Digest=d\n"
+        f"X-Llmgw-Port={port}\n\n[Service]\n"
+        f"ExecStart={sys.executable} {ENGINE} serve m --port {port} --fork-worker\n"
+        "KillMode=control-group\nRestart=on-failure\nTimeoutStopSec=5\n"
+    )
+    return UnitChange(name, text)
+
+
+def refuses(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_close_stops_sshd_agents_sessions_and_engines() -> None:
+    sim = nodes.SimCluster.create()
+    try:
+        for index in (1, 2):
+            sim.add_node(f"node-0{index}")
+        sim.start()
+        sim.pin_host_keys()
+        cluster = loading.load(sim.write_cluster())
+        port = nodes.free_port()
+
+        async def start_engine() -> None:
+            async with pools.Pool(cluster, sim.cluster_dir) as pool:
+                await pool.call("node-01", lambda agent: agent.apply_units([engine_unit(port)]))
+                for _ in range(300):  # until the engine (and its forked worker) run
+                    report = await pool.report("node-01")
+                    if [u.state for u in report.units] == ["ready"]:
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"engine never ready: {report.units}")
+
+        asyncio.run(start_engine())
+        started = sim._strays() + [p for n in sim.nodes.values() for p in n.processes()]
+        # sshd ×2, agent ×2, the engine and its worker; sessions were closed with the pool.
+        assert len(set(started)) >= 6
+    finally:
+        sim.close()
+    assert sim._strays() == []
+    assert not any(nodes._alive(pid) for pid in started)
+    assert all(refuses(n.port) for n in sim.nodes.values())
+    assert not sim.root.exists()
