@@ -160,6 +160,8 @@ class Daemon:
         if self._reload:
             self._reload = False
             await self._load()
+        # A commit changes no file in the directory itself: ask git every time.
+        state.revision = await asyncio.to_thread(self.revision_of, state.directory)
         log.debug("reconciling (%s)", ", ".join(sorted(reasons or {"request"})))
         fleet = await self.observe()
         plan = plans.plan(self.cluster, fleet, self.clock(), self._demand(),
@@ -216,7 +218,6 @@ class Daemon:
                 log.error("  %s", error)
             return
         self.state.refused = []
-        self.state.revision = self.revision_of(self.state.directory)
         if cluster == self.cluster:
             return
         log.info("cluster directory changed (revision %s)", self.state.revision or "-")

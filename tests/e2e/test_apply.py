@@ -9,62 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from support import engines as engines_support
 from support import nodes
+from support.engines import MODELS, running
 from support.plugin import SimClusterFactory
 
 from llmgw.cli.main import main
 from llmgw.transport.agent_client import AgentClient
-
-STUBS = Path(__file__).parents[1] / "support" / "bin"
-
-MODELS: dict[str, Any] = {
-    "chat": {
-        "source": "org/chat-8b",
-        "profiles": [{"engine": "vllm", "gpu_class": "h100-80g", "tensor_parallel": 2,
-                      "args": {"max-model-len": 8192}}],
-    },
-    "tiny": {
-        "source": "/models/tiny.gguf",
-        "profiles": [{"engine": "llama.cpp", "cpu": True, "min_memory_gb": 1}],
-    },
-}
-
-
-@pytest.fixture
-def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """Stand-in engine binaries on the agents' PATH; their records land in the returned dir."""
-    records = tmp_path / "records"
-    records.mkdir()
-    monkeypatch.setenv("PATH", f"{STUBS}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("TESTENGINE_RECORD_DIR", str(records))
-    return records
-
-
-def running(records: Path) -> dict[str, dict[str, Any]]:
-    """Engines alive now, by served model name (the alias or --served-model-name)."""
-    alive: dict[str, dict[str, Any]] = {}
-    for path in records.glob("*.json"):
-        data = json.loads(path.read_text())
-        try:
-            os.kill(data["pid"], 0)
-        except ProcessLookupError:
-            continue
-        argv = data["argv"]
-        for flag in ("--served-model-name", "--alias"):
-            if flag in argv:
-                alive[argv[argv.index(flag) + 1]] = data
-    return alive
 
 
 def apply(directory: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -74,15 +33,7 @@ def apply(directory: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str
 
 
 def write(sim: nodes.SimCluster, models: dict[str, Any]) -> Path:
-    """The cluster with ``models``; each engine records itself into the test's directory."""
-    records = os.environ["TESTENGINE_RECORD_DIR"]
-    models = json.loads(json.dumps(models))
-    for model in models.values():
-        for profile in model["profiles"]:
-            profile.setdefault("env", {})["TESTENGINE_RECORD_DIR"] = records
-            if "TESTENGINE_LOAD_DELAY" in os.environ:
-                profile["env"]["TESTENGINE_LOAD_DELAY"] = os.environ["TESTENGINE_LOAD_DELAY"]
-    return sim.write_cluster({"models": models})
+    return sim.write_cluster({"models": engines_support.recording(models)})
 
 
 def argument(argv: list[str], flag: str) -> str:
@@ -200,13 +151,3 @@ def units_on(node: nodes.SimNode) -> list[str]:
         return [unit.name for unit in report.units]
 
     return asyncio.run(ask())
-
-
-@pytest.fixture(autouse=True)
-def _no_strays(engines: Path) -> Iterator[None]:
-    yield
-    for data in running(engines).values():
-        try:
-            os.killpg(data["pgid"], signal.SIGKILL)
-        except (ProcessLookupError, KeyError):
-            pass

@@ -1,0 +1,237 @@
+"""``llmgw serve`` end to end: the reconcile loop over real sshd nodes and agents.
+
+Each test starts the daemon as a real process on a simulated cluster with
+``sync: auto`` and a short drift timer, and watches it through its admin API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from support import nodes
+from support.engines import MODELS, recording, running
+from support.plugin import SimClusterFactory
+
+from llmgw.fleet.types import Fleet
+from llmgw.transport.agent_client import AgentClient, UnitChange
+
+Check = Callable[[dict[str, Any]], bool]
+
+
+class Served:
+    """A running ``llmgw serve`` and its admin API."""
+
+    def __init__(self, directory: Path, log: Path) -> None:
+        self.directory = directory
+        self.log = log
+        self.admin = f"http://127.0.0.1:{nodes.free_port()}"
+        self.router = f"http://127.0.0.1:{nodes.free_port()}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def listeners(self) -> dict[str, str]:
+        return {"router": self.router.removeprefix("http://"),
+                "admin": self.admin.removeprefix("http://"),
+                "metrics": f"127.0.0.1:{nodes.free_port()}"}
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "llmgw", "serve", "--cluster", str(self.directory),
+                 "--ready-timeout", "60s", "--log-level", "debug"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            )
+        self.wait(lambda s: s["observed_at"] is not None, "the first observation")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)
+        self.process = None
+
+    def status(self) -> dict[str, Any]:
+        return httpx.get(f"{self.admin}/api/v1/status", timeout=5).json()  # type: ignore[no-any-return]
+
+    def wait(self, check: Check, what: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            assert self.process is not None and self.process.poll() is None, self.tail()
+            try:
+                last = self.status()
+                if check(last):
+                    return last
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}; last status {last}\n{self.tail()}")
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+
+
+def ready(models: set[str]) -> Check:
+    def check(status: dict[str, Any]) -> bool:
+        up = {r["model"] for r in status["replicas"] if r["state"] == "ready"}
+        return up == models and not (status["plan"] or {}).get("has_changes", True)
+    return check
+
+
+@pytest.fixture
+def serve(
+    sim_cluster: SimClusterFactory, engines: Path, tmp_path: Path
+) -> Iterator[Callable[[dict[str, Any]], tuple[Served, nodes.SimCluster]]]:
+    started: list[Served] = []
+
+    def make(models: dict[str, Any]) -> tuple[Served, nodes.SimCluster]:
+        sim = sim_cluster(2, hardware=("h100-ib", "cpu-only"))
+        served = Served(sim.cluster_dir, tmp_path / "serve.log")
+        write(sim, served, models)
+        served.start()
+        started.append(served)
+        return served, sim
+
+    yield make
+    for served in started:
+        served.stop()
+
+
+def write(sim: nodes.SimCluster, served: Served, models: dict[str, Any]) -> Path:
+    directory = sim.write_cluster({"models": recording(models)})
+    data = (directory / "cluster.yaml").read_text()
+    extra = ("  sync: auto\n  drift_interval: 1s\n  auth: none\n"
+             f"  store: {{path: {directory.parent / 'llmgw.db'}}}\n  listeners:\n"
+             + "".join(f"    {k}: {v}\n" for k, v in served.listeners().items()))
+    (directory / "cluster.yaml").write_text(data.replace("cluster:\n", "cluster:\n" + extra, 1))
+    return directory
+
+
+def test_the_daemon_converges_follows_edits_and_refuses_invalid_ones(
+    serve: Callable[[dict[str, Any]], tuple[Served, nodes.SimCluster]], engines: Path
+) -> None:
+    served, sim = serve(MODELS)
+    status = served.wait(ready({"chat", "tiny"}), "both models ready")
+    assert status["last_apply"]["ok"] is True
+
+    # The router routes to what the daemon found ready.
+    reply = httpx.post(f"{served.router}/v1/completions",
+                       json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=10)
+    assert reply.status_code == 200, reply.text
+
+    # An edit is followed: changed args replace the replica.
+    changed = json.loads(json.dumps(MODELS))
+    changed["chat"]["profiles"][0]["args"]["max-model-len"] = 4096
+    write(sim, served, changed)
+    served.wait(lambda s: any(
+        "--max-model-len" in d["argv"] and d["argv"][d["argv"].index("--max-model-len") + 1]
+        == "4096" for d in [running(engines).get("chat", {"argv": []})]
+    ) and ready({"chat", "tiny"})(s), "the replaced replica")
+
+    # An invalid edit is refused with its errors; the fleet keeps running.
+    pids = {name: data["pid"] for name, data in running(engines).items()}
+    (served.directory / "broken.yaml").write_text("models:\n  chat:\n    profiles: oops\n")
+    status = served.wait(lambda s: bool(s["refused_edit"]), "the refused edit")
+    assert any("broken.yaml" in line and "duplicate model 'chat'" in line
+               for line in status["refused_edit"]), status["refused_edit"]
+    time.sleep(2.5)  # two drift ticks
+    assert {name: data["pid"] for name, data in running(engines).items()} == pids
+
+    # Fixing it clears the refusal; removing a model stops its engine.
+    (served.directory / "broken.yaml").unlink()
+    del changed["chat"]
+    write(sim, served, changed)
+    served.wait(lambda s: not s["refused_edit"] and ready({"tiny"})(s), "chat removed")
+    assert set(running(engines)) == {"tiny"}
+
+    # The snapshot CI plans against, and the plan, from the admin API.
+    fleet = Fleet.model_validate_json(httpx.get(f"{served.admin}/api/v1/fleet").text)
+    assert set(fleet.nodes) == {"node-01", "node-02"}
+    markdown = httpx.get(f"{served.admin}/api/v1/plan", params={"format": "markdown"}).text
+    assert "No changes" in markdown or "0 to create" in markdown
+
+
+def test_drift_is_repaired_stopped_units_return_and_strangers_are_removed(
+    serve: Callable[[dict[str, Any]], tuple[Served, nodes.SimCluster]], engines: Path
+) -> None:
+    models = {"tiny": MODELS["tiny"]}
+    served, sim = serve(models)
+    served.wait(ready({"tiny"}), "tiny ready")
+    engine = running(engines)["tiny"]
+
+    # Stopped by hand (a clean SIGTERM: no restart-on-failure): it comes back.
+    os.killpg(engine["pgid"], signal.SIGTERM)
+    served.wait(lambda s: running(engines).get("tiny", {}).get("pid") not in (None, engine["pid"])
+                and ready({"tiny"})(s), "tiny back with a new engine")
+
+    # A unit with llmgw labels that no plan wants is removed.
+    node = next(n for n in sim.nodes.values() if n.hardware == "cpu-only")
+    stranger = stranger_unit(engines)
+    asyncio.run(apply_directly(node, stranger))
+    served.wait(lambda s: any(r["model"] == "ghost" for r in s["replicas"]), "the stranger")
+    served.wait(lambda s: not any(r["model"] == "ghost" for r in s["replicas"]),
+                "the stranger removed")
+    assert set(running(engines)) == {"tiny"}
+
+
+def test_a_restarted_daemon_adopts_the_fleet_and_restarts_nothing(
+    serve: Callable[[dict[str, Any]], tuple[Served, nodes.SimCluster]], engines: Path
+) -> None:
+    served, _ = serve(MODELS)
+    served.wait(ready({"chat", "tiny"}), "both ready")
+    before = {name: data["pid"] for name, data in running(engines).items()}
+
+    served.stop()
+    assert {name: data["pid"] for name, data in running(engines).items()} == before
+    served.start()
+    status = served.wait(ready({"chat", "tiny"}), "adopted")
+
+    assert status["last_apply"] is None  # nothing to apply: the fleet is the state
+    assert {name: data["pid"] for name, data in running(engines).items()} == before
+
+
+def test_the_applied_git_revision_is_recorded(
+    serve: Callable[[dict[str, Any]], tuple[Served, nodes.SimCluster]], engines: Path,
+) -> None:
+    served, sim = serve({"tiny": MODELS["tiny"]})
+    served.wait(ready({"tiny"}), "tiny ready")
+    git = ["git", "-C", str(served.directory), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "fleet"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    (served.directory / "note.yaml").write_text("# a comment-only file\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "note"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    status = served.wait(lambda s: s["applied_revision"] == head, "the applied revision")
+    assert status["revision"] == head
+
+
+def stranger_unit(records: Path) -> UnitChange:
+    text = (
+        "[Unit]\nDescription=not from any plan\nX-Llmgw-Model=ghost\nX-Llmgw-Replica=0\n"
+        "X-Llmgw-Rank=0\nX-Llmgw-Digest=0000000000000000\n\n[Service]\n"
+        f"Environment=TESTENGINE_RECORD_DIR={records}\n"
+        "ExecStart=/usr/bin/env llama-server --alias ghost --port 29999\n"
+        "KillMode=control-group\n"
+    )
+    return UnitChange("llmgw-ghost-r0-s0.service", text, "", {}, "start")
+
+
+async def apply_directly(node: nodes.SimNode, unit: UnitChange) -> None:
+    async with grpc.aio.insecure_channel(f"unix:{node.agent_socket}") as channel:
+        results = await AgentClient(channel, timeout=10).apply_units([unit])
+    assert results[0].ok, results[0].error

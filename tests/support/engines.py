@@ -1,0 +1,61 @@
+"""Stand-in engine binaries for end-to-end tests, and reading back what they ran.
+
+``tests/support/bin`` holds ``vllm`` and ``llama-server``: both run the test
+engine with the argv a rendered unit gave them and record argv, environment,
+pid and process group to ``$TESTENGINE_RECORD_DIR/<pid>.json``. Agents give
+engines a clean environment (as systemd does), so tests put that variable in
+the model's ``env`` — which also proves env files reach the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+STUBS = Path(__file__).parent / "bin"
+
+MODELS: dict[str, Any] = {
+    "chat": {
+        "source": "org/chat-8b",
+        "profiles": [{"engine": "vllm", "gpu_class": "h100-80g", "tensor_parallel": 2,
+                      "args": {"max-model-len": 8192}}],
+    },
+    "tiny": {
+        "source": "/models/tiny.gguf",
+        "profiles": [{"engine": "llama.cpp", "cpu": True, "min_memory_gb": 1}],
+    },
+}
+
+
+def recording(models: dict[str, Any]) -> dict[str, Any]:
+    """``models`` with the record directory (and load delay, if set) in every profile's env."""
+    models = json.loads(json.dumps(models))
+    for model in models.values():
+        for profile in model["profiles"]:
+            env = profile.setdefault("env", {})
+            env["TESTENGINE_RECORD_DIR"] = os.environ["TESTENGINE_RECORD_DIR"]
+            if "TESTENGINE_LOAD_DELAY" in os.environ:
+                env["TESTENGINE_LOAD_DELAY"] = os.environ["TESTENGINE_LOAD_DELAY"]
+    return models
+
+
+def running(records: Path) -> dict[str, dict[str, Any]]:
+    """Engines alive now, by served model name (the alias or --served-model-name)."""
+    alive: dict[str, dict[str, Any]] = {}
+    for path in records.glob("*.json"):
+        data = json.loads(path.read_text())
+        try:
+            os.kill(data["pid"], 0)
+        except ProcessLookupError:
+            continue
+        argv = data["argv"]
+        for flag in ("--served-model-name", "--alias"):
+            if flag in argv:
+                alive[argv[argv.index(flag) + 1]] = data
+    return alive
+
+
+def pids(records: Path) -> dict[str, int]:
+    return {name: data["pid"] for name, data in running(records).items()}
