@@ -94,9 +94,13 @@ class Monitor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
 
-    async def close(self) -> None:
+    def end_watches(self) -> None:
+        """End every watch stream (the agent is shutting down)."""
         for queue in list(self._watchers):
             self._drop(queue)
+
+    async def close(self) -> None:
+        self.end_watches()
         await self._client.aclose()
 
     async def watch(self) -> AsyncIterator[Event]:

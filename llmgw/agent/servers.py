@@ -203,6 +203,7 @@ async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> 
         log.info("shutting down")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        agent.monitor.end_watches()  # open WatchUnits streams end now, not after the grace
         await server.stop(grace=2.0)
         monitor.cancel()
         with contextlib.suppress(asyncio.CancelledError):

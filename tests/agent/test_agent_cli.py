@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -249,3 +250,28 @@ def test_serve_refuses_a_socket_another_agent_serves(root: Path) -> None:
     finally:
         first.signal(signal.SIGTERM)
     assert os.path.exists(config)
+
+
+async def test_sigterm_ends_watch_streams_and_exits(root: Path) -> None:
+    agent = AgentProcess(write_config(root), root / "agent.log")
+    agent.start()
+    try:
+        client = await connected(root / "agent.sock")
+        await client.apply_units([UnitChange(unit_name(), unit_text(port=free_port()))])
+        seen: list[str] = []
+
+        async def watch() -> None:
+            async for unit in client.watch_units():
+                seen.append(unit.state)
+
+        watcher = asyncio.create_task(watch())
+        await eventually(lambda: seen, what="the first event")
+        assert agent.signal(signal.SIGTERM) == 0
+        await asyncio.wait_for(watcher, 10)  # the stream ended; it did not hang
+    finally:
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.wait()
+        state = root / "state/units" / unit_name() / "pid"
+        if state.exists():
+            os.kill(json.loads(state.read_text())["pid"], signal.SIGKILL)
