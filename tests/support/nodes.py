@@ -340,6 +340,7 @@ class SimCluster:
     @classmethod
     def create(cls) -> SimCluster:
         root = Path(tempfile.mkdtemp(prefix="llmgw-sim-", dir="/tmp"))
+        (root / "owner").write_text(_identity(os.getpid()))
         sim = cls(root)
         keygen(sim.client_key, "llmgw test client")
         keygen(sim.wrong_key, "a key no node authorises")
@@ -448,17 +449,24 @@ class SimCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _strays(self) -> list[int]:
-        """Processes still carrying this cluster's marker (engines left by an agent)."""
-        needle = f"{MARKER}={self.root}".encode()
+        """Processes of this cluster still running (engines left by an agent, orphans).
+
+        Found by the marker in their environment, or by this cluster's directory
+        in their command line: sshd rewrites its process title over the
+        environment, so its marker is gone, but its ``-f …/sshd_config`` shows.
+        """
+        marker = f"{MARKER}={self.root}".encode()
+        directory = f"{self.root}/".encode()
         found = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == os.getpid():
                 continue
             try:
                 environ = Path(f"/proc/{entry}/environ").read_bytes()
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if needle in environ.split(b"\0"):
+            if marker in environ.split(b"\0") or directory in cmdline:
                 found.append(int(entry))
         return found
 
@@ -517,6 +525,38 @@ def fabric_specs(nodes: Iterable[SimNode]) -> dict[str, Any]:
                 entry["gid_index"] = fabric["gid_index"]
             fabrics.setdefault(name, entry)
     return fabrics
+
+
+def _identity(pid: int) -> str:
+    """A pid with its start time, so a reused pid is not mistaken for the owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return f"{pid} {stat.rsplit(')', 1)[1].split()[19]}"
+
+
+def sweep_abandoned() -> list[Path]:
+    """Stop what simulated clusters of dead test runs left (a run killed mid-test).
+
+    Each cluster directory records its owner; when that process is gone, every
+    process still carrying the directory's marker is stopped and the directory
+    removed. Live runs (another pytest, in parallel) are left alone.
+    """
+    swept = []
+    for root in Path("/tmp").glob("llmgw-sim-*"):
+        try:
+            owner = (root / "owner").read_text()
+        except OSError:
+            continue
+        pid = owner.split()[0] if owner else ""
+        if pid.isdigit() and _identity(int(pid)) == owner:
+            continue
+        sim = SimCluster(root)
+        terminate(sim._strays())
+        shutil.rmtree(root, ignore_errors=True)
+        swept.append(root)
+    return swept
 
 
 def _write_yaml(path: Path, data: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ DEFAULT_HARDWARE = ("h100-ib", "l40s-nofabric", "cpu-only")
 def sim_cluster() -> Iterator[SimClusterFactory]:
     if not shutil.which(nodes.SSHD) or not shutil.which("ssh-keygen"):
         pytest.skip("OpenSSH server not installed (make sysdeps)")
+    nodes.sweep_abandoned()
     made: list[nodes.SimCluster] = []
 
     def make(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,3 +63,22 @@ def test_close_stops_sshd_agents_sessions_and_engines() -> None:
     assert not any(nodes._alive(pid) for pid in started)
     assert all(refuses(n.port) for n in sim.nodes.values())
     assert not sim.root.exists()
+
+
+def test_clusters_of_a_killed_run_are_swept() -> None:
+    script = (
+        "import sys, time; sys.path.insert(0, 'tests'); from support import nodes\n"
+        "sim = nodes.SimCluster.create(); sim.add_node('node-01'); sim.start()\n"
+        "print(sim.root, flush=True); time.sleep(600)\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                          cwd=Path(__file__).resolve().parents[2]) as run:
+        assert run.stdout is not None
+        root = Path(run.stdout.readline().strip())
+        run.kill()  # as a CI timeout would: no cleanup runs
+    abandoned = nodes.SimCluster(root)
+    left = abandoned._strays()
+    assert len(left) >= 2  # sshd and the agent outlived their test run
+    assert root in nodes.sweep_abandoned()
+    assert not any(nodes._alive(pid) for pid in left)
+    assert not root.exists()
