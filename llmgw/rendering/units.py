@@ -5,13 +5,12 @@ Usage::
     files = units.render(units.UnitSpec(...))
     files.name, files.unit_text, files.env_text, files.secret_env
 
-A purely computational module: the templates are read once from the
-package, nothing is written.
+A purely computational module: the templates are read from the package
+when the module is imported, like code; rendering reads and writes nothing.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import jinja2
@@ -71,23 +70,28 @@ def render(
         "stop_timeout": stop_timeout,
         "restart_delay": restart_delay,
     }
-    env = _environment()
     return UnitFiles(
         name=unit.name,
-        unit_text=env.get_template("unit.service.j2").render(context),
-        env_text=env.get_template("unit.env.j2").render(context),
+        unit_text=UNIT_TEMPLATE.render(context),
+        env_text=ENV_TEMPLATE.render(context),
         secret_env=unit.secret_env,
     )
 
 
-@functools.cache
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("llmgw", "templates"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,  # systemd units, not HTML
+        auto_reload=False,  # read once: rendering never touches the disk again
     )
     env.filters["systemd_env"] = quoting.systemd_env
     env.filters["env_file_value"] = quoting.env_file_value
     return env
+
+
+# Loaded with the module, like code: a plan renders units without any I/O.
+_TEMPLATES = _environment()
+UNIT_TEMPLATE = _TEMPLATES.get_template("unit.service.j2")
+ENV_TEMPLATE = _TEMPLATES.get_template("unit.env.j2")
