@@ -306,11 +306,14 @@ class _Planner:
                       in_place=None, profiles=range(len(model.profiles)))
 
     def _scale_up(self) -> None:
-        def size(name: str) -> int:
+        def size(name: str) -> tuple[int, int]:
             first = self.cluster.models[name].profiles[0]
-            return 0 if first.cpu else first.world_size
+            return (first.nodes, 0 if first.cpu else first.world_size)
 
-        order = sorted(self.cluster.models, key=lambda n: (-size(n), n))
+        # Hardest to place first: replicas across nodes (they need whole sets
+        # of nodes on one fabric), then the most GPUs, so the small ones fill
+        # the gaps instead of making them.
+        order = sorted(self.cluster.models, key=lambda n: (-size(n)[0], -size(n)[1], n))
         # min replicas of every model before anything demand asks for
         for name in order:
             self._create(name, min(self.wants[name].count, self.cluster.models[name].scaling.min))
