@@ -83,27 +83,25 @@ def test_one_replica_refusing_is_a_502(make_stack) -> None:  # type: ignore[no-u
 
 
 async def test_least_outstanding_requests(stack: Stack) -> None:
-    first, second = stack.upstreams
-    first.hold = asyncio.Event()
-    second.hold = asyncio.Event()
+    slow, fast = stack.upstreams
+    slow.hold = asyncio.Event()  # `slow` is busy generating until released
     key = stack.key()
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
         async def ask() -> int:
             async with session.post(stack.url + "/v1/chat/completions", json=BODY) as r:
                 return r.status
-        # Three requests held at the engines: 2 on one replica, 1 on the other at most.
-        tasks = [asyncio.create_task(ask()) for _ in range(3)]
-        await _until(lambda: len(first.received) + len(second.received) == 3)
-        assert sorted([len(first.received), len(second.received)]) == [1, 2]
-        busy, idle = (first, second) if len(first.received) == 2 else (second, first)
-        stack.call(idle.hold.set)  # type: ignore[union-attr]
-        await _until(lambda: sum(t.done() for t in tasks) == 1)
-        # Now `idle` has none outstanding and `busy` two: the next two go to `idle`.
-        more = [asyncio.create_task(ask()) for _ in range(2)]
-        assert await asyncio.gather(*more) == [200, 200]
-        assert len(idle.received) == 3 and len(busy.received) == 2
-        stack.call(busy.hold.set)  # type: ignore[union-attr]
-        assert await asyncio.gather(*tasks) == [200, 200, 200]
+        held = asyncio.create_task(ask())  # both idle: the first in the table takes it
+        await _until(lambda: len(slow.received) == 1)
+        # `fast` has served many more requests, but none is outstanding there, while one is
+        # on `slow`: every new request goes to `fast`, not in turn to both.
+        for _ in range(5):
+            assert await asyncio.wait_for(ask(), 10) == 200
+        assert len(slow.received) == 1 and len(fast.received) == 5
+        stack.call(slow.hold.set)
+        assert await held == 200
+        # Both idle again: ties go to the replica picked less often.
+        assert await ask() == 200
+        assert len(slow.received) == 2
 
 
 async def _until(condition, timeout: float = 10) -> None:  # type: ignore[no-untyped-def]
