@@ -51,6 +51,8 @@ async def test_no_replica_in_time_is_503_with_retry_after(
     status, headers, answer = await post(stack, stack.key(), {**CODER, "model": model})
     assert status == 503 and headers["Retry-After"] == "7"
     assert message in answer["error"]["message"]
+    # Only a model that starts on demand is "loading"; one at min >= 1 is down, not loading.
+    assert ("model is loading" in answer["error"]["message"]) == (model == "Coder-7B")
     assert answer["error"]["code"] == "model_loading"
     assert stack.call(stack.router.demand).waiting == {}
 
