@@ -83,8 +83,8 @@ class Accounts:
         if spent >= budget:
             raise ApiError(
                 429,
-                f"project {principal.project!r} is over its budget: spent ${spent:.4f} of "
-                f"${budget:.2f}; raise budget_usd in the cluster's projects to continue",
+                f"project {principal.project!r} is over its budget: spent {_usd(spent)} of "
+                f"{_usd(budget)}; raise budget_usd in the cluster's projects to continue",
                 code="insufficient_quota", type="insufficient_quota",
             )
 
@@ -122,3 +122,8 @@ class Accounts:
         while True:
             await asyncio.sleep(self.flush_interval)
             self.flush()
+
+
+def _usd(amount: float) -> str:
+    """Dollars to the cent, or to the micro-dollar below a cent (token prices are tiny)."""
+    return f"${amount:,.2f}" if amount >= 0.01 or amount == 0 else f"${amount:.6f}"
