@@ -22,7 +22,7 @@ import gc
 import json
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from llmgw.router.catalogs import Catalog, ModelEntry
 from llmgw.router.demands import Demands
 from llmgw.router.errors import ApiError
 from llmgw.router.proxies import Outcome, Proxy
-from llmgw.router.routes import Routes
+from llmgw.router.routes import Endpoint, Routes
 from llmgw.store.usages import UsageRow
 
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
@@ -80,8 +80,11 @@ class Router:
         self.catalog = catalog
         self.accounts.catalog = catalog
 
-    def update_routes(self, model_to_endpoints: Any) -> None:
-        """``routes.update`` plus the endpoint gauge; what the daemon should call."""
+    def update_routes(self, model_to_endpoints: Mapping[str, Sequence[Endpoint]]) -> None:
+        """``routes.update`` plus the endpoint gauge; what the daemon should call.
+
+        Call it on the router's event loop (the daemon's loop): the table is not locked.
+        """
         self.routes.update(model_to_endpoints)
         self.metrics.set_endpoints(self.routes.counts())
 

@@ -7,6 +7,7 @@ import time
 
 import aiohttp
 import openai
+import pytest
 from support.stacks import Stack
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -62,3 +63,13 @@ async def test_responses_stream_usage_is_read(stack: Stack) -> None:
     (row,) = stack.rows()
     assert row.endpoint == "/v1/responses" and row.completion_tokens == 3
     assert "stream_options" not in stack.upstreams[0].received[0].body
+
+
+def test_an_engine_refusing_a_stream_answers_with_its_error(stack: Stack) -> None:
+    stack.route({"chat": stack.upstreams})
+    stack.upstreams[0].status = stack.upstreams[1].status = 400
+    c = openai.OpenAI(base_url=stack.url + "/v1", api_key=stack.key(), max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="failing on purpose"):
+        c.chat.completions.create(model="chat", messages=CHAT["messages"], stream=True)
+    # A 4xx is the request's fault: the same request would fail anywhere, so no retry.
+    assert sum(len(u.received) for u in stack.upstreams) == 1
