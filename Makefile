@@ -42,8 +42,9 @@ lint: install
 	$(BIN)/mypy llmgw
 	$(BIN)/lint-imports
 
-test: install sysdeps lint
-	$(BIN)/pytest -q
+# The real engine and model are built first: the end-to-end test serves them.
+test: install sysdeps engine model lint
+	PATH="$(abspath $(ENGINE_DIR)/bin):$$PATH" $(BIN)/pytest -q
 
 # Tests without the lint step, for a quick loop while editing.
 test-fast: install sysdeps
@@ -110,8 +111,11 @@ $(MODEL): | $(STAMP)
 	mv $@.part $@
 	rm -rf $(CACHE)/models/pkg
 
-run: install
-	$(BIN)/llmgw validate --cluster cluster.example/local
+# Serve the small model on this machine: the daemon starts the local agent,
+# which starts llama-server; Ctrl-C stops all of them.
+run: install engine model
+	$(BIN)/llmgw validate --cluster cluster.example/local >/dev/null
+	PATH="$(abspath $(ENGINE_DIR)/bin):$$PATH" exec $(BIN)/llmgw serve --cluster cluster.example/local
 
 # Regenerate llmgw/proto/agent_pb2*.py{,i} after editing agent.proto (a test checks they match).
 proto: install

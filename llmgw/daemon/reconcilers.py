@@ -218,19 +218,16 @@ class Daemon:
                 log.error("  %s", error)
             return
         self.state.refused = []
+        await self.pool.reconfigure(cluster)  # also re-reads known_hosts; keeps good sessions
         if cluster == self.cluster:
             return
         log.info("cluster directory changed (revision %s)", self.state.revision or "-")
-        if _transport_settings(cluster) != _transport_settings(self.cluster):
-            old = self.pool
-            self.pool = pools.Pool(cluster, self.state.directory)
+        nodes_changed = set(cluster.nodes) != set(self.cluster.nodes)
+        self.state.cluster = cluster
+        if nodes_changed:
             for task in self._watchers:
                 task.cancel()
-            await old.aclose()
-            self.state.cluster = cluster
             self._start_unit_watchers()
-        self.state.cluster = cluster
-        self.pool.cluster = cluster  # declared fabrics and weights dirs travel in Report
         if self.router is not None:
             self.router.configure(catalogs.from_cluster(cluster))
 
@@ -240,6 +237,7 @@ class Daemon:
                                                debounce=300, step=100):
             names = sorted({Path(path).name for _, path in changes})
             if any(n.endswith((".yaml", ".yml")) or n == "known_hosts" for n in names):
+                # known_hosts too: re-pinned keys take effect without a restart.
                 self._reload = True
                 self.wake(f"files changed: {', '.join(names)}")
 
@@ -291,12 +289,6 @@ def endpoints(cluster: Cluster, fleet: Fleet) -> dict[str, list[Endpoint]]:
                         Endpoint(f"http://{host}:{unit.port}", node=name, replica=unit.replica)
                     )
     return table
-
-
-def _transport_settings(cluster: Cluster) -> object:
-    return (cluster.cluster.ssh, cluster.cluster.agent_socket,
-            {n: (node.address, node.ssh_port, node.agent_socket)
-             for n, node in cluster.nodes.items()})
 
 
 def _log_step(step: Step) -> None:
