@@ -235,3 +235,33 @@ async def apply_directly(node: nodes.SimNode, unit: UnitChange) -> None:
     async with grpc.aio.insecure_channel(f"unix:{node.agent_socket}") as channel:
         results = await AgentClient(channel, timeout=10).apply_units([unit])
     assert results[0].ok, results[0].error
+
+
+def test_an_on_demand_model_loads_on_the_first_request_and_stops_when_idle(
+    serve: Callable[[dict[str, Any]], tuple[Served, nodes.SimCluster]], engines: Path,
+) -> None:
+    coder = {"source": "/models/coder.gguf",
+             "scaling": {"min": 0, "max": 1, "idle_timeout": "4s"},
+             "profiles": [{"engine": "llama.cpp", "cpu": True, "min_memory_gb": 1}]}
+    served, _ = serve({"coder": coder})
+    served.wait(lambda s: s["plan"] is not None, "the first plan")
+    assert "coder" not in running(engines)  # min 0: nothing runs before it is asked for
+
+    # The first request waits while the daemon places and loads it, then is answered.
+    reply = httpx.post(f"{served.router}/v1/completions",
+                       json={"model": "coder", "prompt": "def f():", "max_tokens": 4},
+                       timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert "coder" in running(engines)
+
+    # Unused for longer than idle_timeout: the daemon stops it.
+    served.wait(lambda s: not s["replicas"], "the idle replica to stop", timeout=30)
+    assert "coder" not in running(engines)
+    status = served.status()
+    assert status["last_apply"]["ok"] is True
+
+    # An unknown model is "not found", never "loading".
+    reply = httpx.post(f"{served.router}/v1/completions",
+                       json={"model": "nope", "prompt": "x"}, timeout=30)
+    assert reply.status_code == 404
+    assert "model not found" in reply.text
