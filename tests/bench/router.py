@@ -1,6 +1,8 @@
 """Router overhead, measured in one run against one fast mock upstream.
 
-Rows: the upstream directly; through llmgw's router; through nginx (Debian's,
+Rows: the upstream directly; through llmgw's router; through a bare aiohttp
+proxy that only forwards (the floor any aiohttp-based router stands on; it
+buffers streams, so its stream row is a bound, not a peer); through nginx (Debian's,
 a temporary config on loopback, keep-alive to the upstream, buffering off);
 through LiteLLM's proxy when it is installed (it is not a dependency).
 Columns, for a non-streaming and a streaming chat completion: requests/s
@@ -195,6 +197,33 @@ def serve_router(port: int, upstream: int, db: str, key_file: str, loop: str) ->
             asyncio.run(main())
 
 
+def serve_bare(port: int, upstream: int) -> None:
+    """The floor: an aiohttp proxy doing nothing but forward (no keys, usage, metrics)."""
+    import aiohttp
+    from aiohttp import web
+
+    async def main() -> None:
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            async with session.post(f"http://127.0.0.1:{upstream}{request.path}", data=body,
+                                    headers={"Content-Type": "application/json"}) as reply:
+                data = await reply.read()
+                return web.Response(status=reply.status, body=data,
+                                    headers={"Content-Type": reply.headers["Content-Type"]})
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement")
@@ -203,7 +232,12 @@ def main() -> int:
     parser.add_argument("--serve-router", nargs=5,
                         metavar=("PORT", "UPSTREAM", "DB", "KEYFILE", "LOOP"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--serve-bare", nargs=2, metavar=("PORT", "UPSTREAM"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_bare:
+        serve_bare(int(args.serve_bare[0]), int(args.serve_bare[1]))
+        return 0
     if args.serve_router:
         port, upstream, db, key_file, loop = args.serve_router
         serve_router(int(port), int(upstream), db, key_file, loop)
@@ -238,6 +272,11 @@ def main() -> int:
             running.enter_context(process(argv, port, cwd=ROOT))
             name = "llmgw" if loop == "asyncio" else f"llmgw+{loop}"
             targets.append(Target(name, f"http://127.0.0.1:{port}", key_file.read_text()))
+
+        port = free_port()
+        running.enter_context(process([python, __file__, "--serve-bare", str(port), str(up)],
+                                      port, cwd=ROOT))
+        targets.append(Target("bare aiohttp", f"http://127.0.0.1:{port}"))
 
         port = free_port()
         conf = tmp / "nginx.conf"
