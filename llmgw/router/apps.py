@@ -18,7 +18,6 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import sqlite3
 import time
@@ -109,9 +108,6 @@ class Router:
         """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request."""
         runner = web.AppRunner(self.create_app(), access_log=None, handler_cancellation=True)
         await runner.setup()
-        # What exists now (modules, spec, pydantic schemas) lives for the whole process:
-        # keeping it out of the collector's full passes removes multi-ms pauses from p99.
-        gc.freeze()
         await web.TCPSite(runner, host, port, backlog=1024).start()
         return runner
 
