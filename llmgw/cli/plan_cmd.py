@@ -26,6 +26,7 @@ from llmgw.cli.errors import UserError
 from llmgw.fleet.types import FORMAT_VERSION, Fleet
 from llmgw.planning import outputs, plans
 from llmgw.spec.models import Cluster
+from llmgw.transport import pools
 
 FORMATS = {"text": outputs.text, "markdown": outputs.markdown, "json": outputs.json_text}
 
@@ -113,12 +114,6 @@ def snapshot_time(fleet: Fleet) -> float:
 
 def collect_fleet(cluster: Cluster, directory: Path) -> Fleet:
     """Ask every node's agent now, through the transport."""
-    try:
-        from llmgw.transport import pools
-    except ImportError:
-        raise UserError(
-            "live inventory needs the transport, which this build lacks; pass --observed FILE"
-        ) from None
     return asyncio.run(pools.collect(cluster, directory))
 
 

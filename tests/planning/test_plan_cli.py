@@ -14,7 +14,6 @@ from plan_builders import apply
 from ruamel.yaml import YAML
 
 from llmgw.cli import plan_cmd
-from llmgw.cli.errors import UserError
 from llmgw.planning import plans
 from llmgw.spec import loading
 
@@ -108,14 +107,6 @@ def test_bad_cluster_is_explained_with_locations(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert f"{tmp_path}/cluster.yaml:3:" in result.stderr or "cluster.yaml:3:" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def test_without_the_transport_live_planning_says_what_to_do(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(sys.modules, "llmgw.transport.pools", None)  # import fails
-    with pytest.raises(UserError, match="live inventory needs the transport.*--observed"):
-        plan_cmd.collect_fleet(loading.load(EXAMPLE), EXAMPLE)
 
 
 def _write_yaml(path: Path, data: dict[str, Any]) -> None:
