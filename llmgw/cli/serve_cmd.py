@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("asyncssh", "aiohttp.access", "watchfiles"):
+    for noisy in ("asyncssh", "aiohttp.access", "watchfiles", "grpc"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         ready_timeout = parse_duration(args.ready_timeout)
