@@ -79,7 +79,6 @@ async def _apply(
                       "changes were re-planned from what it reports now.", file=out)
         out.write(outputs.text(plan))
         if not plan.has_changes:
-            print("\nNo changes. The fleet matches the cluster.", file=out)
             return 0
         if not args.auto_approve and not _confirm(out):
             print("Apply cancelled.", file=out)

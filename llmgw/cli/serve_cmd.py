@@ -128,7 +128,11 @@ async def _announce(router: Router, cluster: Cluster) -> None:
     body = json.dumps({"model": served, "prompt": "The capital of France is",
                        "max_tokens": 16})
     auth = "" if cluster.cluster.auth == "none" else " -H \"Authorization: Bearer $LLMGW_KEY\""
+    host, port = split(cluster.cluster.listeners.router)
+    if host in ("0.0.0.0", "::", ""):  # listening everywhere: this machine reaches it on loopback
+        host = "127.0.0.1"
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     with contextlib.suppress(BrokenPipeError):
-        print(f"\nllmgw is serving {served} at http://{cluster.cluster.listeners.router}/v1\n"
-              f"Try:\n  curl -s http://{cluster.cluster.listeners.router}/v1/completions "
+        print(f"\nllmgw is serving {served} at http://{where}/v1\n"
+              f"Try:\n  curl -s http://{where}/v1/completions "
               f"-H 'Content-Type: application/json'{auth} -d '{body}'\n", flush=True)

@@ -32,7 +32,7 @@ import watchfiles
 
 from llmgw.applying import executions
 from llmgw.applying.executions import Outcome, Step
-from llmgw.fleet.types import Demand, Fleet
+from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.metrics.collectors import FleetCollector
 from llmgw.planning import outputs, plans
 from llmgw.planning.types import Plan
@@ -93,6 +93,7 @@ class Daemon:
         self._reload = False
         self._reasons: set[str] = set()
         self._watchers: list[asyncio.Task[None]] = []
+        self._last_units: dict[str, list[Unit]] = {}
 
     @property
     def cluster(self) -> Cluster:
@@ -157,11 +158,11 @@ class Daemon:
         """One iteration; returns the plan it made (and applied, under ``sync: auto``)."""
         state = self.state
         state.iterations += 1
+        # A commit changes no file in the directory itself: ask git every time.
+        state.revision = await asyncio.to_thread(self.revision_of, state.directory)
         if self._reload:
             self._reload = False
             await self._load()
-        # A commit changes no file in the directory itself: ask git every time.
-        state.revision = await asyncio.to_thread(self.revision_of, state.directory)
         log.debug("reconciling (%s)", ", ".join(sorted(reasons or {"request"})))
         fleet = await self.observe()
         plan = plans.plan(self.cluster, fleet, self.clock(), self._demand(),
@@ -192,7 +193,7 @@ class Daemon:
 
     async def observe(self) -> Fleet:
         """Collect every node's report; hand ready replicas to the router and metrics."""
-        fleet = await self.pool.fleet()
+        fleet = self._remember(await self.pool.fleet())
         self.state.fleet, self.state.observed_at = fleet, self.clock()
         for name, report in sorted(fleet.nodes.items()):
             if not report.reachable:
@@ -202,6 +203,17 @@ class Daemon:
         if self.collector is not None:
             self.collector.observe(fleet)
         return fleet
+
+    def _remember(self, fleet: Fleet) -> Fleet:
+        """An unreachable node keeps the units it last reported, so the planner sees its
+        replicas as unknown instead of placing them a second time elsewhere."""
+        nodes = dict(fleet.nodes)
+        for name, report in fleet.nodes.items():
+            if report.reachable:
+                self._last_units[name] = report.units
+            elif not report.units and self._last_units.get(name):
+                nodes[name] = report.model_copy(update={"units": self._last_units[name]})
+        return fleet.model_copy(update={"nodes": nodes})
 
     def _demand(self) -> Demand:
         return self.router.demand() if self.router is not None else Demand()

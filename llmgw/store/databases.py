@@ -12,6 +12,7 @@ Usage::
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -54,9 +55,15 @@ def connect(path: str | Path) -> sqlite3.Connection:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    # Key hashes and spend are nobody else's business: owner-only, WAL files included.
+    path.touch(mode=0o600, exist_ok=True)
+    old_umask = os.umask(0o077)
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode = WAL")
+    finally:
+        os.umask(old_umask)
     conn.execute("PRAGMA busy_timeout = 5000")
-    conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:

@@ -21,7 +21,7 @@ import grpc
 import httpx
 import pytest
 from support import nodes
-from support.engines import MODELS, recording, running
+from support.engines import MODELS, alive, recording, running
 from support.plugin import SimClusterFactory
 
 from llmgw.fleet.types import Fleet
@@ -272,3 +272,21 @@ def test_an_on_demand_model_loads_on_the_first_request_and_stops_when_idle(
                        json={"model": "nope", "prompt": "x"}, timeout=30)
     assert reply.status_code == 404
     assert "model not found" in reply.text
+
+
+def test_a_replica_on_a_node_that_stops_answering_is_not_placed_twice(
+    serve: Callable[[dict[str, Any]], tuple[Served, nodes.SimCluster]], engines: Path,
+) -> None:
+    served, sim = serve({"tiny": MODELS["tiny"]})
+    status = served.wait(ready({"tiny"}), "tiny ready")
+    where = next(r["node"] for r in status["replicas"] if r["model"] == "tiny")
+    node = sim.nodes[where]
+    node.rotate_host_key()  # now the daemon refuses it: unreachable, its engine still runs
+    node.restart_sshd()
+
+    status = served.wait(lambda s: not s["nodes"][where]["reachable"], "the node refused")
+    time.sleep(3)  # three drift ticks in which a careless planner would place it again
+    status = served.status()
+    assert "host key" in status["nodes"][where]["error"]
+    assert [name for name, _ in alive(engines)] == ["tiny"]  # one engine, not two
+    assert status["last_apply"]["summary"].startswith("Apply: 1 of 1")  # only the first create

@@ -117,3 +117,12 @@ def test_reference_documents_every_field() -> None:
         for name, info in model.model_fields.items():
             assert f"| `{info.alias or name}` |" in text
             assert info.description, f"{model.__name__}.{name} has no description"
+
+
+def test_a_reader_that_goes_away_gets_no_traceback() -> None:
+    result = subprocess.run(
+        f"{sys.executable} -m llmgw validate --cluster {ROOT / 'cluster.example'} | head -1",
+        shell=True, capture_output=True, text=True, check=False,
+    )
+    assert result.stdout.startswith("Cluster lab is valid")
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr

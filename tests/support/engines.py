@@ -43,8 +43,13 @@ def recording(models: dict[str, Any]) -> dict[str, Any]:
 
 def running(records: Path) -> dict[str, dict[str, Any]]:
     """Engines alive now, by served model name (the alias or --served-model-name)."""
-    alive: dict[str, dict[str, Any]] = {}
-    for path in records.glob("*.json"):
+    return {name: data for name, data in alive(records)}
+
+
+def alive(records: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Every engine alive now, with its served model name (duplicates included)."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    for path in sorted(records.glob("*.json")):
         data = json.loads(path.read_text())
         try:
             os.kill(data["pid"], 0)
@@ -53,8 +58,8 @@ def running(records: Path) -> dict[str, dict[str, Any]]:
         argv = data["argv"]
         for flag in ("--served-model-name", "--alias"):
             if flag in argv:
-                alive[argv[argv.index(flag) + 1]] = data
-    return alive
+                found.append((argv[argv.index(flag) + 1], data))
+    return found
 
 
 def pids(records: Path) -> dict[str, int]:
