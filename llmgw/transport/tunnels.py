@@ -132,8 +132,13 @@ class SSHTransport:
                     f"sshd on {self.target.where} refuses to forward unix sockets; set "
                     "AllowStreamLocalForwarding yes (and AllowTcpForwarding not 'no') there",
                 )
+            # OpenSSH answers a forwarding it refuses by configuration with the same
+            # "open failed" as a socket nobody listens on: name both causes.
             return failures.agent_not_running(
-                self.node, self.target.agent_socket, f"sshd on the node: {exc.reason}"
+                self.node, self.target.agent_socket,
+                f"sshd on the node: {exc.reason}; if the agent does run, sshd there may not "
+                "allow socket forwarding: AllowStreamLocalForwarding yes, AllowTcpForwarding "
+                "not 'no'",
             )
         except TimeoutError:
             return failures.call_timeout(
