@@ -63,7 +63,7 @@ def test_apply_creates_replaces_and_destroys(
     # Applying an up-to-date cluster changes nothing.
     code, out = apply(directory, capsys)
     assert code == 0
-    assert "No changes." in out
+    assert "No changes: the fleet matches the cluster." in out
     assert running(engines)["chat"]["pid"] == chat["pid"]
 
     # A changed engine argument replaces the replica; the old engine is gone.
