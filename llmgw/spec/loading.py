@@ -17,7 +17,6 @@ Usage::
 
 from __future__ import annotations
 
-import copy
 import difflib
 import re
 import types
@@ -34,7 +33,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError, YAMLWarning
 
-from llmgw.spec import checks
+from llmgw.spec import checks, partials
 from llmgw.spec.models import SECTIONS, Cluster
 
 DataPath = tuple[str | int, ...]
@@ -138,7 +137,7 @@ def load_with_sources(directory: str | Path) -> tuple[Cluster, Sources]:
             errors.extend(error for error, _ in shape)
             _check_partial(merged, {path for _, path in shape}, sources, errors)
     if cluster is not None:
-        errors.extend(_meaning_errors(cluster, sources, dropped=set()))
+        errors.extend(_meaning_errors(cluster, sources))
     if errors:
         raise SpecErrors(errors)
     assert cluster is not None
@@ -181,24 +180,10 @@ def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
     return cluster.model_copy(update={"cluster": settings, "nodes": nodes, "models": models})
 
 
-def _remove(data: Any, path: DataPath) -> None:
-    for step in path[:-1]:
-        if isinstance(data, dict) and step in data:
-            data = data[step]
-        elif isinstance(data, list) and isinstance(step, int) and step < len(data):
-            data = data[step]
-        else:
-            return
-    if isinstance(data, dict) and len(path) > 2:
-        data.pop(path[-1], None)
-
-
-def _meaning_errors(
-    cluster: Cluster, sources: Sources, dropped: set[tuple[str, str]]
-) -> list[SpecError]:
+def _meaning_errors(cluster: Cluster, sources: Sources) -> list[SpecError]:
     return [
         SpecError(sources.locate(p.path, prefer_key=p.at_key), p.message)
-        for p in checks.check(cluster, dropped=dropped)
+        for p in checks.check(cluster)
     ]
 
 
@@ -206,29 +191,10 @@ def _check_partial(
     merged: dict[str, Any], bad_paths: set[DataPath], sources: Sources,
     errors: list[SpecError],
 ) -> None:
-    """Meaning checks on the entries whose shape is valid, so one run reports everything.
-
-    Entries with shape errors are dropped; references to them are not reported again.
-    """
-    partial = copy.deepcopy(merged)
-    for path in bad_paths:  # first try without just the offending keys
-        _remove(partial, path)
-    if any(p[:1] == ("cluster",) for p in bad_paths):
-        partial["cluster"] = {"name": "partial"}
-    dropped: set[tuple[str, str]] = set()
-    for _ in range(2):
-        try:
-            cluster = Cluster.model_validate(partial)
-            break
-        except pydantic.ValidationError as exc:  # then without the entries still failing
-            for item in exc.errors(include_url=False):
-                path = _data_path(item["loc"], partial)
-                if len(path) >= 2 and path[0] in COLLECTIONS:
-                    dropped.add((str(path[0]), str(path[1])))
-                    partial[path[0]].pop(path[1], None)
-    else:
-        return  # an error we could not isolate; the shape errors already say enough
-    errors.extend(_meaning_errors(cluster, sources, dropped))
+    """Meaning checks on the parts whose shape is valid, so one run reports everything."""
+    for problem in partials.problems(merged, bad_paths, _data_path):
+        errors.append(SpecError(sources.locate(problem.path, prefer_key=problem.at_key),
+                                problem.message))
 
 
 def _display(path: Path) -> str:
