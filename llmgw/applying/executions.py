@@ -30,7 +30,7 @@ from typing import Protocol, TypeVar
 import grpc
 
 from llmgw.fleet.types import Unit
-from llmgw.planning.types import Change, Plan, Shard
+from llmgw.planning.types import Change, Plan, Shard, UnitOp
 from llmgw.transport.agent_client import AgentClient, UnitChange
 from llmgw.transport.failures import NodeUnreachable
 
@@ -142,41 +142,47 @@ async def execute(
 
     second: dict[str, list[tuple[Change, UnitChange]]] = defaultdict(list)
     for change in plan.changes:
-        if change.action != "replace" or change.strategy != "create-before-destroy":
-            continue
         outcome = outcomes[id(change)]
-        if not outcome.ok:
-            outcome.kept_old = True
-            continue
-        for old in change.removes:
-            second[old.node].append((change, UnitChange(old.unit, "", action="remove")))
+        for op in _later(change):
+            if not outcome.ok:
+                outcome.kept_old = True  # the replacement failed: the old replica serves on
+                break
+            second[op.node].append((change, _unit_change(op)))
     await _call_all(agents, second, outcomes, emit)
     return Outcome(list(outcomes.values()), clock() - started)
 
 
 def _first_calls(changes: Sequence[Change]) -> dict[str, list[tuple[Change, UnitChange]]]:
-    """Per node: the removes that free capacity, then every start."""
-    removes: dict[str, list[tuple[Change, UnitChange]]] = defaultdict(list)
-    starts: dict[str, list[tuple[Change, UnitChange]]] = defaultdict(list)
+    """Per node: every operation that can run now, removes (which free capacity) first.
+
+    That is each change's every phase, except for create-before-destroy replaces,
+    whose removes wait for their new shards to be Ready (:func:`_later`).
+    """
+    calls: dict[str, list[tuple[Change, UnitChange]]] = defaultdict(list)
     for change in changes:
-        kept = {(s.node, s.unit) for s in change.shards}
-        if change.action == "destroy" or (
-            change.action == "replace" and change.strategy != "create-before-destroy"
-        ):
-            for old in change.removes:
-                # In-place replaces reuse the unit name: "start" rewrites it.
-                if (old.node, old.unit) not in kept:
-                    removes[old.node].append((change, UnitChange(old.unit, "", action="remove")))
-        for shard in change.shards:
-            starts[shard.node].append((change, _start(shard)))
-    return {node: removes.get(node, []) + starts.get(node, [])
-            for node in sorted(set(removes) | set(starts))}
+        phases = change.phases()
+        for phase in phases[:1] if _waits(change) else phases:
+            for op in phase:
+                calls[op.node].append((change, _unit_change(op)))
+    return {node: sorted(items, key=lambda item: item[1].action != "remove")
+            for node, items in sorted(calls.items())}
 
 
-def _start(shard: Shard) -> UnitChange:
-    if shard.files is None:
-        raise ValueError(f"shard {shard.unit} on {shard.node} has no rendered unit files")
-    files = shard.files
+def _later(change: Change) -> list[UnitOp]:
+    """The operations of ``change`` that wait for its new shards to be Ready."""
+    return [op for phase in change.phases()[1:] for op in phase] if _waits(change) else []
+
+
+def _waits(change: Change) -> bool:
+    return change.action == "replace" and change.strategy == "create-before-destroy"
+
+
+def _unit_change(op: UnitOp) -> UnitChange:
+    if op.action == "remove":
+        return UnitChange(op.unit, "", action="remove")
+    if op.files is None:
+        raise ValueError(f"unit {op.unit} on {op.node} has no rendered files to start")
+    files = op.files
     return UnitChange(files.name, files.unit_text, files.env_text, dict(files.secret_env),
                       "start")
 
