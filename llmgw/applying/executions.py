@@ -233,7 +233,7 @@ async def _wait_ready(
     final: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
 
     async def watch(node: str, units: dict[str, tuple[Change, str]]) -> None:
-        last: dict[str, str] = {}
+        last = dict.fromkeys(units, "starting")  # said when the agent took the unit
         pending = set(units)
         try:
             agent = await agents.client(node)
