@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import signal
@@ -27,7 +28,7 @@ from llmgw.daemon import admin, localagents
 from llmgw.daemon.reconcilers import Daemon
 from llmgw.metrics import servers
 from llmgw.metrics.collectors import FleetCollector
-from llmgw.router import catalogs
+from llmgw.router import catalogs, connections
 from llmgw.router.apps import Router, Settings
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import parse_duration
@@ -89,8 +90,14 @@ async def _serve(cluster: Cluster, directory: Path, ready_timeout: float,
     registry.register(collector)
     store_path = Path(cluster.cluster.store.path)
     store_path.parent.mkdir(parents=True, exist_ok=True)
+    # Every client connection is a descriptor: take what the hard limit allows, and keep
+    # the router's connection limit below it so it answers 503 instead of failing accept().
+    open_files = connections.raise_open_files_limit()
+    settings = Settings(wait_timeout=wait_timeout)
+    settings = dataclasses.replace(settings, max_connections=connections.connection_limit(
+        settings.max_connections, open_files))
     router = Router(catalogs.from_cluster(cluster), store=databases.connect(store_path),
-                    registry=registry, settings=Settings(wait_timeout=wait_timeout))
+                    registry=registry, settings=settings)
     daemon = Daemon(directory, cluster, router=router, collector=collector,
                     revision_of=revision_of, ready_timeout=ready_timeout)
     listeners = cluster.cluster.listeners

@@ -25,18 +25,22 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry
 
 from llmgw.fleet.types import Demand
 from llmgw.metrics.instruments import UNKNOWN_MODEL, RouterMetrics
-from llmgw.router import errors, streams
+from llmgw.router import budgets, connections, errors, streams
 from llmgw.router.accounts import Accounts, Principal
+from llmgw.router.budgets import NOTHING, Reservation
 from llmgw.router.catalogs import Catalog, ModelEntry
 from llmgw.router.demands import Demands
 from llmgw.router.errors import ApiError
 from llmgw.router.proxies import Outcome, Proxy
 from llmgw.router.routes import Endpoint, Routes
+from llmgw.store import usages
 from llmgw.store.usages import UsageRow
 
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
@@ -54,6 +58,14 @@ class Settings:
     # Seconds between usage-row writes: short, so each write is a small batch that does not
     # stall the loop (a 1 s batch at 5k req/s is a visible pause in p99).
     flush_interval: float = 0.2
+    # Output tokens a request that sets no max_tokens reserves against its budget.
+    default_output_tokens: int = 4096
+    # To the engine's first byte (headers of a plain answer, first event of a stream),
+    # for routes without a model in the catalog; models set their own (router.first_byte_timeout).
+    first_byte_timeout: float = 600.0
+    header_timeout: float = 15.0  # a connection's request line and headers; idle keep-alive too
+    body_timeout: float = 60.0  # a request's whole body, once its headers arrived
+    max_connections: int = 4096  # open client connections; more get 503 and are closed
 
 
 class Router:
@@ -72,6 +84,10 @@ class Router:
         self.accounts = Accounts(store, catalog, self.settings.flush_interval)
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
         self.proxy = Proxy(self.routes, self.settings.connect_timeout)
+        if store is not None:
+            # Last use survives a restart: an idle decision must not start from nothing.
+            for model, used in usages.last_use_by_model(store).items():
+                self.demands.touch(model, used)
         self.started_at = int(time.time())
 
     def configure(self, catalog: Catalog) -> None:
@@ -105,8 +121,15 @@ class Router:
         return app
 
     async def start(self, host: str, port: int) -> web.AppRunner:
-        """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request."""
-        runner = web.AppRunner(self.create_app(), access_log=None, handler_cancellation=True)
+        """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request.
+
+        Connections are bounded (see :mod:`llmgw.router.connections`): headers within
+        ``header_timeout``, at most ``max_connections`` open, parse errors answered
+        in OpenAI's shape and logged without a byte of the request.
+        """
+        settings = self.settings
+        runner = connections.runner(self.create_app(), header_timeout=settings.header_timeout,
+                                max_connections=settings.max_connections)
         await runner.setup()
         await web.TCPSite(runner, host, port, backlog=1024).start()
         return runner
@@ -129,19 +152,22 @@ class Router:
     async def _proxied(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         label, entry_key, principal = UNKNOWN_MODEL, None, None
-        stream = False
+        stream, body_bytes, reservation = False, 0, NOTHING
         outcome = Outcome()
         try:
             principal = self.accounts.authenticate(request.headers.get("Authorization"))
-            body = await _read_body(request, self.settings.max_body_bytes)
+            body = await _read_body(request, self.settings.max_body_bytes,
+                                    self.settings.body_timeout)
             payload = _parse(body)
             name = payload["model"]
             entry, entry_key = self._resolve(name)
             label = entry_key
+            body_bytes = len(body)
             self.metrics.started(label)
             try:
                 self.demands.touch(entry_key, time.time())
-                self.accounts.check_budget(principal)
+                reservation = self.accounts.reserve(principal, self._estimate(
+                    entry, request.path, body_bytes, payload))
                 stream = payload.get("stream") is True
                 strip = False
                 if stream and request.path in _ASK_FOR_USAGE:
@@ -151,6 +177,8 @@ class Router:
                 response = await self.proxy.forward(
                     request, entry_key, body, stream=stream, strip_usage_chunk=strip,
                     outcome=outcome, on_retry=lambda: self.metrics.retries.labels(label).inc(),
+                    first_byte_timeout=(entry.first_byte_timeout if entry
+                                        else self.settings.first_byte_timeout),
                 )
                 outcome.status = outcome.status or response.status
                 return response
@@ -168,7 +196,18 @@ class Router:
             outcome.status = CLIENT_CLOSED
             return web.Response(status=CLIENT_CLOSED)
         finally:
-            self._account(request.path, label, entry_key, principal, stream, outcome, started)
+            self._account(request.path, label, entry_key, principal, stream, outcome, started,
+                          body_bytes, reservation)
+
+    def _estimate(self, entry: ModelEntry | None, path: str, body_bytes: int,
+                  payload: dict[str, Any]) -> float:
+        """USD to reserve for this request (see :func:`budgets.estimate`)."""
+        if entry is None:
+            return 0.0
+        prompt, output = budgets.estimate(body_bytes, payload,
+                                          self.settings.default_output_tokens,
+                                          embeddings=path == "/v1/embeddings")
+        return entry.cost(prompt, output)
 
     def _resolve(self, name: str) -> tuple[ModelEntry | None, str]:
         entry = self.catalog.models.get(name)
@@ -210,6 +249,8 @@ class Router:
         stream: bool,
         outcome: Outcome,
         started: float,
+        body_bytes: int,
+        reservation: Reservation,
     ) -> None:
         ended = time.monotonic()
         status = outcome.status or 500
@@ -218,15 +259,24 @@ class Router:
             self.metrics.first_token(label, outcome.first_byte_at - started)
         if key is None or principal is None:
             return  # no model resolved: nothing to charge, no row
-        prompt, completion = outcome.usage or (None, None)
-        self.metrics.used_tokens(label, prompt, completion)
         entry = self.catalog.by_key(key)
+        usage = outcome.usage
+        cost = None
+        if usage is None and (outcome.relayed or (outcome.sent and status == CLIENT_CLOSED)):
+            # The client left (or the engine broke) before the usage chunk: charge what
+            # was served, the prompt included, since the engine read it.
+            usage = budgets.unreported(body_bytes, outcome.relayed)
+        elif usage is None and outcome.sent and 200 <= status < 300:
+            cost = reservation.amount  # an answer whose usage cannot be read: the most it cost
+        prompt, completion = usage or (None, None)
+        self.metrics.used_tokens(label, prompt, completion)
+        if cost is None:
+            cost = entry.cost(prompt, completion) if entry else 0.0
         self.accounts.record(UsageRow(
             ts=time.time(), project=principal.project, key_id=principal.key_id, model=key,
             endpoint=path, status=status, prompt_tokens=prompt, completion_tokens=completion,
-            latency_ms=round((ended - started) * 1000, 3),
-            cost_usd=entry.cost(prompt, completion) if entry else 0.0, stream=stream,
-        ))
+            latency_ms=round((ended - started) * 1000, 3), cost_usd=cost, stream=stream,
+        ), reservation)
 
     async def _models(self, request: web.Request) -> web.Response:
         self.accounts.authenticate(request.headers.get("Authorization"))
@@ -268,28 +318,51 @@ def _json(doc: Any, status: int = 200) -> web.Response:
                         content_type="application/json")
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def _read_body(request: web.Request, limit: int, timeout: float) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, f"request body is {request.content_length} bytes; the limit is "
                        f"{limit}", code="request_too_large")
     try:
-        return await request.read()
+        async with asyncio.timeout(timeout):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise ApiError(413, f"request body exceeds the limit of {limit} bytes",
                        code="request_too_large") from exc
+    except TimeoutError as exc:
+        raise ApiError(408, f"request body not received within {timeout:g} s",
+                       code="request_timeout") from exc
+    except (aiohttp.ClientPayloadError, HttpProcessingError) as exc:
+        # A malformed body (bad chunk size, ...): say which kind, never echo its bytes.
+        raise ApiError(400, f"malformed request body ({type(exc).__name__})",
+                       code="invalid_request") from exc
 
 
 def _parse(body: bytes) -> dict[str, Any]:
     try:
         payload = json.loads(body)
+    except RecursionError as exc:
+        raise ApiError(400, "request body is nested too deeply", code="invalid_json") from exc
     except ValueError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+        # The position only: the decoder's message quotes no input, but keep it that way.
+        where = f" at line {exc.lineno} column {exc.colno}" if isinstance(
+            exc, json.JSONDecodeError) else ""
+        raise ApiError(400, f"request body is not valid JSON{where}",
+                       code="invalid_json") from exc
     if not isinstance(payload, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "you must provide a model parameter (a string)",
                        code="missing_model", param="model")
+    # Only JSON booleans: "true" or 1 would stream at some engines while the router, not
+    # seeing a stream, neither asks for usage nor reads it.
+    if payload.get("stream") is not None and not isinstance(payload["stream"], bool):
+        raise ApiError(400, "stream must be a boolean (true or false)",
+                       code="invalid_type", param="stream")
+    options = payload.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError(400, "stream_options must be an object", code="invalid_type",
+                       param="stream_options")
     return payload
 
 

@@ -23,6 +23,7 @@ class ModelEntry:
     max_replicas: int = 1
     input_per_mtok: float = 0.0
     output_per_mtok: float = 0.0
+    first_byte_timeout: float = 600.0  # seconds to the engine's first byte
 
     def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float:
         """USD for one request at this model's prices."""
@@ -59,6 +60,7 @@ def from_cluster(cluster: Cluster) -> Catalog:
             max_replicas=model.scaling.max,
             input_per_mtok=model.pricing.input_per_mtok,
             output_per_mtok=model.pricing.output_per_mtok,
+            first_byte_timeout=model.router.first_byte_timeout,
         )
     budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
     return Catalog(models=models, budgets=budgets, auth=cluster.cluster.auth)

@@ -267,6 +267,15 @@ class Scaling(Strict):
     )
 
 
+class Routing(Strict):
+    first_byte_timeout: Duration = Field(
+        600.0, gt=0,
+        description="How long the router waits for a replica's first byte (a stream's first "
+        "event, or a whole non-streamed answer) before answering 504. Generous: a long answer "
+        "that is not streamed arrives all at once.",
+    )
+
+
 class Pricing(Strict):
     input_per_mtok: float = Field(0.0, ge=0, description="USD per million prompt tokens.")
     output_per_mtok: float = Field(0.0, ge=0, description="USD per million completion tokens.")
@@ -285,6 +294,7 @@ class Model(Strict):
     )
     scaling: Scaling = Field(default_factory=Scaling, description="Replica count.")
     pricing: Pricing = Field(default_factory=Pricing, description="Charged to projects' budgets.")
+    router: Routing = Field(default_factory=Routing, description="How the router treats requests.")
 
 
 class Project(Strict):

@@ -1,9 +1,10 @@
 """The embedded SQLite database: one file holding API keys and usage rows.
 
 ``connect(path)`` opens (creating if needed) the database and brings its
-schema up to date. The connection is meant for one thread: the router uses it
-from its event loop, where each statement is a primary-key lookup or a batched
-insert that takes microseconds, so no thread pool is needed.
+schema up to date. A connection is meant for one thread at a time: the router
+reads keys on its event loop (a primary-key lookup, never blocked by a writer in
+WAL mode) and writes usage rows from a worker thread on a second connection
+(``reopen``), so a store locked by another process never stalls the loop.
 
 Usage::
 
@@ -43,6 +44,7 @@ CREATE TABLE IF NOT EXISTS usage (
 );
 CREATE INDEX IF NOT EXISTS usage_project ON usage (project);
 CREATE INDEX IF NOT EXISTS usage_key ON usage (key_id, ts);
+CREATE INDEX IF NOT EXISTS usage_model ON usage (model, ts);  -- last use, after a restart
 """
 
 
@@ -75,3 +77,12 @@ def connect(path: str | Path) -> sqlite3.Connection:
     conn.executescript(_SCHEMA)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return conn
+
+
+def reopen(conn: sqlite3.Connection) -> sqlite3.Connection:
+    """A second connection to the file ``conn`` has open (for a writer thread)."""
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("PRAGMA busy_timeout = 1000")
+    other.execute("PRAGMA synchronous = NORMAL")
+    return other

@@ -60,6 +60,12 @@ def spend_by_project(conn: sqlite3.Connection) -> dict[str, float]:
     return {project: float(total or 0.0) for project, total in rows}
 
 
+def last_use_by_model(conn: sqlite3.Connection) -> dict[str, float]:
+    """Unix time of each model's last recorded request (by model key)."""
+    rows = conn.execute("SELECT model, MAX(ts) FROM usage GROUP BY model").fetchall()
+    return {model: float(ts) for model, ts in rows if ts is not None}
+
+
 def recent(conn: sqlite3.Connection, limit: int = 100) -> list[UsageRow]:
     """The newest ``limit`` rows, newest first."""
     rows = conn.execute(
