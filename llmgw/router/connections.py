@@ -50,6 +50,7 @@ _BUSY_BODY = json.dumps({"error": {
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
          b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
          + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY)
+_LINGER = 1.0  # seconds a refused connection may still send before it is closed
 _DESCRIPTORS_KEPT = 256  # for upstream connections, the store, logs: not for clients
 
 
@@ -75,7 +76,12 @@ class _Handler(RequestHandler):
             self._refused = True
             assert isinstance(transport, asyncio.Transport)
             transport.write(_BUSY)
-            transport.close()
+            # Half-close and drop what the client still sends for a moment: closing at
+            # once with its request unread would reset the connection, and the client
+            # would see the reset instead of the 503.
+            if transport.can_write_eof():
+                transport.write_eof()
+            asyncio.get_running_loop().call_later(_LINGER, transport.close)
             return
         super().connection_made(transport)
 
