@@ -80,7 +80,7 @@ class Router:
         self.settings = settings or Settings()
         self.catalog = catalog
         self.routes = Routes()
-        self.demands = Demands()
+        self.demands = Demands(watched_since=time.time())
         self.accounts = Accounts(store, catalog, self.settings.flush_interval)
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
         self.proxy = Proxy(self.routes, self.settings.connect_timeout)
