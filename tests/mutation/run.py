@@ -40,7 +40,7 @@ ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py"]
 # module (under llmgw/) → the tests that hold its rules. Slow end-to-end tests
 # are left out on purpose: a rule only an e2e test holds is a rule to test closer.
 MODULES: dict[str, list[str]] = {
-    "planning/diffs.py": PLANNING,
+    "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
     "planning/fingerprints.py": PLANNING,
     "planning/nodes.py": PLANNING,
     "planning/outputs.py": PLANNING,
