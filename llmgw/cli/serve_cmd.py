@@ -31,7 +31,8 @@ from llmgw.router import catalogs
 from llmgw.router.apps import Router, Settings
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import parse_duration
-from llmgw.store import databases
+from llmgw.store import stores
+from llmgw.store.stores import StoreError
 
 log = logging.getLogger("llmgw.serve")
 
@@ -87,9 +88,13 @@ async def _serve(cluster: Cluster, directory: Path, ready_timeout: float,
     registry = CollectorRegistry()
     collector = FleetCollector()
     registry.register(collector)
-    store_path = Path(cluster.cluster.store.path)
-    store_path.parent.mkdir(parents=True, exist_ok=True)
-    router = Router(catalogs.from_cluster(cluster), store=databases.connect(store_path),
+    try:
+        store = await stores.open_store(cluster.cluster.store)
+    except StoreError as exc:
+        if agent is not None:
+            await agent.stop()
+        raise UserError(str(exc)) from None
+    router = Router(catalogs.from_cluster(cluster), store=store,
                     registry=registry, settings=Settings(wait_timeout=wait_timeout))
     daemon = Daemon(directory, cluster, router=router, collector=collector,
                     revision_of=revision_of, ready_timeout=ready_timeout)
@@ -112,6 +117,7 @@ async def _serve(cluster: Cluster, directory: Path, ready_timeout: float,
         for runner in reversed(runners):
             await runner.cleanup()
         await router.close()
+        await store.close()
         if agent is not None:
             log.info("stopping the local agent and the engines it started")
             await agent.stop()
