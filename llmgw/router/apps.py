@@ -104,11 +104,14 @@ class Router:
         app.on_cleanup.append(self._on_cleanup)
         return app
 
-    async def start(self, host: str, port: int) -> web.AppRunner:
-        """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request."""
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> web.AppRunner:
+        """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request.
+
+        ``reuse_port``: SO_REUSEPORT, so several router processes share the port.
+        """
         runner = web.AppRunner(self.create_app(), access_log=None, handler_cancellation=True)
         await runner.setup()
-        await web.TCPSite(runner, host, port, backlog=1024).start()
+        await web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None).start()
         return runner
 
     async def close(self, runner: web.AppRunner | None = None) -> None:

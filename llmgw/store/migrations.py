@@ -116,6 +116,59 @@ CREATE TABLE leases (
 );
 """,
     ),
+    Migration(
+        3, "copies between stores",
+        # `llmgw store migrate`: which source filled this store, up to which usage row, so
+        # a second run tops up what a running daemon wrote meanwhile instead of refusing.
+        sqlite="""
+CREATE TABLE IF NOT EXISTS store_copies (
+    source         TEXT PRIMARY KEY,
+    last_usage_id  INTEGER NOT NULL,
+    copied_at      REAL NOT NULL
+);
+""",
+        postgres="""
+CREATE TABLE store_copies (
+    source         TEXT PRIMARY KEY,
+    last_usage_id  BIGINT NOT NULL,
+    copied_at      DOUBLE PRECISION NOT NULL
+);
+""",
+    ),
+    Migration(
+        4, "routes from the leader, demand from the routers",
+        # The leader publishes the routing table (fenced by its lease epoch); every router
+        # publishes what it has seen (requests waiting, last use). Both as JSON documents:
+        # their shape is the daemon's business, not the schema's.
+        sqlite="""
+CREATE TABLE IF NOT EXISTS published_routes (
+    name          TEXT PRIMARY KEY,
+    epoch         INTEGER NOT NULL,
+    seq           INTEGER NOT NULL,
+    doc           TEXT NOT NULL,
+    published_at  REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS router_signals (
+    router      TEXT PRIMARY KEY,
+    doc         TEXT NOT NULL,
+    updated_at  REAL NOT NULL
+);
+""",
+        postgres="""
+CREATE TABLE published_routes (
+    name          TEXT PRIMARY KEY,
+    epoch         BIGINT NOT NULL,
+    seq           BIGINT NOT NULL,
+    doc           TEXT NOT NULL,
+    published_at  TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE router_signals (
+    router      TEXT PRIMARY KEY,
+    doc         TEXT NOT NULL,
+    updated_at  TIMESTAMPTZ NOT NULL
+);
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -25,7 +25,7 @@ from typing import Literal
 import asyncpg
 
 from llmgw.store import migrations
-from llmgw.store.stores import Grant, KeyListing, KeyRow, Store, StoreError
+from llmgw.store.stores import Grant, KeyListing, KeyRow, Published, Store, StoreError
 from llmgw.store.usages import COLUMNS, UsageRow, from_record, to_record
 
 _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
@@ -158,6 +158,40 @@ class PostgresStore(Store):
                 "FROM leases WHERE name = $1 AND expires_at > now()", name)
         return Grant(name, found[0], int(found[1]), float(found[2])) if found else None
 
+    async def publish_routes(self, name: str, holder: str, epoch: int, doc: str) -> bool:
+        async with self._conn() as conn:
+            found = await conn.fetchval(
+                "INSERT INTO published_routes AS p (name, epoch, seq, doc, published_at) "
+                "SELECT $1, $3, 1, $4, now() WHERE EXISTS (SELECT 1 FROM leases WHERE "
+                "name = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()) "
+                "ON CONFLICT (name) DO UPDATE SET epoch = EXCLUDED.epoch, seq = p.seq + 1, "
+                "doc = EXCLUDED.doc, published_at = EXCLUDED.published_at RETURNING seq",
+                name, holder, epoch, doc)
+        return found is not None
+
+    async def published_routes(self, name: str) -> Published | None:
+        async with self._conn() as conn:
+            found = await conn.fetchrow("SELECT epoch, seq, doc FROM published_routes "
+                                        "WHERE name = $1", name)
+        return Published(int(found[0]), int(found[1]), found[2]) if found else None
+
+    async def put_signals(self, router: str, doc: str) -> None:
+        async with self._conn() as conn:
+            await conn.execute(
+                "INSERT INTO router_signals VALUES ($1, $2, now()) ON CONFLICT (router) DO "
+                "UPDATE SET doc = EXCLUDED.doc, updated_at = EXCLUDED.updated_at", router, doc)
+
+    async def signals(self, max_age: float) -> list[str]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                "SELECT doc FROM router_signals WHERE updated_at > now() - "
+                "make_interval(secs => $1) ORDER BY router", float(max_age))
+        return [r[0] for r in rows]
+
+    async def drop_signals(self, router: str) -> None:
+        async with self._conn() as conn:
+            await conn.execute("DELETE FROM router_signals WHERE router = $1", router)
+
     # -- the whole store ----------------------------------------------------------------
     async def schema_version(self) -> int:
         async with self._conn() as conn:
@@ -168,12 +202,26 @@ class PostgresStore(Store):
             return not await conn.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM keys) OR EXISTS (SELECT 1 FROM usage)")
 
-    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow]) -> None:
+    async def copied_from(self, source: str) -> int | None:
+        async with self._conn() as conn:
+            found = await conn.fetchval("SELECT last_usage_id FROM store_copies "
+                                        "WHERE source = $1", source)
+        return int(found) if found is not None else None
+
+    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow],
+                          source: str, last_usage_id: int, now: float) -> None:
         async with self._conn() as conn, conn.transaction():
             if keys:
-                await conn.executemany(_INSERT_KEY, [_key_tuple(k) for k in keys])
+                await conn.executemany(
+                    f"{_INSERT_KEY} ON CONFLICT (id) DO UPDATE SET revoked_at = "
+                    "COALESCE(keys.revoked_at, EXCLUDED.revoked_at)",
+                    [_key_tuple(k) for k in keys])
             if usage:
                 await conn.executemany(_INSERT_USAGE, [to_record(r) for r in usage])
+            await conn.execute(
+                "INSERT INTO store_copies VALUES ($1, $2, $3) ON CONFLICT (source) DO UPDATE "
+                "SET last_usage_id = EXCLUDED.last_usage_id, copied_at = EXCLUDED.copied_at",
+                source, last_usage_id, now)
 
     async def close(self) -> None:
         await self._pool.close()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from llmgw.store import databases
-from llmgw.store.stores import Grant, KeyListing, KeyRow, Store, StoreError
+from llmgw.store.stores import Grant, KeyListing, KeyRow, Published, Store, StoreError
 from llmgw.store.usages import COLUMNS, UsageRow, from_record, to_record
 
 T = TypeVar("T")
@@ -169,6 +169,47 @@ class SQLiteStore(Store):
             return Grant(name, found[0], found[1], found[2] - now) if found else None
         return await self._run(select)
 
+    async def publish_routes(self, name: str, holder: str, epoch: int, doc: str) -> bool:
+        def publish(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                held = conn.execute("SELECT 1 FROM leases WHERE name = ? AND holder = ? AND "
+                                    "epoch = ? AND expires_at > ?",
+                                    (name, holder, epoch, now)).fetchone()
+                if held is None:
+                    return False
+                conn.execute(
+                    "INSERT INTO published_routes VALUES (?, ?, 1, ?, ?) ON CONFLICT (name) "
+                    "DO UPDATE SET epoch = excluded.epoch, seq = published_routes.seq + 1, "
+                    "doc = excluded.doc, published_at = excluded.published_at",
+                    (name, epoch, doc, now))
+            return True
+        return await self._run(publish)
+
+    async def published_routes(self, name: str) -> Published | None:
+        def select(conn: sqlite3.Connection) -> Published | None:
+            found = conn.execute("SELECT epoch, seq, doc FROM published_routes WHERE name = ?",
+                                 (name,)).fetchone()
+            return Published(*found) if found else None
+        return await self._run(select)
+
+    async def put_signals(self, router: str, doc: str) -> None:
+        await self._run(lambda conn: conn.execute(
+            "INSERT INTO router_signals VALUES (?, ?, ?) ON CONFLICT (router) DO UPDATE SET "
+            "doc = excluded.doc, updated_at = excluded.updated_at", (router, doc, time.time())))
+
+    async def signals(self, max_age: float) -> list[str]:
+        def select(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute("SELECT doc FROM router_signals WHERE updated_at > ? "
+                                "ORDER BY router", (time.time() - max_age,)).fetchall()
+            return [r[0] for r in rows]
+        return await self._run(select)
+
+    async def drop_signals(self, router: str) -> None:
+        await self._run(lambda conn: conn.execute(
+            "DELETE FROM router_signals WHERE router = ?", (router,)))
+
     # -- the whole store ----------------------------------------------------------------
     async def schema_version(self) -> int:
         return await self._run(databases.version)
@@ -179,13 +220,26 @@ class SQLiteStore(Store):
                                     "OR EXISTS (SELECT 1 FROM usage)").fetchone()[0]
         return await self._run(count)
 
-    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow]) -> None:
+    async def copied_from(self, source: str) -> int | None:
+        def select(conn: sqlite3.Connection) -> int | None:
+            found = conn.execute("SELECT last_usage_id FROM store_copies WHERE source = ?",
+                                 (source,)).fetchone()
+            return int(found[0]) if found else None
+        return await self._run(select)
+
+    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow],
+                          source: str, last_usage_id: int, now: float) -> None:
         def insert(conn: sqlite3.Connection) -> None:
             with conn:
                 conn.execute("BEGIN")
-                conn.executemany(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                conn.executemany(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
+                                 "ON CONFLICT (id) DO UPDATE SET revoked_at = "
+                                 "COALESCE(keys.revoked_at, excluded.revoked_at)",
                                  [_key_tuple(k) for k in keys])
                 conn.executemany(_INSERT_USAGE, [to_record(r) for r in usage])
+                conn.execute("INSERT INTO store_copies VALUES (?, ?, ?) ON CONFLICT (source) "
+                             "DO UPDATE SET last_usage_id = excluded.last_usage_id, "
+                             "copied_at = excluded.copied_at", (source, last_usage_id, now))
         await self._run(insert)
 
     async def close(self) -> None:

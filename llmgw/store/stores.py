@@ -71,6 +71,15 @@ class Grant:
     remaining: float
 
 
+@dataclass(frozen=True)
+class Published:
+    """A routing table as the leader published it: ``seq`` grows with every publication."""
+
+    epoch: int
+    seq: int
+    doc: str
+
+
 class Store(abc.ABC):
     kind: Literal["sqlite", "postgresql"]
     where: str  # for messages: a path, or the URL without a password
@@ -125,6 +134,27 @@ class Store(abc.ABC):
     async def lease(self, name: str) -> Grant | None:
         """The current unexpired holder of ``name``, or None."""
 
+    @abc.abstractmethod
+    async def publish_routes(self, name: str, holder: str, epoch: int, doc: str) -> bool:
+        """Replace the routing table, fenced: written only while ``holder`` holds lease
+        ``name`` at ``epoch``, checked in the same statement. False when fenced out."""
+
+    @abc.abstractmethod
+    async def published_routes(self, name: str) -> Published | None:
+        """The last routing table published under lease ``name``."""
+
+    # -- router signals -----------------------------------------------------------------
+    @abc.abstractmethod
+    async def put_signals(self, router: str, doc: str) -> None:
+        """Record what router ``router`` has seen now (replacing its last record)."""
+
+    @abc.abstractmethod
+    async def signals(self, max_age: float) -> list[str]:
+        """Records of routers heard from within ``max_age`` seconds (database clock)."""
+
+    @abc.abstractmethod
+    async def drop_signals(self, router: str) -> None: ...
+
     # -- the whole store ----------------------------------------------------------------
     @abc.abstractmethod
     async def schema_version(self) -> int: ...
@@ -134,8 +164,15 @@ class Store(abc.ABC):
         """True when no key and no usage row exists (a safe migration target)."""
 
     @abc.abstractmethod
-    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow]) -> None:
-        """Write keys (digests as they are) and usage rows in one transaction."""
+    async def copied_from(self, source: str) -> int | None:
+        """The last usage id copied into this store from ``source``; None if never."""
+
+    @abc.abstractmethod
+    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow],
+                          source: str, last_usage_id: int, now: float) -> None:
+        """In one transaction: insert ``keys`` (digests as they are; ids already here are
+        updated with their revocation), append ``usage``, and record how far ``source``
+        has been copied."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...
