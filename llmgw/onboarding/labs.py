@@ -346,7 +346,12 @@ def _link_model(lab: Lab, model: Path | None) -> Path | None:
     link = lab.runtime / "models" / MODEL_FILE
     link.parent.mkdir(exist_ok=True)
     link.unlink(missing_ok=True)
-    link.symlink_to(model.resolve())
+    # A hard link where possible: the engine's command line then names the lab's
+    # own path (the loader resolves symlinks), so the lab's engine is easy to find.
+    try:
+        os.link(model.resolve(), link)
+    except OSError:
+        link.symlink_to(model.resolve())
     return link
 
 
