@@ -21,12 +21,9 @@ from llmgw.onboarding import labs, processes
 ENGINE = sessions.ROOT / ".cache" / "engine" / "bin" / "llama-server"
 MODEL = sessions.ROOT / ".cache" / "models" / "gemma3-270m-q4_k_m.gguf"
 
-pytestmark = [
-    pytest.mark.skipif(not (ENGINE.exists() and MODEL.exists()),
-                       reason="needs the engine and model: make engine model"),
-    pytest.mark.skipif(not shutil.which("/usr/sbin/sshd"), reason="sshd not installed"),
-    pytest.mark.timeout(900),
-]
+needs_engine = pytest.mark.skipif(not (ENGINE.exists() and MODEL.exists()),
+                                  reason="needs the engine and model: make engine model")
+needs_sshd = pytest.mark.skipif(not shutil.which("/usr/sbin/sshd"), reason="sshd not installed")
 
 
 def test_matching_keeps_to_the_stable_parts() -> None:
@@ -37,6 +34,9 @@ def test_matching_keeps_to_the_stable_parts() -> None:
     assert not sessions.matches(["1 to create"], ["2 to create"])
 
 
+@needs_engine
+@needs_sshd
+@pytest.mark.timeout(900)
 def test_the_lab_session_of_the_docs(tmp_path: Path) -> None:
     commands = sessions.commands(sessions.LAB_PAGES, "lab")
     assert commands[0].text.startswith("mkdir lab")
@@ -56,3 +56,11 @@ def test_the_lab_session_of_the_docs(tmp_path: Path) -> None:
     ]
     assert not differences, "\n\n".join(differences)
     assert left == [], "llmgw lab down left processes running"
+
+
+def test_no_path_of_this_machine_in_the_docs() -> None:
+    pages = [*sorted((sessions.ROOT / "docs").glob("*.md")), sessions.ROOT / "README.md"]
+    found = [f"{page.name}:{number}: {line.strip()}" for page in pages
+             for number, line in enumerate(page.read_text().splitlines(), 1)
+             if "/work/" in line or "/tmp/llmgw-sim-" in line or "/tmp/lab" in line]
+    assert not found, "\n".join(found)
