@@ -47,12 +47,12 @@ from typing import Any
 from llmgw.fleet.types import (
     CachedWeights,
     Disk,
-    SourceFacts,
     FabricStatus,
     Fleet,
     Gpu,
     GpuProcess,
     NodeReport,
+    SourceFacts,
     Unit,
     Weights,
 )
