@@ -32,6 +32,8 @@ COMMANDS = (
     "keys",
     "store",
     "lab",
+    "weights",
+    "mirror",
 )
 
 
