@@ -3,15 +3,18 @@
 :class:`Accounts` authenticates a request's ``Authorization: Bearer`` key
 against the store (one primary-key probe, constant-time digest compare; see
 :mod:`llmgw.store.keys`), refuses projects at or over their budget, and
-records one usage row per request. Spend per project is loaded from the store
-once and then kept in memory, in a :class:`~llmgw.router.budgets.Ledger`, so the
-budget check reads no database. Rows are buffered and written in one transaction
-every ``flush_interval`` seconds (and on close) by a worker thread on a connection
-of its own, so neither a request nor the event loop ever waits on a disk write or
-on a store another process has locked; a failed write keeps its rows for the next.
+records one usage row per request. Spend per project is kept in memory, in a
+:class:`~llmgw.router.budgets.Ledger`, so the budget check reads no database;
+it is reloaded from the store at every flush, so spend charged by other routers
+sharing the store counts here too.
+Rows are buffered and written in one transaction every ``flush_interval``
+seconds (and on close), so a request never waits on a write. Every store call
+is async (:mod:`llmgw.store.stores`): none blocks the event loop.
 
-Budgets: a request reserves its estimated cost before it is sent and settles to its
-real cost after (see :mod:`llmgw.router.budgets` for the rule and its bound).
+Budgets: a request reserves its estimated cost before it is sent and settles to
+its real cost after (:mod:`llmgw.router.budgets` states the rule and its bound).
+Reservations live in this process: routers sharing a store (``--workers``) each
+hold their own, so the bound is one reservation per router process.
 """
 
 from __future__ import annotations
@@ -19,15 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
-import threading
 from dataclasses import dataclass
 
 from llmgw.router import budgets
 from llmgw.router.budgets import NOTHING, Reservation
 from llmgw.router.catalogs import Catalog
 from llmgw.router.errors import ApiError
-from llmgw.store import databases, keys, usages
+from llmgw.store import keys, usages
+from llmgw.store.stores import Store, StoreError
 from llmgw.store.usages import UsageRow
 
 log = logging.getLogger(__name__)
@@ -45,25 +47,23 @@ _HOW_TO = "send `Authorization: Bearer <key>`; an operator creates keys with `ll
 
 class Accounts:
     def __init__(
-        self, store: sqlite3.Connection | None, catalog: Catalog, flush_interval: float = 1.0
+        self, store: Store | None, catalog: Catalog, flush_interval: float = 1.0
     ) -> None:
         if store is None and catalog.auth != "none":
             raise ValueError("auth: keys needs a store to check keys against")
         self.store = store
         self.catalog = catalog
         self.flush_interval = flush_interval
-        self.ledger = budgets.Ledger(usages.spend_by_project(store) if store else {})
+        self.ledger = budgets.Ledger()
         self._rows: list[UsageRow] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._writer: sqlite3.Connection | None = None  # opened by the first flush
-        self._writing = threading.Lock()  # one flush at a time, thread or loop
 
     @property
     def spent(self) -> dict[str, float]:
-        """USD charged so far per project (settled requests only)."""
+        """USD charged so far per project (settled requests, and other routers' rows)."""
         return self.ledger.spent
 
-    def authenticate(self, authorization: str | None) -> Principal:
+    async def authenticate(self, authorization: str | None) -> Principal:
         """The caller's project and key, or ApiError 401/403."""
         if self.catalog.auth == "none":
             return ANONYMOUS
@@ -76,7 +76,13 @@ class Accounts:
             raise ApiError(401, f"malformed Authorization header: {_HOW_TO}",
                            code="invalid_api_key")
         assert self.store is not None
-        info = keys.verify(self.store, token.strip())
+        try:
+            info = await keys.verify(self.store, token.strip())
+        except StoreError as exc:
+            log.error("cannot check an API key: %s", exc)
+            raise ApiError(503, "the key store is unreachable; retry shortly",
+                           code="store_unavailable", type="server_error",
+                           headers={"Retry-After": "2"}) from None
         if info is None:
             raise ApiError(401, "invalid API key (unknown, mistyped or revoked)",
                            code="invalid_api_key")
@@ -115,51 +121,36 @@ class Accounts:
         if self.store is not None:
             self._rows.append(row)
 
-    def flush(self) -> None:
-        """Write buffered rows now, in one transaction; blocks (for close and tests),
-        after waiting for a write under way in the worker thread."""
-        with self._writing:
-            rows, self._rows = self._rows, []
-            self._keep(self._write(rows))
-
-    async def flush_in_thread(self) -> None:
-        """Write buffered rows from a worker thread; the loop goes on meanwhile."""
-        if not self._rows or not self._writing.acquire(blocking=False):
-            return  # nothing to write, or the last write is still under way
+    async def flush(self) -> None:
+        """Write buffered rows (one transaction), then reload spend from the store."""
+        if self.store is None:
+            return
         rows, self._rows = self._rows, []
-        writing = asyncio.ensure_future(asyncio.to_thread(self._write_and_release, rows))
         try:
-            failed = await asyncio.shield(writing)
-        except asyncio.CancelledError:  # closing: the write finishes, its failures are kept
-            self._keep(await writing)
-            raise
-        self._keep(failed)
+            if rows:
+                await usages.insert(self.store, rows)
+            stored = await usages.spend_by_project(self.store)
+        except StoreError as exc:
+            # Keep them for the next flush: a locked disk or a lost database must not lose
+            # spend. In-memory spend goes on counting meanwhile.
+            self._rows[:0] = rows
+            log.error("could not write %d usage rows (will retry): %s", len(rows), exc)
+            return
+        # Rows recorded while this flush awaited are in memory only: keep them on top.
+        pending: dict[str, float] = {}
+        for row in self._rows:
+            if row.project is not None and row.cost_usd:
+                pending[row.project] = pending.get(row.project, 0.0) + row.cost_usd
+        for project in set(stored) | set(pending):
+            self.ledger.spent[project] = stored.get(project, 0.0) + pending.get(project, 0.0)
 
-    def _write_and_release(self, rows: list[UsageRow]) -> list[UsageRow]:
-        try:
-            return self._write(rows)
-        finally:
-            self._writing.release()  # taken on the loop by flush_in_thread
-
-    def _write(self, rows: list[UsageRow]) -> list[UsageRow]:
-        """Rows that could not be written (all or none); the caller holds ``_writing``."""
-        if not rows or self.store is None:
-            return []
-        try:
-            if self._writer is None:
-                self._writer = databases.reopen(self.store)
-            usages.insert(self._writer, rows)
-        except sqlite3.Error as exc:
-            log.warning("could not write %d usage rows (%s); will retry", len(rows), exc)
-            return rows
-        return []
-
-    def _keep(self, failed: list[UsageRow]) -> None:
-        # Kept for the next flush, oldest first: a locked or full disk must not lose spend.
-        self._rows[:0] = failed
-
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Load spend so far, then flush every ``flush_interval`` seconds."""
         if self._flusher is None and self.store is not None:
+            try:
+                self.ledger.spent.update(await usages.spend_by_project(self.store))
+            except StoreError as exc:
+                log.error("cannot load spend from the store yet: %s", exc)
             self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
 
     async def close(self) -> None:
@@ -168,15 +159,12 @@ class Accounts:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
-        self.flush()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        await self.flush()
 
     async def _flush_forever(self) -> None:
         while True:
             await asyncio.sleep(self.flush_interval)
-            await self.flush_in_thread()
+            await self.flush()
 
 
 def _usd(amount: float) -> str:

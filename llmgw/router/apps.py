@@ -7,7 +7,7 @@ scaling), ``configure(catalog)`` (after a spec reload) — and
 
 Usage::
 
-    router = Router(catalogs.from_cluster(cluster), store=databases.connect(path),
+    router = Router(catalogs.from_cluster(cluster), store=await stores.open_store(settings),
                     registry=registry)
     router.routes.update({"llama": [Endpoint("http://10.0.0.11:18000")]})
     runner = await router.start("127.0.0.1", 8000)
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +41,10 @@ from llmgw.router.errors import ApiError
 from llmgw.router.proxies import Outcome, Proxy
 from llmgw.router.routes import Endpoint, Routes
 from llmgw.store import usages
+from llmgw.store.stores import Store, StoreError
 from llmgw.store.usages import UsageRow
+
+log = logging.getLogger(__name__)
 
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 # Endpoints whose streams carry token usage only when asked for it.
@@ -73,7 +76,7 @@ class Router:
         self,
         catalog: Catalog,
         *,
-        store: sqlite3.Connection | None = None,
+        store: Store | None = None,
         registry: CollectorRegistry | None = None,
         settings: Settings | None = None,
     ) -> None:
@@ -84,10 +87,7 @@ class Router:
         self.accounts = Accounts(store, catalog, self.settings.flush_interval)
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
         self.proxy = Proxy(self.routes, self.settings.connect_timeout)
-        if store is not None:
-            # Last use survives a restart: an idle decision must not start from nothing.
-            for model, used in usages.last_use_by_model(store).items():
-                self.demands.touch(model, used)
+        self.store = store
         self.started_at = int(time.time())
 
     def configure(self, catalog: Catalog) -> None:
@@ -120,18 +120,19 @@ class Router:
         app.on_cleanup.append(self._on_cleanup)
         return app
 
-    async def start(self, host: str, port: int) -> web.AppRunner:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> web.AppRunner:
         """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request.
 
+        ``reuse_port``: SO_REUSEPORT, so several router processes share the port.
         Connections are bounded (see :mod:`llmgw.router.connections`): headers within
         ``header_timeout``, at most ``max_connections`` open, parse errors answered
         in OpenAI's shape and logged without a byte of the request.
         """
         settings = self.settings
         runner = connections.runner(self.create_app(), header_timeout=settings.header_timeout,
-                                max_connections=settings.max_connections)
+                                    max_connections=settings.max_connections)
         await runner.setup()
-        await web.TCPSite(runner, host, port, backlog=1024).start()
+        await web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None).start()
         return runner
 
     async def close(self, runner: web.AppRunner | None = None) -> None:
@@ -141,7 +142,14 @@ class Router:
         await self.accounts.close()
 
     async def _on_startup(self, _: web.Application) -> None:
-        self.accounts.start()
+        await self.accounts.start()
+        if self.store is not None:
+            # Last use survives a restart: an idle decision must not start from nothing.
+            try:
+                for model, used in (await usages.last_use_by_model(self.store)).items():
+                    self.demands.touch(model, used)
+            except StoreError as exc:
+                log.error("cannot restore the models' last use from the store: %s", exc)
 
     async def _on_cleanup(self, _: web.Application) -> None:
         await self.proxy.close()
@@ -155,7 +163,7 @@ class Router:
         stream, body_bytes, reservation = False, 0, NOTHING
         outcome = Outcome()
         try:
-            principal = self.accounts.authenticate(request.headers.get("Authorization"))
+            principal = await self.accounts.authenticate(request.headers.get("Authorization"))
             body = await _read_body(request, self.settings.max_body_bytes,
                                     self.settings.body_timeout)
             payload = _parse(body)
@@ -279,12 +287,12 @@ class Router:
         ), reservation)
 
     async def _models(self, request: web.Request) -> web.Response:
-        self.accounts.authenticate(request.headers.get("Authorization"))
+        await self.accounts.authenticate(request.headers.get("Authorization"))
         data = [self._model_card(name) for name in self._listed()]
         return _json({"object": "list", "data": data})
 
     async def _model(self, request: web.Request) -> web.Response:
-        self.accounts.authenticate(request.headers.get("Authorization"))
+        await self.accounts.authenticate(request.headers.get("Authorization"))
         name = request.match_info["model"]
         if name not in self._listed():
             raise ApiError(404, f"model not found: {name!r}", code="model_not_found")

@@ -135,7 +135,10 @@ async def test_no_client_bytes_in_logs_database_or_metrics(
         for r in caplog.records)
     for mark in MARKS:
         assert mark not in logged, f"{mark} was logged"
-    for path in stack.db_path.parent.glob("llmgw.db*"):
+    for table in ("usage", "keys"):
+        for value in stack.table_values(table):
+            assert not [mark for mark in MARKS if mark in value], f"stored in {table}"
+    for path in stack.db_path.parent.glob("llmgw.db*"):  # SQLite: every page, WAL included
         raw_bytes = path.read_bytes()
         for mark in MARKS:
             assert mark.encode() not in raw_bytes, f"{mark} is stored in {path.name}"
