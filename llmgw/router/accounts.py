@@ -102,12 +102,13 @@ class Accounts:
         if reservation is None:
             assert budget is not None
             spent = self.ledger.spent.get(project, 0.0)
+            held = self.ledger.committed(project) - spent
+            in_flight = f" (requests in flight hold {_usd(held)} more)" if held > 0 else ""
             raise ApiError(
                 429,
                 f"project {project!r} is over its budget: spent {_usd(spent)} of "
-                f"{_usd(budget)} (requests in flight hold "
-                f"{_usd(self.ledger.committed(project) - spent)} more); raise budget_usd in "
-                "the cluster's projects to continue",
+                f"{_usd(budget)}{in_flight}; raise budget_usd in the cluster's projects to "
+                "continue",
                 code="insufficient_quota", type="insufficient_quota",
             )
         return reservation
