@@ -46,7 +46,7 @@ def port(stack: Stack) -> int:
 async def test_half_sent_headers_are_dropped_and_extra_connections_answered(
     make_stack: StackFactory,
 ) -> None:
-    stack = make_stack(header_timeout=1.0, max_connections=20)
+    stack = make_stack(header_timeout=5.0, max_connections=20)
     sockets = []
     for _ in range(30):  # the same mechanism as 1,100 sockets against 1,024 descriptors
         reader, writer = await asyncio.open_connection("127.0.0.1", port(stack))
@@ -59,11 +59,12 @@ async def test_half_sent_headers_are_dropped_and_extra_connections_answered(
         writer.close()
     # Past the limit: an answer at once, not a connection left waiting for a descriptor.
     busy = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
-    assert len(busy) == 10
+    assert busy, "no connection past the limit was answered"
     error = json.loads(busy[0].partition(b"\r\n\r\n")[2])["error"]
     assert error["code"] == "too_many_connections" and b"Retry-After: 1" in busy[0]
     # Within the limit: closed by the server once the header timeout passed (read() ended).
-    assert answers.count(b"") == 20
+    # (Exactly 10 are refused unless opening 30 sockets took longer than the timeout.)
+    assert answers.count(b"") >= 20 and len(busy) + answers.count(b"") == 30
     assert await get(stack, "/health") == 200
 
 
