@@ -351,6 +351,31 @@ class Pricing(Strict):
     output_per_mtok: float = Field(0.0, ge=0, description="USD per million completion tokens.")
 
 
+class Routing(Strict):
+    policy: Literal["least-outstanding", "prefix"] = Field(
+        "least-outstanding",
+        description="`least-outstanding`: the replica with the fewest requests in flight. "
+        "`prefix`: requests sharing a prompt prefix (a system prompt, a conversation) go to "
+        "the same replica, whose engine has it cached, unless that replica carries more than "
+        "`load_factor` × the average load (consistent hashing with bounded loads).",
+    )
+    prefix_chars: int = Field(
+        1024, ge=64, le=1_000_000,
+        description="How many characters of a request's context (every message but the last, "
+        "roles and text in order; a completion's prompt) make the prefix it is routed by.",
+    )
+    min_prefix_chars: int = Field(
+        256, ge=0, le=1_000_000,
+        description="A context shorter than this is routed by least outstanding: it shares "
+        "too little to be worth a preference.",
+    )
+    load_factor: float = Field(
+        1.25, ge=1.0, le=10.0,
+        description="Most load a replica takes for its prefixes, as a multiple of the average "
+        "(requests in flight); beyond it a prefix spills to the next replica.",
+    )
+
+
 class Model(Strict):
     source: str | None = Field(
         None,
@@ -368,6 +393,7 @@ class Model(Strict):
     )
     scaling: Scaling = Field(default_factory=Scaling, description="Replica count.")
     pricing: Pricing = Field(default_factory=Pricing, description="Charged to projects' budgets.")
+    routing: Routing = Field(default_factory=Routing, description="How the router picks a replica.")
 
 
 class Project(Strict):
