@@ -33,7 +33,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError, YAMLWarning
 
-from llmgw.spec import checks, partials
+from llmgw.spec import checks, identifiers, partials
 from llmgw.spec.models import SECTIONS, Cluster
 
 DataPath = tuple[str | int, ...]
@@ -422,10 +422,20 @@ def _data_path(loc: tuple[int | str, ...], data: Any) -> DataPath:
     return tuple(path)
 
 
+_PLAIN_STEP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/@+:-]*$")
+
+
 def dotted(path: DataPath) -> str:
+    """``models.m.profiles[0].args.max-model-len``; a key no pattern allows is shown quoted,
+    so a newline in a hostile key never breaks an error line."""
     out = ""
     for step in path:
-        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
+        if isinstance(step, int):
+            out += f"[{step}]"
+        elif not _PLAIN_STEP.match(step):
+            out += f"[{identifiers.show(step)}]"
+        else:
+            out += f".{step}" if out else step
     return out
 
 
@@ -449,8 +459,11 @@ def _shape_message(item: Any, path: DataPath) -> str | None:
     if kind == "too_short":
         message = "must not be empty"
     if kind == "string_pattern_mismatch":
-        message = (f"invalid name {_show(given)}: use lowercase letters, digits, '.', '_' "
-                   "and '-', starting and ending with a letter or digit")
+        known = identifiers.describe(str((item.get("ctx") or {}).get("pattern", "")))
+        noun, rule = known or ("name", "the documented pattern")
+        noun = {"served_name": "served name", "label_key": "label key",
+                "variable": "variable name"}.get(noun, noun)
+        message = f"invalid {noun} {_show(given)}: use {rule}"
     return f"{where}: {message}" if where else message
 
 
@@ -459,8 +472,7 @@ def _show(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return identifiers.show(value)
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -76,4 +76,8 @@ def _remove_key(data: Any, path: DataPath) -> None:
         else:
             return
     if isinstance(data, dict) and len(path) > 2:
-        data.pop(path[-1], None)
+        if path[-1] == "source" and path[-1] in data:
+            # Present but invalid: not the same as missing ("no `source`").
+            data["source"] = PLACEHOLDER["source"]
+        else:
+            data.pop(path[-1], None)

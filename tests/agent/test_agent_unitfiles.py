@@ -92,15 +92,23 @@ def test_env_files_as_systemd_reads_them() -> None:
         'DQ="a \\"quoted\\" $word"\nMULTI="line one\nline two"\nEMPTY=\nnot an assignment\n'
     )
     assert unitfiles.parse_env_file(text) == {
-        "PLAIN": "value with spaces", "SQ": "it''s", "DQ": 'a "quoted" $word',
+        # Quotes are joined as in the shell: 'it''s' is "its".
+        "PLAIN": "value with spaces", "SQ": "its", "DQ": 'a "quoted" $word',
         "MULTI": "line one\nline two", "EMPTY": "",
     }
 
 
+def test_env_file_lines_end_only_where_systemd_ends_them() -> None:
+    text = 'A="one\rtwo\u2028three"\r\nB=x\\\ny\nC=\'lit\\n\'\n'
+    assert unitfiles.parse_env_file(text) == {"A": "one\rtwo\u2028three", "B": "xy",
+                                              "C": "lit\\n"}
+
+
 @given(st.dictionaries(
     st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True),
-    st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\r")
-            | st.just("\n"), max_size=30).map(str.strip),
+    # Any value a process can hold: control characters, CR, quotes, backslashes.
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+            max_size=30),
     max_size=5,
 ))
 def test_rendered_env_files_read_back_unchanged(env: dict[str, str]) -> None:
