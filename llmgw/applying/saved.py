@@ -23,6 +23,7 @@ from llmgw.planning.types import (
     Shard,
 )
 from llmgw.rendering.units import UnitFiles
+from llmgw.spec import bounds
 
 
 class SavedPlanError(Exception):
@@ -37,8 +38,14 @@ class Merge:
 
 
 def load(path: Path) -> Plan:
+    """The saved plan in ``path``; SavedPlanError, located, for anything else — a file past
+    the size and nesting bounds of :mod:`llmgw.spec.bounds` included."""
     try:
-        data = json.loads(path.read_text())
+        text = bounds.read_text(path, bounds.JSON_MAX_BYTES)
+        bounds.check_json(text)
+        data = json.loads(text)
+    except bounds.BoundError as exc:
+        raise SavedPlanError(f"{path}:{exc.line}:{exc.col}: {exc.message}") from None
     except FileNotFoundError:
         raise SavedPlanError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:

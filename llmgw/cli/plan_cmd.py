@@ -25,6 +25,7 @@ from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.fleet.types import FORMAT_VERSION, Fleet
 from llmgw.planning import outputs, plans
+from llmgw.spec import bounds
 from llmgw.spec.models import Cluster
 from llmgw.transport import pools
 
@@ -81,12 +82,18 @@ def run(args: argparse.Namespace) -> int:
 def read_snapshot(path: Path) -> Fleet:
     """A fleet snapshot file, or a UserError saying where it is wrong."""
     try:
-        data = path.read_text()
+        data = bounds.read_text(path, bounds.JSON_MAX_BYTES)
+        bounds.check_json(data)
+    except bounds.BoundError as exc:
+        raise UserError(f"{path}:{exc.line}:{exc.col}: {exc.message}") from None
     except FileNotFoundError:
         raise UserError(f"{path}: no such file (write one with `llmgw inventory --json`)") \
             from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text (write one with `llmgw inventory --json`)") \
+            from None
     try:
         fleet = Fleet.model_validate_json(data)
     except pydantic.ValidationError as exc:

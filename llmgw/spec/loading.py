@@ -33,7 +33,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError, YAMLWarning
 
-from llmgw.spec import checks, identifiers, partials
+from llmgw.spec import bounds, checks, identifiers, partials
 from llmgw.spec.models import SECTIONS, Cluster
 
 DataPath = tuple[str | int, ...]
@@ -211,7 +211,11 @@ def _parse(path: Path, display: str, errors: list[SpecError]) -> Any:
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
     try:
-        text = path.read_text(encoding="utf-8")
+        text = bounds.read_text(path, bounds.YAML_MAX_BYTES)
+        bounds.check_yaml(text)
+    except bounds.BoundError as exc:
+        errors.append(SpecError(Location(display, exc.line, exc.col), exc.message))
+        return None
     except (OSError, UnicodeDecodeError) as exc:
         errors.append(SpecError(Location(display, 1, 1), f"cannot read file: {exc}"))
         return None
