@@ -110,7 +110,7 @@ def text(plan: Plan) -> str:
     """The plan as a terminal shows it."""
     out = [_title(plan), ""]
     if not plan.changes:
-        out += ["No changes: the fleet matches the cluster.", ""]
+        out += [_no_changes(plan), ""]
     for change in plan.changes:
         out += _text_change(change)
         out.append("")
@@ -129,6 +129,15 @@ def text(plan: Plan) -> str:
         out += ["Warnings:", *(f"  - {w}" for w in plan.warnings), ""]
     out.append(plan.summary())
     return "\n".join(out) + "\n"
+
+
+def _no_changes(plan: Plan) -> str:
+    if plan.unplaceable:
+        return "No changes can be made, and the fleet does not match the cluster: " \
+            "replicas cannot be placed (see below)."
+    if plan.unknown:
+        return "No changes: the fleet matches the cluster on every node that answered."
+    return "No changes: the fleet matches the cluster."
 
 
 def _title(plan: Plan) -> str:
@@ -195,14 +204,7 @@ def _text_attempt(attempt: Attempt) -> list[str]:
 def markdown(plan: Plan, limit: int = MARKDOWN_LIMIT) -> str:
     """The plan as a pull request comment, at most ``limit`` characters."""
     head = [f"### llmgw plan for `{plan.cluster}`", ""]
-    summary = f"**{plan.summary()}**"
-    if plan.unplaceable:
-        count = sum(len(u.replicas) for u in plan.unplaceable)
-        summary += f" {count} replica{'s' if count != 1 else ''} cannot be placed."
-    if plan.unknown:
-        summary += (f" {len(plan.unknown)} replica{'s' if len(plan.unknown) != 1 else ''} "
-                    "unknown (node not reachable).")
-    head += [summary, ""]
+    head += [f"**{plan.summary()}**", ""]
     rows = _markdown_rows(plan)
     footer = [
         "",
@@ -220,7 +222,7 @@ def markdown(plan: Plan, limit: int = MARKDOWN_LIMIT) -> str:
         table.append(row)
         used += len(row) + 1
     if not rows:
-        table = ["No changes: the fleet matches the cluster."]
+        table = [_no_changes(plan)]
     body = head + table + [""] + _markdown_capacity(plan)
     remaining = limit - len("\n".join(body + footer)) - 200
     details, left_out = _markdown_details(plan, remaining)
@@ -318,7 +320,7 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "summary": {
             **{action: plan.count(action)
                for action in ("create", "replace", "destroy", "restart")},
-            "unplaceable": sum(len(u.replicas) for u in plan.unplaceable),
+            "unplaceable": plan.unplaced,
             "unknown": len(plan.unknown),
             "text": plan.summary(),
         },

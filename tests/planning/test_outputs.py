@@ -47,7 +47,8 @@ def test_json_is_versioned_and_complete(scenario: tuple[Plan, Cluster, Fleet, fl
     assert data["summary"] == {"create": 3, "replace": 2, "destroy": 2, "restart": 1,
                                "unplaceable": 4, "unknown": 1,
                                "text": "Plan: 3 to create, 2 to replace, 2 to destroy, "
-                                       "1 to restart."}
+                                       "1 to restart. 4 replicas cannot be placed. "
+                                       "1 replica unknown (node not reachable)."}
     create = next(c for c in data["changes"] if c["model"] == "llama-3.1-70b")
     assert [s["node"] for s in create["shards"]] == ["gpu-a-01", "gpu-a-02"]
     assert "X-Llmgw-Digest=" in create["shards"][0]["unit_text"]
