@@ -5,10 +5,12 @@ systemd.syntax(7) (systemd 252). A unit file's line ends at LF, CR, CRLF or
 NUL, so no value may carry one raw:
 
 * ``ExecStart=``: a ``%`` starts a specifier and ``$`` a variable, so both are
-  doubled; a word with any other special character is double-quoted, with
-  C-style escapes (``\\n``, ``\\r``, ``\\xNN``, ``\\uNNNN``) for every control
-  character, DEL, the C1 controls and the Unicode line and paragraph
-  separators; a lone ``;`` separates commands and is escaped.
+  doubled — but for ``${LLMGW_WEIGHTS}``, the one variable llmgw means (the
+  agent sets it to the fetched weights' path); a word with any other special
+  character is double-quoted, with C-style escapes (``\\n``, ``\\r``,
+  ``\\xNN``, ``\\uNNNN``) for every control character, DEL, the C1 controls
+  and the Unicode line and paragraph separators; a lone ``;`` separates
+  commands and is escaped.
 * ``Environment=``: specifiers are expanded (``%`` doubled), variables are
   not; the assignment is double-quoted with the same C escapes.
 * Env files (``EnvironmentFile=``) follow shell-like double-quote rules:
@@ -28,7 +30,9 @@ import re
 import shlex
 from collections.abc import Sequence
 
-_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@+=:,./%$-]+")
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@+=:,./%${}-]+")
+WEIGHTS = "${LLMGW_WEIGHTS}"
+_ESCAPED_WEIGHTS = "$" + WEIGHTS
 _NAMED = {"\a": "\\a", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\v": "\\v", "\f": "\\f",
           "\r": "\\r", "\\": "\\\\", '"': '\\"'}
 # Characters that must not appear raw between quotes on a unit line.
@@ -57,7 +61,9 @@ def exec_word(word: str) -> str:
     """One argv element as it must appear on an ``ExecStart=`` line."""
     if word == ";":
         return "\\;"
-    text = _no_nul(word).replace("%", "%%").replace("$", "$$")
+    # The one variable llmgw means: the agent sets it to the fetched weights' path.
+    text = (_no_nul(word).replace("%", "%%").replace("$", "$$")
+            .replace(_ESCAPED_WEIGHTS, WEIGHTS))
     if _PLAIN_WORD.fullmatch(text):
         return text
     return f'"{c_escape(text)}"'

@@ -77,7 +77,8 @@ def _remove_key(data: Any, path: DataPath) -> None:
             return
     if isinstance(data, dict) and len(path) > 2:
         if path[-1] == "source" and path[-1] in data:
-            # Present but invalid: not the same as missing ("no `source`").
+            # A malformed source is still a source: "no source" would be a second,
+            # wrong error about the same line.
             data["source"] = PLACEHOLDER["source"]
-        else:
-            data.pop(path[-1], None)
+            return
+        data.pop(path[-1], None)

@@ -139,7 +139,8 @@ def assert_faithful(shard: Shard) -> None:
     assert systemd_syntax.parse_env_file(shard.files.env_text) == shard.spec["user_env"]
     # The agent reads it the same way (the supervise backend runs what it reads).
     mine = unitfiles.parse(shard.unit, shard.files.unit_text)
-    assert unitfiles.expand(mine.value("Service", "ExecStart") or "", {}, shard.unit) \
+    weights = {"LLMGW_WEIGHTS": systemd_syntax.WEIGHTS}  # the agent's one variable, unset
+    assert unitfiles.expand(mine.value("Service", "ExecStart") or "", weights, shard.unit) \
         == planned_argv(shard)
     assert unitfiles.environment(mine) == shard.spec["env"]
     assert unitfiles.parse_env_file(shard.files.env_text) == shard.spec["user_env"]
@@ -167,13 +168,14 @@ HOSTILE: dict[str, Any] = {
         "cpu-01": {"address": "10.0.0.3", "memory": "64GiB"},
     },
     "models": {
-        "big": {"source": "org/big\n[Service]\nExecStartPre=/usr/bin/touch /tmp/p",
+        # A source holds no control characters (llmgw/spec/sources.py refuses them).
+        "big": {"source": "org/big",
                 "profiles": [{"engine": "vllm", "gpu_class": "h100-80g", "nodes": 2,
                               "tensor_parallel": 8, "pipeline_parallel": 2,
                               "multi_node": "ray",
                               "args": {"chat-template": "a\rExecStartPre=/bin/x %n $HOME ;"},
                               "env": {"NOTE": "one\rtwo\u2028three \"$x\" `y` \\"}}]},
-        "small": {"source": "/models/small\r.gguf",
+        "small": {"source": "/models/small 100% $x \"q\";.gguf",
                   "profiles": [{"engine": "llama.cpp", "cpu": True,
                                 "args": {"ctx-size": "\x1b[31m\x7f;\\"}}]},
     },

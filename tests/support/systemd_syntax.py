@@ -18,7 +18,8 @@ and ``parse_env_file_internal``:
   split into words: double and single quotes group, backslash escapes are C
   escapes in and out of quotes;
 * in ``ExecStart=`` words, ``$$`` is a ``$`` at run time, and a ``$`` that is
-  not doubled is a variable reference (reported: llmgw never writes one);
+  not doubled is a variable reference: reported, but for ``${LLMGW_WEIGHTS}``
+  (the agent's weights path), which is kept as written;
 * env files: ``KEY=value`` where a double-quoted value escapes only
   backslash, double quote, ``$`` and backquote and may span lines.
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 WHITESPACE = " \t\n\r"
+WEIGHTS = "${LLMGW_WEIGHTS}"  # set by the agent to the fetched weights' path
 _C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
               "\\": "\\", '"': '"', "'": "'", "s": " "}
 
@@ -188,7 +190,10 @@ def exec_argv(value: str) -> list[str]:
             continue
         out, i = [], 0
         while i < len(word):
-            if word[i] == "$":
+            if word.startswith(WEIGHTS, i):
+                out.append(WEIGHTS)  # the one variable llmgw writes: kept as written
+                i += len(WEIGHTS)
+            elif word[i] == "$":
                 if word[i + 1:i + 2] != "$":
                     raise SyntaxProblem(f"variable reference in {word!r}")
                 out.append("$")
