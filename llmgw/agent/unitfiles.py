@@ -74,8 +74,10 @@ def parse(name: str, text: str) -> UnitFile:
     current: list[tuple[str, str]] | None = None
     pending = ""
     for number, raw in enumerate(lines(text), start=1):
-        line = pending + raw.strip(_SEPARATORS) if pending else raw.strip(_SEPARATORS)
-        pending = ""
+        stripped = raw.strip(_SEPARATORS)
+        if pending and stripped[:1] in ("#", ";"):
+            continue  # systemd skips a comment line inside a continuation
+        line, pending = pending + stripped, ""
         if not line or line[0] in "#;":
             continue
         if line.endswith("\\"):

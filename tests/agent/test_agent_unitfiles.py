@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import systemd_syntax
 
 from llmgw.agent import unitfiles
 from llmgw.agent.unitfiles import UnitFileError
@@ -127,3 +128,24 @@ def test_timespans(text: str, seconds: float | None) -> None:
 def test_bad_timespan() -> None:
     with pytest.raises(UnitFileError, match="invalid time span 'soon'"):
         unitfiles.parse_timespan("soon")
+
+
+@pytest.mark.parametrize(
+    ("text", "argv"),
+    [
+        ("[Service]\nExecStart=/bin/a \\\n  b\n", ["/bin/a", "b"]),
+        # A comment line inside a continuation is skipped, not joined.
+        ("[Service]\nExecStart=/bin/a \\\n# not an argument\n  b\n", ["/bin/a", "b"]),
+        # CR and CRLF end lines as LF does; U+2028 and form feed do not.
+        ("[Service]\r\nExecStart=/bin/a\u2028b\x0cc\r", ["/bin/a\u2028b\x0cc"]),
+        ("[Service]\rExecStart=/bin/a\rExecStart=/bin/b\n", ["/bin/b"]),
+        ('[Service]\nExecStart=/bin/a "x\\ny\\t\\x1b\\u2028" \\; 100%% $$HOME\n',
+         ["/bin/a", "x\ny\t\x1b\u2028", ";", "100%", "$HOME"]),
+    ],
+)
+def test_the_agent_reads_units_as_systemd_does(text: str, argv: list[str]) -> None:
+    """The agent's reader and the independent one in tests/support agree on systemd's rules."""
+    mine = unitfiles.parse("u.service", text)
+    assert unitfiles.expand(mine.value("Service", "ExecStart") or "", {}, "u.service") == argv
+    theirs = systemd_syntax.parse_unit(text)
+    assert systemd_syntax.exec_argv(theirs.values("Service", "ExecStart")[-1]) == argv
