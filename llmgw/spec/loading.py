@@ -117,10 +117,11 @@ def load_with_sources(directory: str | Path) -> tuple[Cluster, Sources]:
     files = yaml_files(root)
     if not files:
         raise SpecErrors([SpecError(None, f"{root}: no *.yaml files in the cluster directory")])
+    budget = _Budget()
     for path in files:
         display = _display(path)
         sources.files.append(path)
-        document = _parse(path, display, errors)
+        document = _parse(path, display, errors, budget)
         if document is not None:
             _merge(document, display, merged, sources, errors)
     if "cluster" not in merged and not errors:
@@ -211,12 +212,25 @@ def _display(path: Path) -> str:
 
 # --- syntax ---------------------------------------------------------------
 
-def _parse(path: Path, display: str, errors: list[SpecError]) -> Any:
+@dataclass
+class _Budget:
+    """What the directory's files may still hold (:mod:`llmgw.spec.bounds`)."""
+
+    bytes: int = bounds.YAML_MAX_DIRECTORY_BYTES
+    values: int = bounds.YAML_MAX_DIRECTORY_VALUES
+
+
+def _parse(path: Path, display: str, errors: list[SpecError], budget: _Budget) -> Any:
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
     try:
+        size = path.stat().st_size
+        if size > budget.bytes:
+            raise bounds.BoundError(1, 1, "the cluster directory's files hold more than "
+                                    f"{bounds.YAML_MAX_DIRECTORY_BYTES // 1024 // 1024} MiB")
         text = bounds.read_text(path, bounds.YAML_MAX_BYTES)
-        bounds.check_yaml(text)
+        budget.bytes -= len(text.encode())
+        budget.values -= bounds.check_yaml(text, budget.values)
     except bounds.BoundError as exc:
         errors.append(SpecError(Location(display, exc.line, exc.col), exc.message))
         return None

@@ -86,3 +86,17 @@ def test_a_saved_plan_past_the_size_bound_is_refused(
     planfile.write_text(json.dumps({"format_version": 1, "pad": "x" * 100}))
     with pytest.raises(saved.SavedPlanError, match=r"plan\.json:1:1: file is 132 bytes"):
         saved.load(planfile)
+
+
+def test_files_each_under_the_bound_are_bounded_together(tmp_path: Path) -> None:
+    """Seven files of 74,000 values each: the directory's budget stops the seventh."""
+    levels = ['  l0: &l0 [a, a, a, a, a, a, a, a, a]']
+    levels += [f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 5)]
+    for index in range(7):
+        (tmp_path / f"f{index}.yaml").write_text(f"x{index}:\n" + "\n".join(levels) + "\n")
+    with pytest.raises(loading.SpecErrors) as caught:
+        loading.load(tmp_path)
+    bounded = [str(e) for e in caught.value.errors if "values" in str(e)]
+    assert len(bounded) == 1 and "f6.yaml" in bounded[0], caught.value.errors
+    assert bounded[0].endswith("alias *l3 (7,381 values) expands the cluster directory "
+                               "past 500,000 values")
