@@ -100,3 +100,4 @@ def test_files_each_under_the_bound_are_bounded_together(tmp_path: Path) -> None
     assert len(bounded) == 1 and "f6.yaml" in bounded[0], caught.value.errors
     assert bounded[0].endswith("alias *l3 (7,381 values) expands the cluster directory "
                                "past 500,000 values")
+
