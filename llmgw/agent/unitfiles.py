@@ -4,7 +4,10 @@ Pure functions over text. The systemd backend only needs the labels (which
 unit is which shard); the supervise backend runs the unit itself and so
 needs what systemd would derive from it: ``ExecStart`` split and expanded
 the way systemd does, ``Environment=`` assignments, ``EnvironmentFile=``
-paths, the working directory and the stop timeout.
+paths, the working directory and the stop timeout. Lines end where systemd
+ends them (LF, CR, CRLF, NUL), and :func:`shape_problems` compares a unit's
+keys with those the unit template writes (:data:`KEYS`, read from the
+template shipped with llmgw), so the agent can refuse any other shape.
 
 >>> split_command('/usr/bin/engine --name "two words" --port 18000')
 ['/usr/bin/engine', '--name', 'two words', '--port', '18000']
