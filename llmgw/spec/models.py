@@ -13,11 +13,20 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from llmgw.spec import sources
+from llmgw.spec import identifiers, sources
+from llmgw.spec.identifiers import (
+    Adapter,
+    Address,
+    Flag,
+    Interface,
+    LabelKey,
+    Name,
+    ServedName,
+    Variable,
+)
 from llmgw.spec.quantities import Duration, Size
 
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
-Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+NAME_PATTERN = identifiers.PATTERNS["name"][0]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
@@ -26,9 +35,18 @@ _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVA
 
 
 class Strict(BaseModel):
-    """Base for every spec type: unknown keys are errors, values are frozen."""
+    """Base for every spec type: unknown keys are errors, values are frozen.
+
+    Every string, free text included, is checked for what no unit can carry
+    (:func:`llmgw.spec.identifiers.check_text`).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _text(cls, value: object) -> object:
+        return identifiers.check_text(value)
 
 
 class SSHSettings(Strict):
@@ -207,7 +225,7 @@ class GpuDecl(Strict):
 
 
 class Node(Strict):
-    address: str = Field(
+    address: Address = Field(
         description="Host name or IP the daemon reaches over SSH, or `local` for the machine "
         "the daemon runs on (its agent socket is used directly)."
     )
@@ -215,19 +233,21 @@ class Node(Strict):
     agent_socket: str | None = Field(
         None, description="The agent's unix socket on this node, if not the cluster's."
     )
-    mgmt_interface: str | None = Field(
+    mgmt_interface: Interface | None = Field(
         None,
         description="Network interface for NCCL/Gloo bootstrap (`NCCL_SOCKET_IFNAME`). Never a "
         "fabric interface. Required for nodes that take part in multi-node replicas.",
     )
-    labels: dict[str, str] = Field(default_factory=dict, description="Free-form labels.")
+    labels: dict[LabelKey, str] = Field(
+        default_factory=dict, description="Free-form labels (keys: letters, digits, `._/-`)."
+    )
     gpus: list[GpuDecl] = Field(
         default_factory=list,
         description="GPUs the node is expected to have. The agent's report is the truth; this "
         "lets `validate` check arithmetic before any node is reached.",
     )
     memory: Size | None = Field(None, description="Expected system memory, e.g. `512GiB`.")
-    fabrics: dict[Name, list[str]] = Field(
+    fabrics: dict[Name, list[Adapter]] = Field(
         default_factory=dict,
         description="Fabric name → the RDMA adapters (e.g. `mlx5_0`) of this node on it.",
     )
@@ -274,15 +294,15 @@ class Profile(Strict):
     source: str | None = Field(None, description="Overrides the model's `source` (e.g. a GGUF).")
 
     _source = field_validator("source")(_check_source)
-    args: dict[str, ArgValue] = Field(
+    args: dict[Flag, ArgValue] = Field(
         default_factory=dict,
         description="Extra engine flags: `max-model-len: 8192` becomes `--max-model-len 8192`; "
         "`true` is a bare flag, `false` or null leaves it out.",
     )
-    env: dict[str, str] = Field(
+    env: dict[Variable, str] = Field(
         default_factory=dict, description="Environment for the engine (no secrets: see secret_env)."
     )
-    secret_env: dict[str, str] = Field(
+    secret_env: dict[Variable, str] = Field(
         default_factory=dict,
         description="Variable → absolute path of a file *on the node* holding its value. The "
         "value never enters git, a plan or the daemon.",
@@ -387,7 +407,9 @@ class Model(Strict):
     )
 
     _source = field_validator("source")(_check_source)
-    served_name: str | None = Field(None, description="Name clients use; default: the model key.")
+    served_name: ServedName | None = Field(
+        None, description="Name clients use (letters, digits, `._:/@+-`); default: the model key."
+    )
     profiles: list[Profile] = Field(
         min_length=1, description="Ways to run the model, tried in order; the first that fits wins."
     )
