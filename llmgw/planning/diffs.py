@@ -16,10 +16,12 @@ from typing import Any
 # placement lines ("port 18000 → 18001"), not repeated as args.
 _PLACEMENT_FLAGS = frozenset({
     "host", "port", "master-addr", "master-port", "node-rank", "dist-init-addr", "headless",
-    "download-dir", "address",
+    "download-dir", "address", "node-ip-address",
 })
 # Environment derived from the placement: explained by GPUs/fabric lines.
-_PLACEMENT_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "RAY_ADDRESS"})
+_PLACEMENT_ENV = frozenset({
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RAY_ADDRESS", "VLLM_HOST_IP", "SGLANG_HOST_IP",
+})
 _FABRIC_ENV = frozenset({
     "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_GID_INDEX",
 })
