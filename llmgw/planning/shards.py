@@ -126,6 +126,8 @@ def build(
             "port": launch.port,
             "dist_port": head_slot.dist_port if multi and rank == 0 else None,
             **({"aux_port": slot.aux_port} if slot.aux_port is not None else {}),
+            # What the node installs; in the digest, so an upgrade restarts the engine.
+            **({"engine_version": profile.engine_version} if profile.engine_version else {}),
             "fabric": placement.fabric,
             "memory": placement.memory,
             "profile": placement.profile,

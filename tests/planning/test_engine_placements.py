@@ -62,3 +62,17 @@ def test_multi_node_rendezvous_and_host_ip_use_management_addresses() -> None:
     assert "10.0.1.11:" in " ".join(head["argv"])  # mgmt_address, not the SSH name
     assert head["env"]["SGLANG_HOST_IP"] == "10.0.1.11"
     assert follower["env"]["SGLANG_HOST_IP"] == "10.0.1.12"  # address, an IP, by default
+
+
+def test_an_engine_upgrade_replaces_the_replica_and_says_so() -> None:
+    data = sglang_cluster(1)
+    data["models"]["qwen"]["profiles"][0]["engine_version"] = "0.5.22"
+    cluster = cluster_from(data)
+    first = plans.plan(cluster, fleet_from(cluster, {}, [], NOW), NOW)
+    fleet = apply(fleet_from(cluster, {}, [], NOW), first, NOW)
+    assert {s.spec["engine_version"] for c in first.changes for s in c.shards} == {"0.5.22"}
+    data["models"]["qwen"]["profiles"][0]["engine_version"] = "0.5.23"
+    upgraded = cluster_from(data)
+    [change] = plans.plan(upgraded, fleet, NOW).changes
+    assert change.action == "replace"
+    assert "engine version changed: 0.5.22 → 0.5.23" in change.reasons
