@@ -11,6 +11,7 @@ A purely computational module with no side effects.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 from llmgw.engines.tables import Table
 
@@ -26,6 +27,12 @@ def problems(tokens: Sequence[str], table: Table) -> Iterator[tuple[str, str]]:
             continue
         name, eq, inline = token.partition("=") if token.startswith("--") else (token, "", "")
         option = table.options.get(name)
+        if option is None and table.engine == "vllm" and "." in name:
+            # vLLM's parser takes one key of a JSON config option on its own:
+            # --compilation-config.mode 3 (vllm/utils/argparse_utils.py).
+            parent = table.options.get(name.split(".", 1)[0])
+            if parent is not None and parent.value == "required":
+                option = replace(parent, name=name, choices=None)
         if option is None:
             yield token, _unknown(name, table)
             if not eq and i < len(tokens) and not tokens[i].startswith("-"):

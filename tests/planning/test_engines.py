@@ -304,6 +304,12 @@ def test_argv_is_checked_against_the_engine_version_table(
     assert [(f.where, f.message[:len(message)]) for f in found] == [(where, message)]
 
 
+def test_vllm_takes_one_key_of_a_json_config_option() -> None:
+    assert launches.findings(vllm_profile(args={"compilation-config.mode": 3})) == []
+    [finding] = launches.findings(vllm_profile(args={"no-such-config.mode": 3}))
+    assert finding.where == ("args", "no-such-config.mode")
+
+
 def test_task_is_fine_where_the_version_still_has_it() -> None:
     assert launches.findings(vllm_profile(args={"task": "embed"}, engine_version="0.12.0")) == []
     assert launches.findings(vllm_profile(args={"runner": "pooling"})) == []
