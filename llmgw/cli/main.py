@@ -31,6 +31,9 @@ COMMANDS = (
     "agent",
     "keys",
     "store",
+    "lab",
+    "weights",
+    "mirror",
 )
 
 
