@@ -169,6 +169,44 @@ CREATE TABLE router_signals (
 );
 """,
     ),
+    Migration(
+        5, "budget reservations shared by routers",
+        # project_spend: running totals, kept in the transaction that inserts usage rows, so
+        # admission reads one row instead of summing usage. reservations: what requests in
+        # flight on any router may still cost; a row leaves in the transaction that writes
+        # its request's usage row (no instant where the cost is in neither), or expires
+        # when its router died.
+        sqlite="""
+CREATE TABLE IF NOT EXISTS project_spend (
+    project  TEXT PRIMARY KEY,
+    spent    REAL NOT NULL
+);
+INSERT OR IGNORE INTO project_spend (project, spent)
+    SELECT project, SUM(cost_usd) FROM usage WHERE project IS NOT NULL GROUP BY project;
+CREATE TABLE IF NOT EXISTS reservations (
+    id          TEXT PRIMARY KEY,
+    project     TEXT NOT NULL,
+    amount      REAL NOT NULL,
+    expires_at  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reservations_project ON reservations (project, expires_at);
+""",
+        postgres="""
+CREATE TABLE project_spend (
+    project  TEXT PRIMARY KEY,
+    spent    DOUBLE PRECISION NOT NULL
+);
+INSERT INTO project_spend (project, spent)
+    SELECT project, SUM(cost_usd) FROM usage WHERE project IS NOT NULL GROUP BY project;
+CREATE TABLE reservations (
+    id          TEXT PRIMARY KEY,
+    project     TEXT NOT NULL,
+    amount      DOUBLE PRECISION NOT NULL,
+    expires_at  TIMESTAMPTZ NOT NULL
+);
+CREATE INDEX reservations_project ON reservations (project, expires_at);
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version
