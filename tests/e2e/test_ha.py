@@ -208,6 +208,13 @@ def test_kill_the_leader_while_clients_stream_through_two_routers(
     assert {name: data["pid"] for name, data in running(engines).items()} == engines_before
     status = second.status()
     assert status["last_apply"] is None and status["leadership"]["epoch"] == 2
+    # Who leads, as `llmgw status` and the metrics say it.
+    holder = status["leadership"]["holder"]
+    shown = subprocess.run([sys.executable, "-m", "llmgw", "status", "--cluster",
+                            str(directory)], capture_output=True, text=True, timeout=60)
+    assert f"leader: {holder} (epoch 2, lease" in shown.stdout, shown
+    metrics = httpx.get(f"http://{second.metrics}/metrics", timeout=5).text
+    assert f'llmgw_reconciler_leading{{holder="{holder}"}} 1.0' in metrics
 
 
 def test_kill_a_router_and_the_other_keeps_serving(ha: Any, engines: Path) -> None:
@@ -266,6 +273,32 @@ def test_usage_from_two_routers_lands_in_one_store(
     # 499: the client hung up right after the stream's last event, before the router's
     # handler returned (the openai client closes as soon as it reads [DONE]).
     assert {r.status for r in rows} <= {200, 499}
+
+
+def test_two_router_workers_share_one_port_and_one_metrics_view(
+        ha: Any, engines: Path) -> None:
+    directory, key = ha()
+    leader = start(ha, directory, "reconciler", "reconciler")
+    leader.wait(lambda: leading(leader) and tiny_ready(leader), "tiny ready")
+    pool = start(ha, directory, "router", "routers", "--workers", "2")
+    pool.wait(lambda: pool.ready(pool.router) == 200, "routes in a worker")
+    workers = [int(p) for p in Path(f"/proc/{pool.process.pid}/task/{pool.process.pid}/children")
+               .read_text().split()]
+    assert len(workers) == 2
+    for _ in range(40):  # a new connection each: the kernel spreads them over the workers
+        reply = httpx.post(f"http://{pool.router}/v1/chat/completions", timeout=30,
+                           headers={"Authorization": f"Bearer {key}"},
+                           json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+        assert reply.status_code == 200, reply.text
+    metrics = httpx.get(f"http://{pool.metrics}/metrics", timeout=5).text
+    # Both workers' counters, summed into one series by the parent.
+    assert 'llmgw_requests_total{model="tiny",status="200"} 40.0' in metrics, metrics
+    assert metrics.count('llmgw_requests_total{model="tiny",status="200"}') == 1
+    # And both served some: each worker's counter file holds its own share.
+    environ = Path(f"/proc/{workers[0]}/environ").read_bytes().split(b"\0")
+    shared = Path(next(v for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR="))
+                  .split(b"=", 1)[1].decode())
+    assert {f"counter_{pid}.db" for pid in workers} <= {p.name for p in shared.iterdir()}
 
 
 async def _rows(db: Database) -> list[usages.UsageRow]:
