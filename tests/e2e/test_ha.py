@@ -301,6 +301,71 @@ def test_two_router_workers_share_one_port_and_one_metrics_view(
     assert {f"counter_{pid}.db" for pid in workers} <= {p.name for p in shared.iterdir()}
 
 
+def test_migrate_sqlite_to_postgresql_under_the_daemon(
+        sim_cluster: SimClusterFactory, engines: Path, postgres_db: Database,
+        tmp_path: Path) -> None:
+    sim = sim_cluster(1, hardware=("cpu-only",))
+    cluster = {"sync": "auto", "drift_interval": "1s", "auth": "keys",
+               "store": {"path": "llmgw.db"}}
+    sections = {"models": recording({"tiny": MODELS["tiny"]}),
+                "projects": {"research": {}}}
+    directory = sim.write_cluster({"cluster": cluster, **sections})
+    key = asyncio.run(_key_in(StoreSettings(path=str(directory / "llmgw.db"))))
+    daemon = Proc(directory, "all", tmp_path / "serve.log")
+    try:
+        daemon.wait(lambda: tiny_ready(daemon), "tiny ready on SQLite")
+        engine = running(engines)["tiny"]["pid"]
+        clients = Clients([daemon.router], key, threads=2)
+        try:
+            clients.wait_for(5)
+            moved = subprocess.run(  # while the daemon serves and writes usage
+                [sys.executable, "-m", "llmgw", "store", "migrate", "--cluster", str(directory),
+                 "--to", postgres_db.url, "--password-file", str(postgres_db.password_file)],
+                capture_output=True, text=True, timeout=120)
+            assert moved.returncode == 0, moved.stderr
+            assert "copied 1 keys and " in moved.stdout
+            clients.wait_for(5)
+        finally:
+            clients.stop()
+        daemon.stop()
+        served_on_sqlite = clients.done
+        sim.write_cluster({"cluster": {**cluster, "store": postgres_db.settings}, **sections})
+        daemon = Proc(directory, "all", tmp_path / "serve.log")
+        daemon.wait(lambda: tiny_ready(daemon), "tiny ready on PostgreSQL")
+        topped = subprocess.run(  # the rows written after the copy, before the switch
+            [sys.executable, "-m", "llmgw", "store", "migrate", "--cluster", str(directory),
+             "--to", postgres_db.url, "--password-file", str(postgres_db.password_file)],
+            capture_output=True, text=True, timeout=120)
+        # The cluster's store is PostgreSQL now: migrating into itself is refused ...
+        assert topped.returncode == 1 and "the store copied from" in topped.stderr
+        topped = subprocess.run(  # ... so the old file is named with --from
+            [sys.executable, "-m", "llmgw", "store", "migrate", "--cluster", str(directory),
+             "--from", f"sqlite://{directory / 'llmgw.db'}", "--to", postgres_db.url,
+             "--password-file", str(postgres_db.password_file)],
+            capture_output=True, text=True, timeout=120)
+        assert topped.returncode == 0 and "topped up 1 keys and " in topped.stdout, topped
+        clients = Clients([daemon.router], key, threads=2)  # the same key, on PostgreSQL
+        try:
+            clients.wait_for(5)
+        finally:
+            clients.stop()
+        daemon.stop()
+    finally:
+        daemon.stop()
+    assert clients.failures == []
+    assert running(engines)["tiny"]["pid"] == engine  # adopted across the restart
+    rows = asyncio.run(_rows(postgres_db))
+    assert len(rows) == served_on_sqlite + clients.done
+
+
+async def _key_in(settings: StoreSettings) -> str:
+    store = await stores.open_store(settings)
+    try:
+        return (await keys.create(store, "research")).secret
+    finally:
+        await store.close()
+
+
 async def _rows(db: Database) -> list[usages.UsageRow]:
     store = await stores.open_store(StoreSettings.model_validate(db.settings))
     try:
