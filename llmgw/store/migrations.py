@@ -205,6 +205,26 @@ CREATE TABLE reservations (
     expires_at  TIMESTAMPTZ NOT NULL
 );
 CREATE INDEX reservations_project ON reservations (project, expires_at);
+-- Admission in one round trip. Each statement of a VOLATILE function takes a fresh
+-- snapshot, so the sum below, read after the row lock is held, sees every reservation
+-- committed by the router that held the lock before us.
+CREATE FUNCTION llmgw_reserve(p_project TEXT, p_budget DOUBLE PRECISION,
+                              p_amount DOUBLE PRECISION, p_hold DOUBLE PRECISION,
+                              p_id TEXT, OUT spent DOUBLE PRECISION,
+                              OUT reserved DOUBLE PRECISION, OUT admitted BOOLEAN)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    INSERT INTO project_spend VALUES (p_project, 0) ON CONFLICT (project) DO NOTHING;
+    SELECT s.spent INTO spent FROM project_spend s WHERE s.project = p_project FOR UPDATE;
+    SELECT COALESCE(SUM(amount), 0) INTO reserved FROM reservations
+        WHERE project = p_project AND expires_at > now();
+    admitted := spent + reserved < p_budget;
+    IF admitted THEN
+        INSERT INTO reservations
+            VALUES (p_id, p_project, p_amount, now() + make_interval(secs => p_hold));
+    END IF;
+END;
+$$;
 """,
     ),
 )

@@ -133,22 +133,18 @@ class PostgresStore(Store):
 
     async def reserve(self, project: str, budget: float, amount: float,
                       hold: float) -> Admission:
-        async with self._conn() as conn, conn.transaction():
-            # The project's spend row, locked: every router's admission for this project
-            # waits its turn here, so two cannot both see room for one more request.
-            await conn.execute("INSERT INTO project_spend VALUES ($1, 0) "
-                               "ON CONFLICT (project) DO NOTHING", project)
-            spent = float(await conn.fetchval(
-                "SELECT spent FROM project_spend WHERE project = $1 FOR UPDATE", project))
-            reserved = float(await conn.fetchval(
-                "SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = $1 "
-                "AND expires_at > now()", project))
-            if spent + reserved >= budget:
-                return Admission(None, spent, reserved)
-            reservation = secrets.token_hex(8)
-            await conn.execute("INSERT INTO reservations VALUES ($1, $2, $3, now() + "
-                               "make_interval(secs => $4))", reservation, project, amount,
-                               float(hold))
+        # One round trip: llmgw_reserve (migration 5) locks the project's spend row, so
+        # every router's admission for this project waits its turn and none can see room
+        # for a request another has just taken.
+        reservation = secrets.token_hex(8)
+        async with self._conn() as conn:
+            found = await conn.fetchrow("SELECT spent, reserved, admitted FROM "
+                                        "llmgw_reserve($1, $2, $3, $4, $5)", project,
+                                        float(budget), float(amount), float(hold), reservation)
+        assert found is not None
+        spent, reserved = float(found[0]), float(found[1])
+        if not found[2]:
+            return Admission(None, spent, reserved)
         return Admission(reservation, spent, reserved)
 
     async def settle_reservation(self, reservation: str, cost: float) -> None:
