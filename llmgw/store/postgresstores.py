@@ -58,7 +58,8 @@ class PostgresStore(Store):
     async def open(cls, dsn: str, where: str) -> PostgresStore:
         try:
             pool = await asyncpg.create_pool(dsn, min_size=1, max_size=_POOL_SIZE,
-                                             timeout=10, command_timeout=30)
+                                             timeout=10, command_timeout=30,
+                                             reset=_no_session_state)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot connect to the store {where}: {exc}") from None
         store = cls(pool, where)
@@ -265,6 +266,12 @@ async def _append_usage(conn: asyncpg.pool.PoolConnectionProxy, records: list[Re
         await conn.executemany(
             "INSERT INTO project_spend VALUES ($1, $2) ON CONFLICT (project) DO UPDATE "
             "SET spent = project_spend.spent + EXCLUDED.spent", list(totals.items()))
+
+
+async def _no_session_state(_: asyncpg.Connection) -> None:
+    """Skip asyncpg's reset query on every release (a round trip per store call): this
+    module sets no session variables, listens to nothing and takes advisory locks only
+    for a transaction; an open transaction is still rolled back by the pool."""
 
 
 def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None]:

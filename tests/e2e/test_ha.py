@@ -217,6 +217,22 @@ def test_kill_the_leader_while_clients_stream_through_two_routers(
     assert f'llmgw_reconciler_leading{{holder="{holder}"}} 1.0' in metrics
 
 
+def test_a_clean_stop_hands_the_lease_over_at_once(ha: Any, engines: Path) -> None:
+    # A minute of lease: were it not handed over, the standby could not lead for 40 s
+    # or more (the leader renews every 20 s), longer than this test waits.
+    directory, _ = ha(lease_ttl=60)
+    first = start(ha, directory, "reconciler", "reconciler-a")
+    first.wait(lambda: leading(first) and tiny_ready(first), "a leader with tiny ready")
+    second = start(ha, directory, "reconciler", "reconciler-b")
+    second.wait(lambda: second.status()["leadership"]["leader"] is not None, "a standby")
+    engine = running(engines)["tiny"]["pid"]
+    first.stop()  # SIGTERM
+    assert first.process.returncode == 0
+    second.wait(lambda: leading(second) and tiny_ready(second), "the hand-over", timeout=30)
+    assert "released the lease" in first.log.read_text()
+    assert running(engines)["tiny"]["pid"] == engine
+
+
 def test_kill_a_router_and_the_other_keeps_serving(ha: Any, engines: Path) -> None:
     directory, key = ha()
     leader = start(ha, directory, "reconciler", "reconciler")
