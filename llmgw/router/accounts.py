@@ -3,18 +3,27 @@
 :class:`Accounts` authenticates a request's ``Authorization: Bearer`` key
 against the store (one primary-key probe, constant-time digest compare; see
 :mod:`llmgw.store.keys`), refuses projects at or over their budget, and
-records one usage row per request. Spend per project is kept in memory, in a
-:class:`~llmgw.router.budgets.Ledger`, so the budget check reads no database;
-it is reloaded from the store at every flush, so spend charged by other routers
-sharing the store counts here too.
+records one usage row per request. Spend per project is kept in memory, so
+the budget check reads no database; it is reloaded from the store at every
+flush, so spend charged by other routers sharing the store counts here too.
 Rows are buffered and written in one transaction every ``flush_interval``
 seconds (and on close), so a request never waits on a write. Every store call
 is async (:mod:`llmgw.store.stores`): none blocks the event loop.
 
-Budgets: a request reserves its estimated cost before it is sent and settles to
-its real cost after (:mod:`llmgw.router.budgets` states the rule and its bound).
-Reservations live in this process: routers sharing a store (``--workers``) each
-hold their own, so the bound is one reservation per router process.
+Budgets: a request for a project with a budget reserves its estimated cost
+(:func:`estimate`) in the store before it is sent — atomically across every
+router sharing the store — and the reservation is settled, in the transaction
+that writes the request's usage row, at the next flush; at the request's end
+it already shrinks to the real cost. A project is refused
+once what it spent plus what requests in flight reserved reaches its budget,
+so spend stays under budget + one reservation, however many routers and
+requests, as long as answers cost no more than their reservation (always, when
+a client sets an output limit).
+
+What an answer without the engine's usage costs is decided by the router
+(:meth:`llmgw.router.apps.Router`): a client that hung up mid-stream pays what
+was served (:func:`unreported`); a successful answer whose usage cannot be read
+pays its whole estimate.
 """
 
 from __future__ import annotations
@@ -23,9 +32,8 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
-from llmgw.router import budgets
-from llmgw.router.budgets import NOTHING, Reservation
 from llmgw.router.catalogs import Catalog
 from llmgw.router.errors import ApiError
 from llmgw.store import keys, usages
@@ -42,6 +50,44 @@ class Principal:
 
 
 ANONYMOUS = Principal(None, None)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    project: str | None  # None: nothing was reserved (no budget, or auth: none)
+    amount: float = 0.0
+    id: str | None = None  # the store's reservation
+
+
+NOTHING = Reservation(None)
+# How long a reservation holds if its router dies before settling it: longer than any
+# request runs, so a live request's reservation never lapses under it.
+RESERVATION_HOLD = 3600.0
+DEFAULT_OUTPUT_TOKENS = 1024  # reserved for a request that sets no output limit
+_OUTPUT_LIMITS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def estimate(body_bytes: int, payload: dict[str, Any], embeddings: bool) -> tuple[int, int]:
+    """Tokens to reserve: the body's bytes bound its prompt tokens (a token of a byte-level
+    tokenizer covers at least one byte), plus its output limit times ``n`` choices."""
+    if embeddings:
+        return body_bytes, 0
+    limit = next((v for v in (payload.get(k) for k in _OUTPUT_LIMITS)
+                  if isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+                 DEFAULT_OUTPUT_TOKENS)
+    n = payload.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+    return body_bytes, limit * choices
+
+
+def unreported(body_bytes: int, relayed_events: int) -> tuple[int, int]:
+    """Tokens to charge a request that ended without the engine's usage (the client hung
+    up, or the engine broke mid-stream): what was served — its prompt (body bytes / 4, a
+    typical token, not a bound) and one token per stream event relayed."""
+    return -(-body_bytes // _BYTES_PER_TOKEN), relayed_events
+
+
+_BYTES_PER_TOKEN = 4
 _HOW_TO = "send `Authorization: Bearer <key>`; an operator creates keys with `llmgw keys create`"
 
 
@@ -54,14 +100,10 @@ class Accounts:
         self.store = store
         self.catalog = catalog
         self.flush_interval = flush_interval
-        self.ledger = budgets.Ledger()
+        self.spent: dict[str, float] = {}
         self._rows: list[UsageRow] = []
+        self._settled: list[str] = []  # reservations whose rows are in _rows
         self._flusher: asyncio.Task[None] | None = None
-
-    @property
-    def spent(self) -> dict[str, float]:
-        """USD charged so far per project (settled requests, and other routers' rows)."""
-        return self.ledger.spent
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The caller's project and key, or ApiError 401/403."""
@@ -91,50 +133,68 @@ class Accounts:
                            "cluster's projects", code="unknown_project")
         return Principal(info.project, info.id)
 
-    def reserve(self, principal: Principal, cost: float) -> Reservation:
+    async def reserve(self, principal: Principal, cost: float) -> Reservation:
         """Hold ``cost`` USD of the caller's budget until :meth:`record`; ApiError 429 when
-        what the project has spent and reserved already reaches its budget."""
+        what the project has spent and requests in flight on every router sharing the
+        store have reserved already reaches its budget."""
         project = principal.project
-        if project is None:
+        budget = self.catalog.budgets.get(project) if project is not None else None
+        if project is None or budget is None or self.store is None:
             return NOTHING
-        budget = self.catalog.budgets.get(project)
-        reservation = self.ledger.reserve(project, budget, cost)
-        if reservation is None:
-            assert budget is not None
-            spent = self.ledger.spent.get(project, 0.0)
-            held = self.ledger.committed(project) - spent
-            in_flight = f" (requests in flight hold {_usd(held)} more)" if held > 0 else ""
+        try:
+            admission = await self.store.reserve(project, budget, cost, RESERVATION_HOLD)
+        except StoreError as exc:
+            log.error("cannot reserve budget: %s", exc)
+            raise ApiError(503, "the budget store is unreachable; retry shortly",
+                           code="store_unavailable", type="server_error",
+                           headers={"Retry-After": "2"}) from None
+        if admission.id is None:
+            in_flight = (f" (requests in flight hold {_usd(admission.reserved)} more)"
+                         if admission.reserved > 0 else "")
             raise ApiError(
                 429,
-                f"project {project!r} is over its budget: spent {_usd(spent)} of "
+                f"project {project!r} is over its budget: spent {_usd(admission.spent)} of "
                 f"{_usd(budget)}{in_flight}; raise budget_usd in the cluster's projects to "
                 "continue",
                 code="insufficient_quota", type="insufficient_quota",
             )
-        return reservation
+        return Reservation(project, cost, admission.id)
 
-    def record(self, row: UsageRow, reservation: Reservation = NOTHING) -> None:
-        """Settle ``reservation`` to the row's cost now; write the row at the next flush."""
-        if reservation.project is not None:
-            self.ledger.settle(reservation, row.cost_usd)
-        elif row.project is not None:
-            self.ledger.charge(row.project, row.cost_usd)
+    def record(self, row: UsageRow, reservation: Reservation | None = None) -> None:
+        """Charge ``row`` to its project now; write it, and settle ``reservation``, at the
+        next flush (in one transaction: see :meth:`Store.insert_usage`)."""
+        if row.project is not None and row.cost_usd:
+            self.spent[row.project] = self.spent.get(row.project, 0.0) + row.cost_usd
         if self.store is not None:
             self._rows.append(row)
+            if reservation is not None and reservation.id is not None:
+                self._settled.append(reservation.id)
+
+    async def settle(self, reservation: Reservation, cost: float) -> None:
+        """Shrink ``reservation`` to what its request cost, at once: the next request of
+        the project is admitted against the real figure, not the estimate."""
+        if reservation.id is None or self.store is None:
+            return
+        try:
+            await self.store.settle_reservation(reservation.id, cost)
+        except StoreError as exc:  # the estimate holds until the row is written: safe side
+            log.warning("could not settle a reservation: %s", exc)
 
     async def flush(self) -> None:
         """Write buffered rows (one transaction), then reload spend from the store."""
         if self.store is None:
             return
         rows, self._rows = self._rows, []
+        settled, self._settled = self._settled, []
         try:
-            if rows:
-                await usages.insert(self.store, rows)
+            if rows or settled:
+                await self.store.insert_usage(rows, settled)
             stored = await usages.spend_by_project(self.store)
         except StoreError as exc:
             # Keep them for the next flush: a locked disk or a lost database must not lose
-            # spend. In-memory spend goes on counting meanwhile.
+            # spend (their reservations keep holding the budget meanwhile).
             self._rows[:0] = rows
+            self._settled[:0] = settled
             log.error("could not write %d usage rows (will retry): %s", len(rows), exc)
             return
         # Rows recorded while this flush awaited are in memory only: keep them on top.
@@ -143,13 +203,13 @@ class Accounts:
             if row.project is not None and row.cost_usd:
                 pending[row.project] = pending.get(row.project, 0.0) + row.cost_usd
         for project in set(stored) | set(pending):
-            self.ledger.spent[project] = stored.get(project, 0.0) + pending.get(project, 0.0)
+            self.spent[project] = stored.get(project, 0.0) + pending.get(project, 0.0)
 
     async def start(self) -> None:
         """Load spend so far, then flush every ``flush_interval`` seconds."""
         if self._flusher is None and self.store is not None:
             try:
-                self.ledger.spent.update(await usages.spend_by_project(self.store))
+                self.spent = await usages.spend_by_project(self.store)
             except StoreError as exc:
                 log.error("cannot load spend from the store yet: %s", exc)
             self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())

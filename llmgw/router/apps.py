@@ -32,9 +32,8 @@ from prometheus_client import CollectorRegistry
 
 from llmgw.fleet.types import Demand
 from llmgw.metrics.instruments import UNKNOWN_MODEL, RouterMetrics
-from llmgw.router import budgets, connections, errors, streams
-from llmgw.router.accounts import Accounts, Principal
-from llmgw.router.budgets import NOTHING, Reservation
+from llmgw.router import accounts, affinities, connections, errors, streams
+from llmgw.router.accounts import NOTHING, Accounts, Principal, Reservation
 from llmgw.router.catalogs import Catalog, ModelEntry
 from llmgw.router.demands import Demands
 from llmgw.router.errors import ApiError
@@ -61,10 +60,8 @@ class Settings:
     # Seconds between usage-row writes: short, so each write is a small batch that does not
     # stall the loop (a 1 s batch at 5k req/s is a visible pause in p99).
     flush_interval: float = 0.2
-    # Output tokens a request that sets no max_tokens reserves against its budget.
-    default_output_tokens: int = 4096
     # To the engine's first byte (headers of a plain answer, first event of a stream),
-    # for routes without a model in the catalog; models set their own (router.first_byte_timeout).
+    # for routes without a model in the catalog; models set their own (routing.first_byte_timeout).
     first_byte_timeout: float = 600.0
     header_timeout: float = 15.0  # a connection's request line and headers; idle keep-alive too
     body_timeout: float = 60.0  # a request's whole body, once its headers arrived
@@ -160,7 +157,7 @@ class Router:
     async def _proxied(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         label, entry_key, principal = UNKNOWN_MODEL, None, None
-        stream, body_bytes, reservation = False, 0, NOTHING
+        stream, body_bytes, estimated, reservation = False, 0, 0.0, NOTHING
         outcome = Outcome()
         try:
             principal = await self.accounts.authenticate(request.headers.get("Authorization"))
@@ -174,17 +171,25 @@ class Router:
             self.metrics.started(label)
             try:
                 self.demands.touch(entry_key, time.time())
-                reservation = self.accounts.reserve(principal, self._estimate(
-                    entry, request.path, body_bytes, payload))
+                if entry is not None:
+                    prompt, output = accounts.estimate(body_bytes, payload,
+                                                       request.path == "/v1/embeddings")
+                    estimated = entry.cost(prompt, output)
+                    if principal.project is not None:
+                        reservation = await self.accounts.reserve(principal, estimated)
                 stream = payload.get("stream") is True
                 strip = False
                 if stream and request.path in _ASK_FOR_USAGE:
                     body, asked = streams.ask_for_usage(body, payload)
                     strip = not asked
+                affinity = None
+                if entry is not None and entry.prefix_chars:
+                    affinity = affinities.key(payload, entry.prefix_chars, entry.min_prefix_chars)
                 await self._wait_for_replica(name, entry_key, entry)
                 response = await self.proxy.forward(
                     request, entry_key, body, stream=stream, strip_usage_chunk=strip,
                     outcome=outcome, on_retry=lambda: self.metrics.retries.labels(label).inc(),
+                    affinity=affinity, load_factor=entry.load_factor if entry else 1.25,
                     first_byte_timeout=(entry.first_byte_timeout if entry
                                         else self.settings.first_byte_timeout),
                 )
@@ -204,18 +209,9 @@ class Router:
             outcome.status = CLIENT_CLOSED
             return web.Response(status=CLIENT_CLOSED)
         finally:
-            self._account(request.path, label, entry_key, principal, stream, outcome, started,
-                          body_bytes, reservation)
-
-    def _estimate(self, entry: ModelEntry | None, path: str, body_bytes: int,
-                  payload: dict[str, Any]) -> float:
-        """USD to reserve for this request (see :func:`budgets.estimate`)."""
-        if entry is None:
-            return 0.0
-        prompt, output = budgets.estimate(body_bytes, payload,
-                                          self.settings.default_output_tokens,
-                                          embeddings=path == "/v1/embeddings")
-        return entry.cost(prompt, output)
+            cost = self._account(request.path, label, entry_key, principal, stream, outcome,
+                                 started, body_bytes, estimated, reservation)
+            await self.accounts.settle(reservation, cost)
 
     def _resolve(self, name: str) -> tuple[ModelEntry | None, str]:
         entry = self.catalog.models.get(name)
@@ -257,25 +253,27 @@ class Router:
         stream: bool,
         outcome: Outcome,
         started: float,
-        body_bytes: int,
-        reservation: Reservation,
-    ) -> None:
+        body_bytes: int = 0,
+        estimated: float = 0.0,
+        reservation: Reservation = NOTHING,
+    ) -> float:
+        """Metrics and the usage row of a finished request; returns what it cost."""
         ended = time.monotonic()
         status = outcome.status or 500
         self.metrics.finished(label, status, ended - started)
         if outcome.first_byte_at is not None:
             self.metrics.first_token(label, outcome.first_byte_at - started)
         if key is None or principal is None:
-            return  # no model resolved: nothing to charge, no row
+            return 0.0  # no model resolved: nothing to charge, no row
         entry = self.catalog.by_key(key)
         usage = outcome.usage
         cost = None
         if usage is None and (outcome.relayed or (outcome.sent and status == CLIENT_CLOSED)):
             # The client left (or the engine broke) before the usage chunk: charge what
             # was served, the prompt included, since the engine read it.
-            usage = budgets.unreported(body_bytes, outcome.relayed)
+            usage = accounts.unreported(body_bytes, outcome.relayed)
         elif usage is None and outcome.sent and 200 <= status < 300:
-            cost = reservation.amount  # an answer whose usage cannot be read: the most it cost
+            cost = estimated  # an answer whose usage cannot be read: the most it could cost
         prompt, completion = usage or (None, None)
         self.metrics.used_tokens(label, prompt, completion)
         if cost is None:
@@ -285,6 +283,7 @@ class Router:
             endpoint=path, status=status, prompt_tokens=prompt, completion_tokens=completion,
             latency_ms=round((ended - started) * 1000, 3), cost_usd=cost, stream=stream,
         ), reservation)
+        return cost
 
     async def _models(self, request: web.Request) -> web.Response:
         await self.accounts.authenticate(request.headers.get("Authorization"))

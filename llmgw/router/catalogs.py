@@ -23,7 +23,11 @@ class ModelEntry:
     max_replicas: int = 1
     input_per_mtok: float = 0.0
     output_per_mtok: float = 0.0
-    first_byte_timeout: float = 600.0  # seconds to the engine's first byte
+    # Prefix affinity (llmgw.router.affinities); prefix_chars 0: least outstanding.
+    prefix_chars: int = 0
+    min_prefix_chars: int = 0
+    load_factor: float = 1.25
+    first_byte_timeout: float = 600.0  # seconds to the engine\'s first byte
 
     def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float:
         """USD for one request at this model's prices."""
@@ -60,7 +64,10 @@ def from_cluster(cluster: Cluster) -> Catalog:
             max_replicas=model.scaling.max,
             input_per_mtok=model.pricing.input_per_mtok,
             output_per_mtok=model.pricing.output_per_mtok,
-            first_byte_timeout=model.router.first_byte_timeout,
+            prefix_chars=model.routing.prefix_chars if model.routing.policy == "prefix" else 0,
+            min_prefix_chars=model.routing.min_prefix_chars,
+            load_factor=model.routing.load_factor,
+            first_byte_timeout=model.routing.first_byte_timeout,
         )
     budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
     return Catalog(models=models, budgets=budgets, auth=cluster.cluster.auth)

@@ -11,7 +11,7 @@ with an OpenAI-style ``error`` event instead — and so does a stream that ends
 without its last event (``[DONE]``, ``response.completed``): an engine that
 closes a close-delimited body early has not finished, however clean the close.
 
-Time to first byte is bounded per model (``router.first_byte_timeout``): an
+Time to first byte is bounded per model (``routing.first_byte_timeout``): an
 engine that accepts a request and never answers gets the client a 504, not a
 wait without end. There is no bound after that: a generation may run for
 minutes, and a client that gives up cancels it.
@@ -99,13 +99,20 @@ class Proxy:
         strip_usage_chunk: bool,
         outcome: Outcome,
         on_retry: Callable[[], None],
+        affinity: str | None = None,
+        load_factor: float = 1.25,
         first_byte_timeout: float = 600.0,
     ) -> web.StreamResponse:
-        """Send ``body`` to a ready replica of ``model`` and answer ``request`` with its reply."""
+        """Send ``body`` to a ready replica of ``model`` and answer ``request`` with its reply.
+
+        ``affinity`` (a prompt-prefix digest) picks by prefix with bounded loads
+        instead of least outstanding; a retry goes to the next replica on the ring.
+        """
         tried: list[Upstream] = []
         last_error: ApiError | None = None
         for _ in range(2):
-            upstream = self.routes.pick(model, exclude=tried)
+            upstream = self.routes.pick(model, exclude=tried, affinity=affinity,
+                                        load_factor=load_factor)
             if upstream is None:
                 break
             if tried:
@@ -284,7 +291,7 @@ def _unreachable(upstream: Upstream, exc: BaseException) -> ApiError:
 
 def _too_slow(upstream: Upstream, timeout: float) -> ApiError:
     return ApiError(504, f"replica {_name(upstream)} sent nothing within {timeout:g} s "
-                    "(the model's router.first_byte_timeout)", code="upstream_timeout",
+                    "(the model's routing.first_byte_timeout)", code="upstream_timeout",
                     type="server_error")
 
 

@@ -62,7 +62,6 @@ MODULES: dict[str, list[str]] = {
                            "tests/router/test_router_usages.py",
                            "tests/router/test_router_budgets.py",
                            "tests/router/test_router_limits.py"],
-    "router/budgets.py": ["tests/router/test_router_budgets.py"],
 }
 
 # Copied into each scratch tree besides llmgw/ and tests/ (mutmut copies those).

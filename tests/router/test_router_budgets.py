@@ -11,8 +11,7 @@ import openai
 import pytest
 from support.stacks import Stack, StackFactory, cluster
 
-from llmgw.router import budgets, connections
-from llmgw.router.budgets import Ledger
+from llmgw.router import accounts, connections
 
 INPUT, OUTPUT = 1.0 / 1e6, 2.0 / 1e6  # support.stacks prices `chat` at $1 and $2 per Mtok
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -31,48 +30,30 @@ def reservation_of(data: bytes, output_tokens: int) -> float:
     return len(data) * INPUT + output_tokens * OUTPUT
 
 
-# -- the rule, as data ----------------------------------------------------------------------
-
-@pytest.mark.parametrize("spent, reserved, budget, admitted", [
-    pytest.param(0.0, 0.0, 0.0, False, id="budget 0 admits nothing"),
-    pytest.param(0.0, 0.0, None, True, id="no budget"),
-    pytest.param(0.9, 0.0, 1.0, True, id="below the budget"),
-    pytest.param(1.0, 0.0, 1.0, False, id="spent exactly the budget"),
-    pytest.param(0.5, 0.5, 1.0, False, id="spent plus reserved reach it"),
-    pytest.param(0.5, 0.4, 1.0, True, id="spent plus reserved below it"),
-])
-def test_admission(spent: float, reserved: float, budget: float | None, admitted: bool) -> None:
-    ledger = Ledger({"p": spent}, {"p": reserved} if reserved else {})
-    assert (ledger.reserve("p", budget, 0.3) is not None) is admitted
-
-
-def test_settle_releases_the_reservation_and_charges_the_cost() -> None:
-    ledger = Ledger()
-    first = ledger.reserve("p", 1.0, 0.25)
-    second = ledger.reserve("p", 1.0, 0.5)
-    assert first is not None and second is not None
-    assert ledger.committed("p") == pytest.approx(0.75)
-    ledger.settle(first, 0.1)
-    assert ledger.spent["p"] == pytest.approx(0.1)
-    assert ledger.reserved["p"] == pytest.approx(0.5)
-    ledger.settle(second, 0.2)
-    assert ledger.spent["p"] == pytest.approx(0.3) and "p" not in ledger.reserved
-
+# -- the estimate, as data ------------------------------------------------------------------
 
 @pytest.mark.parametrize("payload, expected", [
     pytest.param({"max_tokens": 7}, (100, 7), id="max_tokens"),
     pytest.param({"max_completion_tokens": 9, "max_tokens": 7}, (100, 9), id="newer name first"),
     pytest.param({"max_output_tokens": 11}, (100, 11), id="responses"),
     pytest.param({"max_tokens": 7, "n": 3}, (100, 21), id="n choices"),
-    pytest.param({}, (100, 4096), id="no limit: the default"),
-    pytest.param({"max_tokens": "7", "n": True}, (100, 4096), id="not integers: the default"),
+    pytest.param({}, (100, accounts.DEFAULT_OUTPUT_TOKENS), id="no limit: the default"),
+    pytest.param({"max_tokens": "7", "n": True}, (100, accounts.DEFAULT_OUTPUT_TOKENS),
+                 id="not integers: the default"),
 ])
 def test_estimate(payload: dict[str, object], expected: tuple[int, int]) -> None:
-    assert budgets.estimate(100, payload, 4096) == expected
+    assert accounts.estimate(100, payload, False) == expected
 
 
 def test_estimate_of_embeddings_has_no_output() -> None:
-    assert budgets.estimate(100, {"max_tokens": 7}, 4096, embeddings=True) == (100, 0)
+    assert accounts.estimate(100, {"max_tokens": 7}, True) == (100, 0)
+
+
+@pytest.mark.parametrize("body_bytes, relayed, expected", [
+    (0, 0, (0, 0)), (1, 0, (1, 0)), (8, 3, (2, 3)), (9, 3, (3, 3)),
+])
+def test_what_was_served(body_bytes: int, relayed: int, expected: tuple[int, int]) -> None:
+    assert accounts.unreported(body_bytes, relayed) == expected
 
 
 # -- through the router ---------------------------------------------------------------------
@@ -114,7 +95,6 @@ async def test_a_client_hanging_up_mid_stream_pays_for_what_it_got(
     assert row.completion_tokens == 2 and row.prompt_tokens == -(-len(data) // 4)
     assert row.cost_usd == pytest.approx(row.prompt_tokens * INPUT + 2 * OUTPUT)
     assert stack.router.accounts.spent["research"] == pytest.approx(row.cost_usd)
-    assert stack.router.accounts.ledger.reserved == {}
 
 
 async def test_an_answer_without_usage_is_charged_its_reservation(
@@ -176,4 +156,3 @@ async def test_300_concurrent_requests_overshoot_by_one_reservation_at_most(
     spent = sum(row.cost_usd for row in stack.rows())
     assert spent <= BUDGET + reservation_of(data, 5)
     assert stack.router.accounts.spent["research"] == pytest.approx(spent)
-    assert stack.router.accounts.ledger.reserved == {}

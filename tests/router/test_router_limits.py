@@ -146,7 +146,7 @@ async def test_rows_are_written_in_the_background(stack: Stack) -> None:
 def slow_cluster(timeout: str) -> Cluster:
     return Cluster.model_validate({
         "cluster": {"name": "lab"},
-        "models": {"chat": {"profiles": CPU, "router": {"first_byte_timeout": timeout}}},
+        "models": {"chat": {"profiles": CPU, "routing": {"first_byte_timeout": timeout}}},
         "projects": {"research": {}},
     })
 
