@@ -20,7 +20,9 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Debian packages the tests drive for real: sshd as simulated nodes,
-# promtool for metrics, nginx and wrk for benchmarks.
+# promtool for metrics, nginx and wrk for benchmarks and the shipped proxy config,
+# chromium for the pages (driven by Playwright; never `playwright install`),
+# caddy to validate the shipped Caddyfile, openssl for a test certificate.
 sysdeps: $(SYSDEPS_STAMP)
 
 $(SYSDEPS_STAMP):
@@ -31,6 +33,9 @@ $(SYSDEPS_STAMP):
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	test -x /usr/bin/chromium || missing="$$missing chromium"; \
+	command -v caddy >/dev/null || missing="$$missing caddy"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.cli.plan_cmd import revision_of
-from llmgw.daemon import admin, localagents
+from llmgw.daemon import admin, housekeeping, localagents
 from llmgw.daemon.reconcilers import Daemon
 from llmgw.metrics import servers
 from llmgw.metrics.collectors import FleetCollector
@@ -32,6 +32,7 @@ from llmgw.router.apps import Router, Settings
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import parse_duration
 from llmgw.store import databases
+from llmgw.web import Pages
 
 log = logging.getLogger("llmgw.serve")
 
@@ -89,24 +90,34 @@ async def _serve(cluster: Cluster, directory: Path, ready_timeout: float,
     registry.register(collector)
     store_path = Path(cluster.cluster.store.path)
     store_path.parent.mkdir(parents=True, exist_ok=True)
-    router = Router(catalogs.from_cluster(cluster), store=databases.connect(store_path),
+    store = databases.connect(store_path)
+    router = Router(catalogs.from_cluster(cluster), store=store,
                     registry=registry, settings=Settings(wait_timeout=wait_timeout))
     daemon = Daemon(directory, cluster, router=router, collector=collector,
                     revision_of=revision_of, ready_timeout=ready_timeout)
+    pages = Pages(store, router, cluster=lambda: daemon.cluster,
+                  admin=lambda: admin.admin_view(daemon))
+    token = admin.ensure_token(store_path.parent)
     listeners = cluster.cluster.listeners
     runners: list[web.AppRunner] = []
     try:
-        runners.append(await router.start(*split(listeners.router)))
-        admin_runner = web.AppRunner(admin.create_app(daemon), access_log=None)
+        runners.append(await router.start(*split(listeners.router), extend=pages.install))
+        admin_runner = web.AppRunner(admin.create_app(daemon, token, pages.gate),
+                                     access_log=None)
         await admin_runner.setup()
         await web.TCPSite(admin_runner, *split(listeners.admin)).start()
         runners.append(admin_runner)
         runners.append(await servers.start(registry, *split(listeners.metrics)))
         log.info("router on http://%s/v1, admin on http://%s/api/v1/status, metrics on "
                  "http://%s/metrics", listeners.router, listeners.admin, listeners.metrics)
+        log.info("pages on http://%s/chat and /admin (`llmgw users create` adds logins); "
+                 "admin API token in %s", listeners.router,
+                 store_path.parent / admin.TOKEN_FILE)
         banner = asyncio.create_task(_announce(router, cluster))
+        purger = asyncio.create_task(housekeeping.purge_forever(store, lambda: daemon.cluster))
         await daemon.run(stop)
         banner.cancel()
+        purger.cancel()
     finally:
         log.info("stopping")
         for runner in reversed(runners):

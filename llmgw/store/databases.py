@@ -1,4 +1,4 @@
-"""The embedded SQLite database: one file holding API keys and usage rows.
+"""The embedded SQLite database: API keys, usage rows, users, sessions, conversations.
 
 ``connect(path)`` opens (creating if needed) the database and brings its
 schema up to date. The connection is meant for one thread: the router uses it
@@ -16,7 +16,9 @@ import os
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+from llmgw.store import conversations, sessions, users
+
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
@@ -39,7 +41,8 @@ CREATE TABLE IF NOT EXISTS usage (
     completion_tokens INTEGER,
     latency_ms        REAL NOT NULL,
     cost_usd          REAL NOT NULL DEFAULT 0,
-    stream            INTEGER NOT NULL DEFAULT 0
+    stream            INTEGER NOT NULL DEFAULT 0,
+    user_name         TEXT             -- who, for requests from a logged-in page (/chat)
 );
 CREATE INDEX IF NOT EXISTS usage_project ON usage (project);
 CREATE INDEX IF NOT EXISTS usage_key ON usage (key_id, ts);
@@ -65,6 +68,8 @@ def connect(path: str | Path) -> sqlite3.Connection:
         os.umask(old_umask)
     conn.execute("PRAGMA busy_timeout = 5000")
     conn.execute("PRAGMA synchronous = NORMAL")
+    # Deleted rows (purged conversations) are overwritten, not left readable in free pages.
+    conn.execute("PRAGMA secure_delete = ON")
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         conn.close()
@@ -72,6 +77,8 @@ def connect(path: str | Path) -> sqlite3.Connection:
             f"{path} has schema version {version}, newer than this llmgw understands "
             f"({SCHEMA_VERSION}); upgrade llmgw"
         )
-    conn.executescript(_SCHEMA)
+    conn.executescript(_SCHEMA + users.SCHEMA + sessions.SCHEMA + conversations.SCHEMA)
+    if version == 1:  # usage rows gained the page user who made the request
+        conn.execute("ALTER TABLE usage ADD COLUMN user_name TEXT")
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return conn

@@ -31,6 +31,7 @@ class UsageRow:
     latency_ms: float
     cost_usd: float = 0.0
     stream: bool = False
+    user_name: str | None = None  # the logged-in person, for requests from /chat
 
 
 _COLUMNS = ", ".join(UsageRow.__dataclass_fields__)
@@ -48,7 +49,7 @@ def insert(conn: sqlite3.Connection, rows: Sequence[UsageRow]) -> None:
         # costs more than the insert itself.
         conn.executemany(_INSERT, [(
             r.ts, r.project, r.key_id, r.model, r.endpoint, r.status, r.prompt_tokens,
-            r.completion_tokens, r.latency_ms, r.cost_usd, r.stream,
+            r.completion_tokens, r.latency_ms, r.cost_usd, r.stream, r.user_name,
         ) for r in rows])
 
 
@@ -66,5 +67,53 @@ def recent(conn: sqlite3.Connection, limit: int = 100) -> list[UsageRow]:
         f"SELECT {_COLUMNS} FROM usage ORDER BY id DESC LIMIT ?", (limit,)
     ).fetchall()
     names = list(UsageRow.__dataclass_fields__)
-    return [UsageRow(**{**dict(zip(names, row, strict=True)), "stream": bool(row[-1])})
-            for row in rows]
+    found = []
+    for row in rows:
+        fields = dict(zip(names, row, strict=True))
+        found.append(UsageRow(**{**fields, "stream": bool(fields["stream"])}))
+    return found
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Requests, tokens and spend of one group (project, key or model) in one time slot."""
+
+    start: float
+    group: str
+    requests: int
+    tokens: int
+    cost_usd: float
+
+
+_GROUPS = {"project": "project", "key": "key_id", "model": "model"}
+
+
+def series(
+    conn: sqlite3.Connection, by: str, since: float, step: float,
+    projects: Sequence[str] | None = None,
+) -> list[Bucket]:
+    """Usage since ``since`` in slots of ``step`` seconds, grouped ``by`` project, key or
+    model; only rows of ``projects`` when given. Rows without the group are left out."""
+    column = _GROUPS[by]
+    where = f"ts >= ? AND {column} IS NOT NULL"
+    params: list[object] = [since]
+    if projects is not None:
+        where += f" AND project IN ({', '.join('?' * len(projects))})"
+        params += list(projects)
+    rows = conn.execute(
+        f"SELECT CAST((ts - ?) / ? AS INTEGER), {column}, COUNT(*), "
+        f"SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)), SUM(cost_usd) "
+        f"FROM usage WHERE {where} GROUP BY 1, 2 ORDER BY 1, 2",
+        [since, step, *params],
+    ).fetchall()
+    return [Bucket(since + slot * step, group, count, int(tokens or 0), float(cost or 0.0))
+            for slot, group, count, tokens, cost in rows]
+
+
+def totals_for_user(conn: sqlite3.Connection, user: str) -> tuple[int, int, float]:
+    """(requests, tokens, USD) of the requests ``user`` made from the pages."""
+    row = conn.execute(
+        "SELECT COUNT(*), SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)), "
+        "SUM(cost_usd) FROM usage WHERE user_name = ?", (user,),
+    ).fetchone()
+    return int(row[0]), int(row[1] or 0), float(row[2] or 0.0)
