@@ -8,6 +8,7 @@ requests from /chat), charted per model over the last week.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -25,9 +26,9 @@ WEEK, DAY = 7 * 86400, 86400
 
 
 def install(pages: Pages, add: web.UrlDispatcher) -> None:
-    add.add_get("/account", lambda r: _account(pages, r))
-    add.add_post("/account/keys", lambda r: _create(pages, r))
-    add.add_post("/account/keys/{key_id}/revoke", lambda r: _revoke(pages, r))
+    add.add_get("/account", partial(_account, pages))
+    add.add_post("/account/keys", partial(_create, pages))
+    add.add_post("/account/keys/{key_id}/revoke", partial(_revoke, pages))
 
 
 async def _account(pages: Pages, request: web.Request) -> web.StreamResponse:

@@ -10,6 +10,7 @@ refreshing part alone, which ``refresh.js`` fetches and swaps in.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -25,11 +26,11 @@ RANGES = {"24h": (3600.0, 24), "7d": (86400.0, 7)}
 
 
 def install(pages: Pages, add: web.UrlDispatcher) -> None:
-    add.add_get("/admin", lambda r: _admin(pages, r, "admin.html"))
-    add.add_get("/admin/live", lambda r: _admin(pages, r, "admin_live.html"))
+    add.add_get("/admin", partial(_admin, pages, "admin.html"))
+    add.add_get("/admin/live", partial(_admin, pages, "admin_live.html"))
 
 
-async def _admin(pages: Pages, request: web.Request, template: str) -> web.StreamResponse:
+async def _admin(pages: Pages, template: str, request: web.Request) -> web.StreamResponse:
     pages.need(request, admin=True)
     span = request.query.get("range", "24h")
     if span not in RANGES:

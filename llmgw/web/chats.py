@@ -16,6 +16,7 @@ project, so no prompt or answer text can reach the store otherwise.
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -33,11 +34,10 @@ MAX_TURNS_BODY = 1024 * 1024
 
 
 def install(pages: Pages, add: web.UrlDispatcher) -> None:
-    add.add_get("/chat", lambda r: _chat(pages, r))
-    add.add_post("/chat/conversations", lambda r: _save(pages, r, None))
-    add.add_post("/chat/conversations/{cid}/messages",
-                 lambda r: _save(pages, r, r.match_info["cid"]))
-    add.add_post("/chat/conversations/{cid}/delete", lambda r: _delete(pages, r))
+    add.add_get("/chat", partial(_chat, pages))
+    add.add_post("/chat/conversations", partial(_save, pages))
+    add.add_post("/chat/conversations/{cid}/messages", partial(_save, pages))
+    add.add_post("/chat/conversations/{cid}/delete", partial(_delete, pages))
 
 
 def principal(pages: Pages, request: web.Request) -> Principal | None:
@@ -83,7 +83,8 @@ async def _chat(pages: Pages, request: web.Request) -> web.StreamResponse:
                                                  for m in history]))
 
 
-async def _save(pages: Pages, request: web.Request, cid: str | None) -> web.StreamResponse:
+async def _save(pages: Pages, request: web.Request) -> web.StreamResponse:
+    cid = request.match_info.get("cid")
     visitor = pages.need(request)
     if not pages.gate.csrf_ok(visitor, request.headers.get(logins.CSRF_HEADER)):
         raise web.HTTPForbidden(text=f"missing or wrong {logins.CSRF_HEADER}")

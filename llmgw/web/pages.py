@@ -48,6 +48,7 @@ PAGE_PREFIXES = ("/login", "/logout", "/chat", "/account", "/admin", "/static/")
 STATIC = {"app.css": "text/css", "chat.js": "text/javascript",
           "refresh.js": "text/javascript", "favicon.svg": "image/svg+xml"}
 MAX_FORM = 64 * 1024
+VISITOR = web.RequestKey("visitor", Visitor)  # set by the middleware on page paths
 
 
 @dataclass(frozen=True)
@@ -136,14 +137,14 @@ class Pages:
 
     def render(self, request: web.Request, name: str, status: int = 200,
                **context: Any) -> web.Response:
-        visitor = context.pop("visitor", None) or request.get("visitor")
+        visitor = context.pop("visitor", None) or request.get(VISITOR)
         html = self.templates.get_template(name).render(
             visitor=visitor, cluster=self.cluster().cluster.name, path=request.path, **context)
         return web.Response(text=html, status=status, content_type="text/html")
 
     def need(self, request: web.Request, *, admin: bool = False) -> Visitor:
         """The visitor, or a redirect to the login page (403 for a non-admin on /admin)."""
-        visitor: Visitor | None = request.get("visitor")
+        visitor: Visitor | None = request.get(VISITOR)
         if visitor is None:
             raise web.HTTPSeeOther(f"/login?next={request.path}")
         if admin and not visitor.user.admin:
@@ -172,12 +173,14 @@ class Pages:
         page = request.path == "/" or request.path.startswith(PAGE_PREFIXES)
         if not page:
             return await handler(request)
-        request["visitor"] = self.gate.visitor(request)
+        visitor = self.gate.visitor(request)
+        if visitor is not None:
+            request[VISITOR] = visitor
         try:
             response = await handler(request)
         except web.HTTPException as exc:
-            if exc.status < 400:
-                response = exc
+            if exc.status < 400:  # a redirect: answered as a plain response (headers kept)
+                response = web.Response(status=exc.status, headers=exc.headers)
             else:
                 response = self.render(request, "error.html", status=exc.status,
                                        message=exc.text or exc.reason)
@@ -216,8 +219,7 @@ class Pages:
             self.gate.limiter.failed(client, name)
             return self._login_again(request, data, "wrong user name or password", status=401)
         self.gate.limiter.succeeded(name)
-        response = web.HTTPSeeOther(_next(data.get("next")) or
-                                    ("/admin" if user.admin else "/chat"))
+        response = redirect(_next(data.get("next")) or ("/admin" if user.admin else "/chat"))
         self.gate.login(response, request, user)
         return response
 
@@ -229,7 +231,7 @@ class Pages:
     async def _logout(self, request: web.Request) -> web.StreamResponse:
         visitor = self.need(request)
         await self.form(request, visitor)
-        response = web.HTTPSeeOther("/login")
+        response = redirect("/login")
         self.gate.logout(response, visitor)
         return response
 
@@ -240,6 +242,11 @@ class Pages:
         body = resources.files("llmgw.web").joinpath("static", name).read_bytes()
         return web.Response(body=body, content_type=STATIC[name],
                             headers={"Cache-Control": "max-age=300"})
+
+
+def redirect(location: str) -> web.Response:
+    """303 See Other: after a form, the browser GETs ``location``."""
+    return web.Response(status=303, headers={"Location": location})
 
 
 async def _form(request: web.Request) -> dict[str, str]:

@@ -20,6 +20,7 @@ from llmgw.metrics import collectors, servers
 from llmgw.router import Endpoint, Router, Settings, catalogs
 from llmgw.spec.models import Cluster
 from llmgw.store import databases, keys, usages
+from llmgw.web import Pages
 
 T = TypeVar("T")
 CPU = [{"engine": "llama.cpp", "cpu": True}]
@@ -41,7 +42,8 @@ def cluster(auth: str = "keys", **projects: float | None) -> Cluster:
 
 
 class Stack:
-    def __init__(self, tmp: Path, spec: Cluster, settings: Settings, replicas: int) -> None:
+    def __init__(self, tmp: Path, spec: Cluster, settings: Settings, replicas: int,
+                 *, pages: bool = False) -> None:
         self.db_path = tmp / "llmgw.db"
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -51,11 +53,16 @@ class Stack:
         self.registry.register(self.fleet)
         self.router = self.run(self._router(spec, settings))
         self.upstreams = [self.run(Upstream(f"u{i}").start()) for i in range(replicas)]
-        self.runner = self.run(self.router.start("127.0.0.1", 0))
+        self.db = databases.connect(self.db_path)
+        extend = None
+        if pages:  # the web pages on the router's listener, as `llmgw serve` has them
+            self.pages = Pages(databases.connect(self.db_path), self.router,
+                               cluster=lambda: spec)
+            extend = self.pages.install
+        self.runner = self.run(self.router.start("127.0.0.1", 0, extend=extend))
         self.metrics_runner = self.run(servers.start(self.registry, "127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
         self.metrics_url = f"http://127.0.0.1:{servers.bound_port(self.metrics_runner)}/metrics"
-        self.db = databases.connect(self.db_path)
 
     async def _router(self, spec: Cluster, settings: Settings) -> Router:
         return Router(catalogs.from_cluster(spec), store=databases.connect(self.db_path),
