@@ -181,7 +181,9 @@ def admin_view(daemon: Daemon) -> AdminView | None:
         plan_text=outputs.text(plan) if plan else None, planned_at=state.planned_at,
         last_apply=outcome.summary() if outcome else None,
         last_apply_ok=outcome.ok if outcome else None, applied_at=state.applied_at,
-        refused=list(state.refused), progress=progress(state.fleet),
+        # Paths relative to the cluster directory, as the operator edits them.
+        refused=[line.replace(f"{state.directory}/", "") for line in state.refused],
+        progress=progress(state.fleet),
     )
 
 

@@ -43,16 +43,17 @@ def capacity_bar(name: str, counts: GpuCounts, width: int = 320) -> Markup:
 
 def usage_chart(
     buckets: Sequence[Bucket], *, since: float, step: float, slots: int, value: str,
-    title: str, width: int = 640, height: int = 180,
+    title: str, width: int = 540, height: int = 190,
 ) -> Markup:
     """Lines over time, one per group; ``value`` is ``requests``, ``tokens`` or ``cost_usd``."""
     series = _series(buckets, since, step, slots, value)
-    left, right, top, bottom = 56, 8, 8, 22
+    left, right, top, bottom = 56, 8, 26, 22
     plot_w, plot_h = width - left - right, height - top - bottom
     peak = max((v for values in series.values() for v in values), default=0.0) or 1.0
     out = [f'<svg class="chart" role="img" aria-label="{escape(title)}" width="{width}" '
            f'height="{height + 18 * ((len(series) + 2) // 3)}" '
            f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
+           f'<text class="heading" x="{left}" y="14">{escape(title)}</text>',
            f'<g transform="translate({left},{top})">',
            f'<line class="axis" x1="0" y1="{plot_h}" x2="{plot_w}" y2="{plot_h}"/>',
            f'<line class="axis" x1="0" y1="0" x2="0" y2="{plot_h}"/>',

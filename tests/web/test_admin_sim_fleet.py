@@ -42,7 +42,11 @@ def fleet_server(sim_cluster: SimClusterFactory, engines: Path,
                  tmp_path: Path) -> Iterator[Server]:
     sim: nodes.SimCluster = sim_cluster(3)
     server = Server(sim.cluster_dir, tmp_path / "state", tmp_path / "serve.log")
-    directory = sim.write_cluster({"models": recording(MODELS), "projects": {
+    models = recording(MODELS)
+    # min 1 keeps it running; past 1 s without a request it counts as idle on /admin.
+    models["chat"]["scaling"] = {"min": 1, "max": 1, "idle_timeout": "1s"}
+    models["tiny"]["pricing"] = {"input_per_mtok": 3000.0, "output_per_mtok": 6000.0}
+    directory = sim.write_cluster({"models": models, "projects": {
         "research": {"budget_usd": 20}, "ops": {}}})
     text = (directory / "cluster.yaml").read_text()
     extra = ("  sync: auto\n  drift_interval: 2s\n"
@@ -91,14 +95,26 @@ def test_admin_shows_the_simulated_fleet_with_the_status_summary(
     for replica in status["replicas"]:
         row = page.locator(f"tr:has-text('{replica['model']}'):has-text('{replica['node']}')")
         assert row.count() >= 1 and "ready" in str(row.first.text_content())
-    assert "chat" in str(page.text_content("#idle-title + *")), live  # never used since start
+    assert [i["model"] for i in summary["idle"]] == ["chat"]  # 2 GPUs, never used
+    # Some traffic on two keys, for the usage charts.
+    for project, count in (("research", 3), ("ops", 2)):
+        made = server.llmgw("keys", "create", "--project", project, "--name", f"{project}-ci")
+        for _ in range(count):
+            reply = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
+                "model": "tiny", "prompt": "hi", "max_tokens": 8},
+                headers={"Authorization": f"Bearer {made.stdout.strip()}"})
+            assert reply.status_code == 200, reply.text
+    idle = str(page.text_content("#idle-title + *"))
+    assert "chat r" in idle and "holds 2 GPUs" in idle and "tiny" not in idle
     assert "Plan: 0 to create, 0 to replace, 0 to destroy" in live
 
     # A refused edit shows with its error; the page refreshes on its own to show it.
     (server.directory / "broken.yaml").write_text("models:\n  chat:\n    profiles: oops\n")
     server.wait(lambda s: bool(s["refused_edit"]), "the refused edit")
     page.wait_for_selector("#live h3:has-text('Refused edit')", timeout=60_000)
-    assert "broken.yaml" in str(page.text_content("#live"))
+    assert "broken.yaml:3:15: models.chat.profiles" in str(page.text_content("#live"))
+    assert str(server.directory) not in str(page.text_content("#live"))
+    assert "no requests in this period" not in str(page.text_content("#use-title + p + div"))
     assert page.get_attribute("#live", "data-refreshed")
     shot(page, "admin.png")
     (server.directory / "broken.yaml").unlink()
