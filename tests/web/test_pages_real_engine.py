@@ -183,6 +183,7 @@ def test_keyboard_only_login_chat_account_and_logout(served: Server, browser: An
     page = browser.new_page()
     page.goto(f"{served.url}/login")
     # The login form focuses the name field; Tab moves to the password; Enter submits.
+    page.wait_for_function("document.activeElement && document.activeElement.id === 'name'")
     page.keyboard.type("bob")
     page.keyboard.press("Tab")
     page.keyboard.type(PASSWORDS["bob"])
@@ -212,7 +213,7 @@ def test_keyboard_only_login_chat_account_and_logout(served: Server, browser: An
     tab_to("#key-name")
     page.keyboard.type("by keyboard")
     page.keyboard.press("Enter")
-    assert page.locator("#secret").is_visible()
+    page.wait_for_selector("#secret")
     tab_to(".logout button")
     page.keyboard.press("Enter")
     page.wait_for_selector("#password")
