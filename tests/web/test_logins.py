@@ -162,3 +162,21 @@ def test_users_create_reads_the_password_from_stdin_and_lists_users(tmp_path: Pa
 def _llmgw(directory: Path, args: list[str], stdin: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llmgw", *args, "--cluster", str(directory)],
                           input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def test_forms_and_cookie_requests_without_the_csrf_token_are_refused(stack: Stack) -> None:
+    with httpx.Client(timeout=30) as client:
+        login(client, stack.url, "bob", "bob-user-pass")
+        for token in ("", "forged"):
+            answer = client.post(f"{stack.url}/account/keys",
+                                 data={"project": "research", "csrf": token})
+            assert answer.status_code == 403
+        chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+        answer = client.post(f"{stack.url}/v1/chat/completions", json=chat,
+                             headers={"X-Llmgw-Project": "research"})
+        assert answer.status_code == 403 and "CSRF" in answer.text
+        csrf = csrf_of(client, stack.url)
+        answer = client.post(f"{stack.url}/v1/chat/completions", json=chat,
+                             headers={"X-Llmgw-Project": "research", "X-CSRF-Token": csrf})
+        assert answer.status_code == 200, answer.text
+    assert stack.rows()[-1].user_name == "bob" and stack.rows()[-1].project == "research"
