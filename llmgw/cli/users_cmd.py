@@ -12,13 +12,15 @@ import argparse
 import contextlib
 import getpass
 import json
+import sqlite3
 import sys
 import time
+from pathlib import Path
 
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
-from llmgw.cli.keys_cmd import _open
-from llmgw.store import users
+from llmgw.spec.models import Cluster
+from llmgw.store import databases, migrations, stores, users
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,6 +53,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     clusters.add_cluster_flag(delete)
     delete.add_argument("name", metavar="NAME")
     delete.set_defaults(handler=run_delete)
+
+
+def _open(cluster: Cluster, directory: Path) -> sqlite3.Connection:
+    """The SQLite store; users are not on PostgreSQL yet (the pages need SQLite)."""
+    settings = cluster.cluster.store
+    try:
+        target = stores.target_of(settings.url, settings.path, settings.password_file)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if target.kind != "sqlite" or target.path is None:
+        raise UserError("users live in the SQLite store for now; with store.url on "
+                        "PostgreSQL the pages are off")
+    try:
+        return databases.connect(target.path)
+    except (sqlite3.Error, OSError, migrations.SchemaTooNew) as exc:
+        raise UserError(f"cannot open the store {target.path}: {exc}") from None
 
 
 def read_password(prompt: str = "Password: ") -> str:

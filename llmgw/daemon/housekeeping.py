@@ -8,6 +8,7 @@ comes from the cluster in force at each pass, so shortening it (or removing
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import time
@@ -37,10 +38,14 @@ def purge_once(store: sqlite3.Connection, cluster: Cluster, now: float) -> int:
 
 async def purge_forever(store: sqlite3.Connection, cluster: Callable[[], Cluster],
                         interval: float = PURGE_INTERVAL,
-                        clock: Callable[[], float] = time.time) -> None:
-    while True:
+                        clock: Callable[[], float] = time.time,
+                        stop: asyncio.Event | None = None) -> None:
+    """Purge now and every ``interval`` seconds until ``stop`` is set."""
+    stop = stop or asyncio.Event()
+    while not stop.is_set():
         try:
             purge_once(store, cluster(), clock())
         except sqlite3.Error:
             log.exception("could not purge conversations; will retry")
-        await asyncio.sleep(interval)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)

@@ -21,26 +21,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
-    id          TEXT PRIMARY KEY,
-    user_name   TEXT NOT NULL,
-    project     TEXT NOT NULL,
-    title       TEXT NOT NULL,
-    created_at  REAL NOT NULL,
-    updated_at  REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS conversations_user ON conversations (user_name, updated_at);
-CREATE TABLE IF NOT EXISTS messages (
-    id              INTEGER PRIMARY KEY,
-    conversation    TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
-    role            TEXT NOT NULL,
-    content         TEXT NOT NULL,
-    ts              REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_conversation ON messages (conversation, id);
-"""
-
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGE = 256 * 1024  # characters; a turn longer than this is refused
 MAX_TITLE = 80

@@ -20,17 +20,6 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    digest      TEXT PRIMARY KEY,     -- SHA-256 of the cookie's token, hex
-    user_name   TEXT NOT NULL,
-    csrf        TEXT NOT NULL,
-    created_at  REAL NOT NULL,
-    expires_at  REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS sessions_user ON sessions (user_name);
-"""
-
 _TOKEN_LENGTH = 43  # secrets.token_urlsafe(32)
 
 

@@ -25,16 +25,6 @@ from dataclasses import dataclass
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS users (
-    name        TEXT PRIMARY KEY,
-    password    TEXT NOT NULL,        -- argon2id encoded hash
-    admin       INTEGER NOT NULL DEFAULT 0,
-    projects    TEXT NOT NULL DEFAULT '[]',   -- JSON list of project names
-    created_at  REAL NOT NULL
-);
-"""
-
 NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 MIN_PASSWORD = 8
 MAX_PASSWORD = 1024  # argon2 hashes anything, but a megabyte "password" is an attack

@@ -32,13 +32,13 @@ def install(pages: Pages, add: web.UrlDispatcher) -> None:
 
 
 async def _account(pages: Pages, request: web.Request) -> web.StreamResponse:
-    return _page(pages, request, pages.need(request))
+    return await _page(pages, request, pages.need(request))
 
 
-def _page(pages: Pages, request: web.Request, visitor: Visitor,
-          created: CreatedKey | None = None, status: int = 200) -> web.Response:
+async def _page(pages: Pages, request: web.Request, visitor: Visitor,
+                created: CreatedKey | None = None, status: int = 200) -> web.Response:
     projects = pages.projects_of(visitor)
-    listed = [k for k in keys.list_all(pages.store) if k.project in projects]
+    listed = [k for k in await keys.list_all(pages.keystore()) if k.project in projects]
     now = pages.clock()
     since = (now // DAY) * DAY - 6 * DAY
     buckets = usages.series(pages.store, "model", since, DAY, projects) if projects else []
@@ -62,16 +62,16 @@ async def _create(pages: Pages, request: web.Request) -> web.StreamResponse:
         raise web.HTTPForbidden(text="you can create keys only for your own projects")
     name = " ".join(data.get("name", "").split())[:MAX_KEY_NAME]
     label = f"{name} (by {visitor.user.name})" if name else f"by {visitor.user.name}"
-    created = keys.create(pages.store, project, label, pages.clock())
-    return _page(pages, request, visitor, created=created, status=201)
+    created = await keys.create(pages.keystore(), project, label, pages.clock())
+    return await _page(pages, request, visitor, created=created, status=201)
 
 
 async def _revoke(pages: Pages, request: web.Request) -> web.StreamResponse:
     visitor = pages.need(request)
     await pages.form(request, visitor)
     key_id = request.match_info["key_id"]
-    found = {k.id: k for k in keys.list_all(pages.store)}.get(key_id)
+    found = {k.id: k for k in await keys.list_all(pages.keystore())}.get(key_id)
     if found is None or found.project not in pages.projects_of(visitor):
         raise web.HTTPNotFound(text="no such key among your projects' keys")
-    keys.revoke(pages.store, key_id, pages.clock())
+    await keys.revoke(pages.keystore(), key_id, pages.clock())
     raise web.HTTPSeeOther("/account")

@@ -17,6 +17,7 @@ Usage::
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import sqlite3
 import time
@@ -32,6 +33,7 @@ from llmgw.planning.summaries import Summary
 from llmgw.router.apps import Router
 from llmgw.spec.models import Cluster
 from llmgw.store import users
+from llmgw.store.stores import Store
 from llmgw.web import logins
 from llmgw.web.logins import Gate, Visitor
 
@@ -159,6 +161,13 @@ class Pages:
                                     "the page and try again")
         return data
 
+    def keystore(self) -> Store:
+        """The router's store, where API keys live (SQLite or PostgreSQL)."""
+        store = self.router.accounts.store
+        if store is None:
+            raise web.HTTPServiceUnavailable(text="this router has no key store")
+        return store
+
     def projects_of(self, visitor: Visitor) -> list[str]:
         """The visitor's projects that the cluster defines (all of them for an admin)."""
         defined = self.cluster().projects
@@ -214,7 +223,8 @@ class Pages:
                                          f"{wait} s", status=429)
             response.headers["Retry-After"] = str(wait)
             return response
-        user = users.authenticate(self.store, name, password)
+        # Argon2 takes tens of milliseconds on purpose: off the loop that routes requests.
+        user = await asyncio.to_thread(users.authenticate, self.store, name, password)
         if user is None:
             self.gate.limiter.failed(client, name)
             return self._login_again(request, data, "wrong user name or password", status=401)

@@ -29,7 +29,7 @@ from llmgw.web.logins import Limiter
 def stack(tmp_path: Path) -> Iterator[Stack]:
     made = Stack(tmp_path, cluster(research=None), Settings(), 1, pages=True)
     made.route({"chat": made.upstreams})
-    users.create(made.db, "bob", "bob-user-pass", projects=["research"])
+    users.create(made.sqlite, "bob", "bob-user-pass", projects=["research"])
     try:
         yield made
     finally:
@@ -52,11 +52,11 @@ def csrf_of(client: httpx.Client, base: str) -> str:
 
 
 def test_passwords_are_stored_as_argon2id_hashes(stack: Stack) -> None:
-    stored = stack.db.execute("SELECT password FROM users WHERE name = 'bob'").fetchone()[0]
+    stored = stack.sqlite.execute("SELECT password FROM users WHERE name = 'bob'").fetchone()[0]
     assert stored.startswith("$argon2id$") and "bob-user-pass" not in stored
-    assert users.authenticate(stack.db, "bob", "bob-user-pass") is not None
-    assert users.authenticate(stack.db, "bob", "bob-user-pasS") is None
-    assert users.authenticate(stack.db, "nobody", "bob-user-pass") is None
+    assert users.authenticate(stack.sqlite, "bob", "bob-user-pass") is not None
+    assert users.authenticate(stack.sqlite, "bob", "bob-user-pasS") is None
+    assert users.authenticate(stack.sqlite, "nobody", "bob-user-pass") is None
 
 
 def test_the_session_cookie_is_httponly_and_samesite_and_logout_ends_it(stack: Stack) -> None:
@@ -66,7 +66,7 @@ def test_the_session_cookie_is_httponly_and_samesite_and_logout_ends_it(stack: S
         cookie = answer.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" not in cookie
         token = client.cookies["llmgw_session"]
-        assert stack.db.execute("SELECT COUNT(*) FROM sessions WHERE digest = ?",
+        assert stack.sqlite.execute("SELECT COUNT(*) FROM sessions WHERE digest = ?",
                                 (token,)).fetchone() == (0,), "only the token's hash is stored"
         csrf = csrf_of(client, stack.url)
         assert client.post(f"{stack.url}/logout", data={"csrf": csrf}).status_code == 303
