@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Server, login, shot
 from support import nodes
 from support.engines import MODELS, STUBS, recording, running
+from support.pages import Server, login, shot
 from support.plugin import SimClusterFactory
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import PASSWORDS, Server, login, needs_engine, ready, serve_real, shot
+from support.pages import PASSWORDS, Server, login, needs_engine, ready, serve_real, shot
 
 pytestmark = needs_engine
 
