@@ -32,6 +32,7 @@ from aiohttp.typedefs import Middleware
 
 from llmgw import __version__
 from llmgw.daemon.reconcilers import Daemon
+from llmgw.fleet.types import Fleet
 from llmgw.planning import outputs, summaries
 from llmgw.web import AdminView, Progress
 from llmgw.web.logins import Gate
@@ -215,30 +216,12 @@ def admin_view(daemon: Daemon) -> AdminView | None:
     )
 
 
-def progress(fleet: Any) -> list[Progress]:
-    """Fetches and installs agents report as under way, where their reports carry them.
-
-    Read by name from each node report's ``fetches``/``installs``/``progress`` lists
-    (items with ``name``/``model``, ``done_bytes``/``bytes_done``, ``total_bytes``,
-    ``state``), so reports without them show nothing and older agents keep working.
-    """
-    found = []
-    for node, report in sorted(fleet.nodes.items()):
-        for kind, attr in (("fetch", "fetches"), ("install", "installs"),
-                           ("progress", "progress")):
-            for item in getattr(report, attr, None) or []:
-                name = _first(item, "name", "model", "source", "engine", "path") or "?"
-                found.append(Progress(
-                    node=node, kind=str(_first(item, "kind") or kind), name=str(name),
-                    done_bytes=_first(item, "done_bytes", "bytes_done", "downloaded_bytes"),
-                    total_bytes=_first(item, "total_bytes", "bytes_total", "size_bytes"),
-                    state=str(_first(item, "state", "phase") or "")))
-    return found
-
-
-def _first(item: Any, *names: str) -> Any:
-    for name in names:
-        value = item.get(name) if isinstance(item, dict) else getattr(item, name, None)
-        if value is not None:
-            return value
-    return None
+def progress(fleet: Fleet) -> list[Progress]:
+    """Fetches (weights, engines) the agents report as queued, running or failed."""
+    return [
+        Progress(node=node, kind=f"fetch {fetch.kind}", name=fetch.target,
+                 done_bytes=fetch.bytes_done, total_bytes=fetch.bytes_total,
+                 state=fetch.state + (f": {fetch.error}" if fetch.error else ""))
+        for node, report in sorted(fleet.nodes.items())
+        for fetch in report.fetches if fetch.state != "done"
+    ]

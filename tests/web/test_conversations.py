@@ -54,3 +54,17 @@ def test_retention_must_be_given_and_positive() -> None:
                                 "projects": {"p": {"conversations": {}}}})
     with pytest.raises(ValidationError, match="longer than zero"):
         spec("0s")
+
+
+def test_admin_shows_fetches_in_progress_from_the_fleet() -> None:
+    from llmgw.daemon import admin
+    from llmgw.fleet.types import Fetch, Fleet, NodeReport
+
+    fleet = Fleet(nodes={"gpu-01": NodeReport(node="gpu-01", fetches=[
+        Fetch(target="org/big", state="running", bytes_done=250, bytes_total=1000),
+        Fetch(target="org/small", state="done", bytes_done=10, bytes_total=10),
+        Fetch(target="org/gone", state="failed", error="404 from the hub"),
+    ])})
+    shown = admin.progress(fleet)
+    assert [(p.name, p.percent, p.state) for p in shown] == [
+        ("org/big", 25, "running"), ("org/gone", None, "failed: 404 from the hub")]
