@@ -180,3 +180,15 @@ def test_forms_and_cookie_requests_without_the_csrf_token_are_refused(stack: Sta
                              headers={"X-Llmgw-Project": "research", "X-CSRF-Token": csrf})
         assert answer.status_code == 200, answer.text
     assert stack.rows()[-1].user_name == "bob" and stack.rows()[-1].project == "research"
+
+
+def test_a_project_without_conversations_cannot_have_any_stored(stack: Stack) -> None:
+    with httpx.Client(timeout=30) as client:
+        login(client, stack.url, "bob", "bob-user-pass")
+        csrf = csrf_of(client, stack.url)
+        answer = client.post(f"{stack.url}/chat/conversations", headers={"X-CSRF-Token": csrf},
+                             json={"project": "research",
+                                   "turns": [{"role": "user", "content": "keep-me-not"}]})
+        assert answer.status_code == 403
+    assert stack.sqlite.execute("SELECT COUNT(*) FROM messages").fetchone() == (0,)
+    assert b"keep-me-not" not in stack.db_path.read_bytes()
