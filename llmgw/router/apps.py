@@ -86,6 +86,10 @@ class Router:
         self.proxy = Proxy(self.routes, self.settings.connect_timeout)
         self.store = store
         self.started_at = int(time.time())
+        # Who is asking when a request has no Authorization header: the pages' session
+        # (llmgw.web installs it). It returns None for "no session" and raises ApiError
+        # for a session request without its CSRF token.
+        self.page_auth: Callable[[web.Request], Principal | None] | None = None
 
     def configure(self, catalog: Catalog) -> None:
         """Use a new spec's models, prices, budgets and auth mode from now on."""
@@ -103,7 +107,14 @@ class Router:
     def demand(self) -> Demand:
         return self.demands.snapshot()
 
-    def create_app(self) -> web.Application:
+    def models(self) -> list[str]:
+        """Served names a client may ask for now (what GET /v1/models lists)."""
+        return self._listed()
+
+    def create_app(
+        self, extend: Callable[[web.Application], None] | None = None
+    ) -> web.Application:
+        """The application; ``extend`` adds more routes (the pages) before it is frozen."""
         app = web.Application(
             middlewares=[_openai_errors], client_max_size=self.settings.max_body_bytes
         )
@@ -115,18 +126,25 @@ class Router:
         app.router.add_get("/ready", self._ready)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
+        if extend is not None:
+            extend(app)
         return app
 
-    async def start(self, host: str, port: int, reuse_port: bool = False) -> web.AppRunner:
+    async def start(
+        self, host: str, port: int, reuse_port: bool = False,
+        extend: Callable[[web.Application], None] | None = None,
+    ) -> web.AppRunner:
         """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request.
 
         ``reuse_port``: SO_REUSEPORT, so several router processes share the port.
-        Connections are bounded (see :mod:`llmgw.router.connections`): headers within
+        ``extend``: add more routes (the pages) to the application. Connections are
+        bounded (see :mod:`llmgw.router.connections`): headers within
         ``header_timeout``, at most ``max_connections`` open, parse errors answered
         in OpenAI's shape and logged without a byte of the request.
         """
         settings = self.settings
-        runner = connections.runner(self.create_app(), header_timeout=settings.header_timeout,
+        runner = connections.runner(self.create_app(extend),
+                                    header_timeout=settings.header_timeout,
                                     max_connections=settings.max_connections)
         await runner.setup()
         await web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None).start()
@@ -160,7 +178,7 @@ class Router:
         stream, body_bytes, estimated, reservation = False, 0, 0.0, NOTHING
         outcome = Outcome()
         try:
-            principal = await self.accounts.authenticate(request.headers.get("Authorization"))
+            principal = await self._principal(request)
             body = await _read_body(request, self.settings.max_body_bytes,
                                     self.settings.body_timeout)
             payload = _parse(body)
@@ -212,6 +230,14 @@ class Router:
             cost = self._account(request.path, label, entry_key, principal, stream, outcome,
                                  started, body_bytes, estimated, reservation)
             await self.accounts.settle(reservation, cost)
+
+    async def _principal(self, request: web.Request) -> Principal:
+        authorization = request.headers.get("Authorization")
+        if authorization is None and self.page_auth is not None:
+            principal = self.page_auth(request)
+            if principal is not None:
+                return principal
+        return await self.accounts.authenticate(authorization)
 
     def _resolve(self, name: str) -> tuple[ModelEntry | None, str]:
         entry = self.catalog.models.get(name)
@@ -282,6 +308,7 @@ class Router:
             ts=time.time(), project=principal.project, key_id=principal.key_id, model=key,
             endpoint=path, status=status, prompt_tokens=prompt, completion_tokens=completion,
             latency_ms=round((ended - started) * 1000, 3), cost_usd=cost, stream=stream,
+            user_name=principal.user,
         ), reservation)
         return cost
 
@@ -383,6 +410,6 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
     except ApiError as error:
         return error.response()
     except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
+        if exc.status < 400 or not request.path.startswith("/v1/"):
+            raise  # redirects, and the pages' own errors (llmgw.web renders those)
         return errors.from_http(exc).response()
