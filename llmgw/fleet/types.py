@@ -236,3 +236,7 @@ class Demand(Observed):
     wanted: dict[str, int] = Field(
         default_factory=dict, description="Model → replicas the load asks for (≤ max)."
     )
+    watched_since: float | None = Field(
+        None, description="Unix time since which the router has seen every request; None "
+        "when no router watched (a plan made outside the daemon).",
+    )

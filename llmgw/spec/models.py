@@ -461,6 +461,12 @@ class Routing(Strict):
         description="Most load a replica takes for its prefixes, as a multiple of the average "
         "(requests in flight); beyond it a prefix spills to the next replica.",
     )
+    first_byte_timeout: Duration = Field(
+        600.0, gt=0,
+        description="How long the router waits for a replica's first byte (a stream's first "
+        "event, or a whole non-streamed answer) before answering 504. Generous: a long answer "
+        "that is not streamed arrives all at once.",
+    )
 
 
 class Model(Strict):
