@@ -30,6 +30,7 @@ COMMANDS = (
     "serve",
     "agent",
     "keys",
+    "doctor",
     "lab",
 )
 
