@@ -30,8 +30,11 @@ COMMANDS = (
     "serve",
     "agent",
     "keys",
+    "store",
     "doctor",
     "lab",
+    "weights",
+    "mirror",
 )
 
 
