@@ -71,5 +71,6 @@ def run(args: argparse.Namespace) -> int:
     bad = sum(doctors.failed(fs) for fs in findings.values())
     print(f"\n{len(findings)} node{'s' if len(findings) != 1 else ''} checked: "
           f"{counts['fail']} failed, {counts['warning']} warnings"
-          + (f", on {bad} node{'s' if bad != 1 else ''}" if bad else "") + ".")
+          + (f" ({bad} of {len(findings)} nodes failing)" if len(findings) > 1 and bad else "")
+          + ".")
     return 1 if failing else 0

@@ -27,6 +27,7 @@ Status = Literal["ok", "warning", "fail"]
 GiB = 1 << 30
 DISK_FAIL = 5 * GiB
 DISK_WARN = 20 * GiB
+SKEW_SMALL = 0.5
 SKEW_WARN = 2.0
 SKEW_FAIL = 30.0
 PORTS_CHECKED = 16  # engine ports from engine_ports_from that must be free for new engines
@@ -220,7 +221,8 @@ def _clock(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
     if report.collected_at is None:
         return "warning", "the report carries no time", "upgrade the agent"
     skew = report.collected_at - ctx.now
-    text = f"node clock {skew:+.1f}s from this host's"
+    text = (f"node clock within {SKEW_SMALL}s of this host's" if abs(skew) < SKEW_SMALL else
+            f"node clock {abs(skew):.1f}s {'ahead of' if skew > 0 else 'behind'} this host's")
     if abs(skew) > SKEW_FAIL:
         return "fail", text, "run an NTP client (chrony, systemd-timesyncd) on both"
     if abs(skew) > SKEW_WARN:
