@@ -31,6 +31,7 @@ COMMANDS = (
     "agent",
     "keys",
     "store",
+    "init",
     "doctor",
     "lab",
     "weights",
