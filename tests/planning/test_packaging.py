@@ -44,7 +44,8 @@ def test_wheel_contains_the_templates_and_renders_with_them(tmp_path: Path) -> N
         assert {f"llmgw/templates/{name}" for name in TEMPLATES} <= names
         # What `llmgw init` and `llmgw lab` read: the CI workflow and the lab's hardware.
         assert "llmgw/templates/llmgw-plan.yml" in names
-        assert "llmgw/onboarding/hardware/h100-ib/sys/class/infiniband/mlx5_0/ports/1/state" in names
+        hardware = "llmgw/onboarding/hardware/h100-ib"
+        assert f"{hardware}/sys/class/infiniband/mlx5_0/ports/1/state" in names
         installed = tmp_path / "installed"
         archive.extractall(installed)
     # The unpacked wheel, first on the path, renders a unit from its own templates.
