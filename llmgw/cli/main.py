@@ -32,6 +32,7 @@ COMMANDS = (
     "keys",
     "store",
     "init",
+    "node",
     "doctor",
     "lab",
     "weights",
