@@ -37,6 +37,7 @@ COMMANDS = (
     "lab",
     "weights",
     "mirror",
+    "users",
 )
 
 
