@@ -33,6 +33,7 @@ import shlex
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -353,7 +354,8 @@ def build_wheels(cache: Path) -> list[Path]:
         raise EnrolError("llmgw does not run from a source checkout: put its wheels in "
                          f"{cache} (pip wheel llmgw=={__version__} -w {cache})")
     project = (source / "pyproject.toml").read_bytes()
-    deps = cache / f"deps-{hashlib.sha256(project).hexdigest()[:12]}"
+    wanted = "\n".join(sorted(tomllib.loads(project.decode())["project"]["dependencies"]))
+    deps = cache / f"deps-{hashlib.sha256(wanted.encode()).hexdigest()[:12]}"
     if not (deps / ".complete").exists():
         _pip_wheel(source, deps, "--no-build-isolation")
         for own in deps.glob("llmgw-*.whl"):
