@@ -339,6 +339,11 @@ class Profile(Strict):
         None, gt=0, le=65536, description="System memory a CPU replica needs, in GiB."
     )
     source: str | None = Field(None, description="Overrides the model's `source` (e.g. a GGUF).")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Only nodes whose `labels` hold every key with this value, e.g. "
+        "`{rack: \"12\"}`; plans name the nodes left out and why.",
+    )
 
     _source = field_validator("source")(_check_source)
     args: dict[Flag, ArgValue] = Field(
