@@ -65,7 +65,7 @@ def local_cluster(tmp_path: Path, mirror: str) -> Path:
 
 
 def test_the_real_engine_serves_weights_fetched_from_the_mirror(
-    daemon: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    daemon: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str],  # noqa: F811
 ) -> None:
     assert REPO in (daemon["dir"] / "cluster.yaml").read_text()
     wait_status(daemon, lambda s: any(r["state"] == "ready" for r in s["replicas"]),
