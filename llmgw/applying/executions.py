@@ -242,8 +242,10 @@ async def _wait_ready(
                 # reported as ready: only the new spec's states count.
                 if unit.name not in pending or unit.digest != units[unit.name][1]:
                     continue
-                if last.get(unit.name) != unit.state:
+                moved = unit.state == "fetching" and unit.detail != last.get(unit.name + "/")
+                if last.get(unit.name) != unit.state or moved:
                     last[unit.name] = unit.state
+                    last[unit.name + "/"] = unit.detail
                     emit(units[unit.name][0], node, unit.name, unit.state, unit.detail)
                 if unit.state in TERMINAL:
                     final[(node, unit.name)] = _final(unit)

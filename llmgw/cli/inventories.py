@@ -19,7 +19,7 @@ from llmgw.fleet.types import Fleet, NodeReport, Unit
 from llmgw.spec.models import Cluster
 
 # Worst first: a replica is as far along as its least advanced shard.
-_STATE_ORDER = ("failed", "unknown", "stopped", "starting", "loading", "ready")
+_STATE_ORDER = ("failed", "unknown", "stopped", "fetching", "starting", "loading", "ready")
 
 
 @dataclass
@@ -133,6 +133,8 @@ def render_inventory(cluster: Cluster, fleet: Fleet, now: float) -> str:
                 if shard.unit.state == "failed":
                     lines += _failure(shard)
 
+    lines += _fetches(fleet)
+
     if down:
         lines += ["", "Unreachable nodes"]
         lines += [f"  {r.node}: {r.error}" for r in sorted(down, key=lambda r: r.node)]
@@ -170,7 +172,23 @@ def render_status(cluster: Cluster, fleet: Fleet, now: float) -> str:
         rows = [[r.model, f"r{r.replica}", r.state, ", ".join(_shard(s, now) for s in r.shards)]
                 for r in found]
         lines += _table(rows, header=False)
+    lines += _fetches(fleet)
     return "\n".join(lines) + "\n"
+
+
+def _fetches(fleet: Fleet) -> list[str]:
+    """Downloads under way or failed, per node: enough to tell a slow fetch from a wedged one."""
+    lines = []
+    for name, report in sorted(fleet.nodes.items()):
+        for fetch in report.fetches:
+            if fetch.state == "done":
+                continue
+            total = _bytes(fetch.bytes_total)
+            rate = f" at {_bytes(int(fetch.rate_bps))}/s" if fetch.rate_bps else ""
+            why = f": {fetch.error}" if fetch.error else ""
+            lines.append(f"  {name}: {fetch.kind} {fetch.target} {fetch.state}, "
+                         f"{_bytes(fetch.bytes_done)} of {total}{rate}{why}")
+    return ["", "Fetches", *lines] if lines else []
 
 
 def _state_key(item: tuple[str, int]) -> int:
