@@ -30,6 +30,8 @@ COMMANDS = (
     "serve",
     "agent",
     "keys",
+    "store",
+    "lab",
     "weights",
     "mirror",
 )

@@ -68,8 +68,29 @@ class StoreSettings(Strict):
     path: str = Field(
         "llmgw.db",
         description="SQLite database for API keys (hashed) and usage rows, relative to the "
-        "cluster directory unless absolute.",
+        "cluster directory unless absolute. Used when `url` is not set.",
     )
+    url: str | None = Field(
+        None, max_length=1000,
+        pattern=r"^(postgres|postgresql|sqlite)://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]*$",
+        description="Where the store lives: `postgresql://user@host:5432/database` for "
+        "several routers and a standby reconciler (docs/ha.md), or `sqlite:///path`. Never "
+        "a password here: it goes in `password_file`.",
+    )
+    password_file: str | None = Field(
+        None,
+        description="File holding the PostgreSQL password (mode 0600, kept out of git), "
+        "relative to the cluster directory unless absolute.",
+    )
+
+    @model_validator(mode="after")
+    def _no_password_in_url(self) -> StoreSettings:
+        if self.url and "@" in self.url.split("//", 1)[-1].split("/", 1)[0]:
+            userinfo = self.url.split("//", 1)[-1].split("@", 1)[0]
+            if ":" in userinfo:
+                raise ValueError("store.url must not hold a password (it would land in git): "
+                                 "put it in a file named by password_file")
+        return self
 
 
 def _check_source(value: str | None) -> str | None:
@@ -130,7 +151,15 @@ class ClusterSettings(Strict):
     listeners: Listeners = Field(
         default_factory=Listeners, description="Where `llmgw serve` listens."
     )
-    store: StoreSettings = Field(default_factory=StoreSettings, description="Embedded database.")
+    store: StoreSettings = Field(
+        default_factory=StoreSettings,
+        description="Keys, usage and the leader lease: SQLite (default) or PostgreSQL.",
+    )
+    lease_ttl: Duration = Field(
+        15.0, ge=1.0, le=600.0,
+        description="How long a reconciler's leadership lasts without renewal: a standby "
+        "takes over within this long after the leader dies.",
+    )
     auth: Literal["keys", "none"] = Field(
         "keys",
         description="`keys`: every request needs an API key (`llmgw keys create`). `none`: "
