@@ -142,7 +142,9 @@ def serve_until_ready(work: Path, endpoint: str, weights: Path) -> float:
         text = text.replace(f"{name}: 127.0.0.1:{default}", f"{name}: 127.0.0.1:{ports[name]}")
     text = text.replace("../../.cache/models/gemma3-270m-q4_k_m.gguf", SOURCE)
     text = text.replace("../../.cache/models", str(weights))
-    text = text.replace("../../.cache/local/", f"{work}/state/")
+    # A fresh state directory each run: only the weights directory is shared.
+    state = Path(tempfile.mkdtemp(prefix="state-", dir=work))
+    text = text.replace("../../.cache/local/", f"{state}/")
     text = text.replace("  auth: none", f"  auth: none\n  weights: {{endpoint: {endpoint}}}")
     (directory / "cluster.yaml").write_text(text)
     env = {**os.environ, "PATH": f"{ENGINE.parent}{os.pathsep}{os.environ['PATH']}"}
