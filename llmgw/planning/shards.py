@@ -20,7 +20,8 @@ from typing import Any
 
 from llmgw.engines import flags, launches
 from llmgw.engines.launches import EngineError, FabricUse, Launch
-from llmgw.fleet.types import NodeReport
+from llmgw.fleet.types import NodeReport, SourceFacts
+from llmgw.planning.nodes import human_bytes
 from llmgw.planning.placements import Placement
 from llmgw.planning.types import Shard
 from llmgw.rendering import units
@@ -143,6 +144,30 @@ def build(
         )
         shards.append(with_files(shard) if render else shard)
     return tuple(shards)
+
+
+def weights_noted(
+    built: tuple[Shard, ...], reports: Mapping[str, NodeReport],
+    facts: Mapping[str, SourceFacts],
+) -> tuple[Shard, ...]:
+    """The shards, each saying whether its node has the weights or what it will fetch."""
+    return tuple(replace(s, weights=weights_note(s, reports.get(s.node), facts)) for s in built)
+
+
+def weights_note(shard: Shard, report: NodeReport | None,
+                 facts: Mapping[str, SourceFacts]) -> str:
+    weights = shard.spec.get("weights")
+    if not isinstance(weights, dict):
+        return ""
+    source, directory = str(weights.get("source")), str(weights.get("dir"))
+    if report is not None and any(c.source == source for c in report.cached_weights):
+        return f"present in {directory}"
+    known = facts.get(source)
+    if known is None:
+        return f"will fetch {source} into {directory}"
+    if known.size_bytes is None:
+        return f"will fetch {source} into {directory} (size unknown: {known.error})"
+    return f"will fetch {human_bytes(known.size_bytes)} into {directory}"
 
 
 def files(shard: Shard) -> units.UnitFiles:
