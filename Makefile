@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Debian packages the tests drive for real: sshd as simulated nodes,
-# promtool for metrics, nginx and wrk for benchmarks, PostgreSQL as the HA store
+# promtool for metrics, nginx, wrk and curl for benchmarks, PostgreSQL as the HA store
 # (a fixture runs initdb/pg_ctl in a temporary directory; no service is started).
 sysdeps: $(SYSDEPS_STAMP)
 
@@ -32,6 +32,7 @@ $(SYSDEPS_STAMP):
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	command -v curl >/dev/null || missing="$$missing curl"; \
 	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
