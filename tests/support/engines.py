@@ -18,9 +18,7 @@ STUBS = Path(__file__).parent / "bin"
 
 MODELS: dict[str, Any] = {
     "chat": {
-        # A path on the node: a hub repo id would be fetched by the agent first,
-        # and simulated nodes have no hub to fetch from (tests/hub covers that).
-        "source": "/models/chat-8b",
+        "source": "/models/chat-8b",  # a node path: sim nodes reach no hub
         "profiles": [{"engine": "vllm", "gpu_class": "h100-80g", "tensor_parallel": 2,
                       "args": {"max-model-len": 8192}}],
     },
