@@ -41,6 +41,7 @@ from llmgw.applying import executions
 from llmgw.applying.executions import Outcome, Step
 from llmgw.daemon import routetables
 from llmgw.daemon.leaders import LEASE, Leadership, NotLeader
+from llmgw.engines import profiles
 from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.metrics.collectors import FleetCollector
 from llmgw.planning import outputs, plans
@@ -290,7 +291,8 @@ class Daemon:
     async def _load(self) -> None:
         """Reload the directory; an invalid edit is refused and the last valid one stays."""
         try:
-            cluster = await asyncio.to_thread(loading.load, self.state.directory)
+            cluster = await asyncio.to_thread(loading.load, self.state.directory,
+                                              [profiles.check])
         except loading.SpecErrors as exc:
             self.state.refused = [str(e) for e in exc.errors]
             log.error("cluster directory has %d errors; keeping the last valid cluster:",
