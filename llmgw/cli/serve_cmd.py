@@ -292,8 +292,10 @@ def _log_listeners(options: Options, holder: str, store: Store) -> None:
 
 async def _watch_files(directory: Path, router: Router, stop: asyncio.Event) -> None:
     """A router alone follows edits to models, prices, budgets and auth in the directory."""
-    async for _ in watchfiles.awatch(directory, stop_event=stop, recursive=False,
-                                     debounce=300, step=100):
+    async for changes in watchfiles.awatch(directory, stop_event=stop, recursive=False,
+                                           debounce=300, step=100):
+        if not any(Path(path).name.endswith((".yaml", ".yml")) for _, path in changes):
+            continue  # the SQLite store and its journal live here too, and change all the time
         try:
             cluster = await asyncio.to_thread(loading.load, directory)
         except loading.SpecErrors as exc:

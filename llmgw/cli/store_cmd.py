@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     migrate.add_argument("--password-file", metavar="FILE",
                          help="file holding the target's password")
     migrate.add_argument("--from", dest="source", metavar="URL",
-                         help="copy from this store instead of the cluster's (sqlite:///path: "
+                         help="copy from this store instead of the cluster's (sqlite:PATH: "
                          "after switching cluster.store.url, to copy what the old store got "
                          "meanwhile)")
     migrate.set_defaults(handler=run_migrate)

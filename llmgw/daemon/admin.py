@@ -1,9 +1,10 @@
 """The admin API of ``llmgw serve`` (loopback by default): status, fleet, plan.
 
-Every path but ``/health`` needs an admin: ``Authorization: Bearer <token>``
-with the daemon's admin token (the file ``admin.token`` next to the store,
-owner-only, created at the first start; see :func:`ensure_token`), or the
-session cookie of an admin logged in on the pages.
+Every path but ``/health`` and ``/ready`` (what load balancers probe) needs
+an admin: ``Authorization: Bearer <token>`` with the daemon's admin token (the
+file ``admin.token`` next to the store, owner-only, created at the first
+start; see :func:`ensure_token`), or the session cookie of an admin logged in
+on the pages.
 
 ``GET /api/v1/status``  what the daemon knows: revisions, last plan and apply,
                         a refused edit's errors, nodes and replicas.
@@ -60,7 +61,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def _guard(token: str, gate: Gate | None) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/health":
+        if request.path in ("/health", "/ready"):  # what load balancers probe
             return await handler(request)
         scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer" and presented.strip():

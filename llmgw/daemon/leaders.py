@@ -3,10 +3,10 @@
 Every reconciler runs :meth:`Leadership.run`. The lease (``leases`` row
 ``reconciler``) names a holder, an **epoch** that grows by one whenever the
 holder changes, and an expiry in the *database's* clock. The holder renews it
-every ``ttl / 3``; a standby sleeps until the expiry it read and tries again,
-so it leads within ``ttl`` of the leader's last renewal — at most ``ttl``
-after the leader died. A clean stop releases the lease: the standby takes it
-at its next try (within a second).
+every ``ttl / 3``; a standby tries every half second, and at the expiry it
+read, so it leads within ``ttl`` of the leader's last renewal — at most
+``ttl`` after the leader died. A clean stop releases the lease: the standby
+takes it at its next try, within half a second.
 
 **Fencing.** A grant says how long the lease has left by the database's
 clock; the holder counts that from the moment it *sent* the request, on its
@@ -44,6 +44,7 @@ from llmgw.store.stores import Grant, Store, StoreError
 log = logging.getLogger("llmgw.leader")
 T = TypeVar("T")
 LEASE = "reconciler"
+STANDBY_POLL = 0.5  # seconds between a standby's tries: two small queries each
 
 
 class NotLeader(RuntimeError):
@@ -116,8 +117,10 @@ class Leadership:
             self.leader = None
         if self.leader is None:
             return 0.05  # released or expired between the two statements: try again now
-        # Sleep until the holder's lease would expire, then try: takeover within ttl.
-        return max(0.05, min(self.leader.remaining + 0.05, self.ttl / 3))
+        # Try again when the holder's lease would expire (takeover within ttl of its last
+        # renewal), or sooner: a leader that stops cleanly releases the lease, and the
+        # standby should notice within STANDBY_POLL, not at the expiry.
+        return max(0.05, min(self.leader.remaining + 0.05, STANDBY_POLL))
 
     def _check_lapsed(self, force: bool = False) -> None:
         if self.epoch is not None and (force or not self.is_leader()):

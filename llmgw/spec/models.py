@@ -91,10 +91,10 @@ class StoreSettings(Strict):
     )
     url: str | None = Field(
         None, max_length=1000,
-        pattern=r"^(postgres|postgresql|sqlite)://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]*$",
+        pattern=r"^(postgres://|postgresql://|sqlite:)[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]*$",
         description="Where the store lives: `postgresql://user@host:5432/database` for "
-        "several routers and a standby reconciler (docs/ha.md), or `sqlite:///path`. Never "
-        "a password here: it goes in `password_file`.",
+        "several routers and a standby reconciler (docs/ha.md), or `sqlite:path` "
+        "(`sqlite:///absolute/path`). Never a password here: it goes in `password_file`.",
     )
     password_file: str | None = Field(
         None,

@@ -48,7 +48,7 @@ async def copy(
     if after is None and not await target.is_empty():
         raise TargetNotEmpty(
             f"{target.where} already holds keys or usage rows not copied from "
-            f"{source_name}; migrate into an empty database")
+            f"{source.where}; migrate into an empty database")
     top_up = after is not None
     start = after or 0
     key_rows = [listing.row for listing in await source.list_keys()]

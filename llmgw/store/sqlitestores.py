@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from llmgw.store import databases
-from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
+from llmgw.store.stores import (
+    Admission,
+    Grant,
+    KeyListing,
+    KeyRow,
+    Published,
+    Store,
+    StoreError,
+    shown_path,
+)
 from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 
 T = TypeVar("T")
@@ -41,7 +50,7 @@ class SQLiteStore(Store):
     def __init__(self, path: Path, executor: ThreadPoolExecutor,
                  conn: sqlite3.Connection) -> None:
         self.path = path
-        self.where = str(path)
+        self.where = shown_path(path)
         self._executor = executor
         self._conn = conn
 

@@ -228,15 +228,15 @@ def target_of(url: str | None, path: str, password_file: str | None = None) -> T
     (mode 0600, kept out of git) and added here.
     """
     if not url:
-        return Target("sqlite", path=Path(path), display=path)
+        return Target("sqlite", path=Path(path), display=shown_path(Path(path)))
     if not _URL_CHARS.match(url):
         raise ValueError("store.url has characters a URL cannot hold")
     parts = urlsplit(url)
     if parts.scheme == "sqlite":
         where = parts.path if not parts.netloc else f"/{parts.netloc}{parts.path}"
         if not where:
-            raise ValueError(f"store.url {url!r} names no file: use sqlite:///path/to/llmgw.db")
-        return Target("sqlite", path=Path(where), display=where)
+            raise ValueError(f"store.url {url!r} names no file: use sqlite:path/to/llmgw.db")
+        return Target("sqlite", path=Path(where), display=shown_path(Path(where)))
     if parts.scheme not in _PG_SCHEMES:
         raise ValueError(f"store.url scheme {parts.scheme!r} is not supported: use "
                          "postgresql://user@host:5432/database or sqlite:///path")
@@ -255,6 +255,14 @@ def target_of(url: str | None, path: str, password_file: str | None = None) -> T
         host = parts.netloc.rpartition("@")[2]
         dsn = parts._replace(netloc=f"{userinfo}@{host}").geturl()
     return Target("postgresql", dsn=dsn, display=display)
+
+
+def shown_path(path: Path) -> str:
+    """A SQLite path for messages: relative to the working directory when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        return str(path)
 
 
 async def open_target(target: Target) -> Store:

@@ -151,12 +151,14 @@ def failovers(args: argparse.Namespace, tmp: Path, pg: postgres.PgServer) -> lis
         return proc, admin
 
     def status(admin: str) -> dict[str, Any]:
-        return httpx.get(f"http://{admin}/api/v1/status", timeout=5).json()  # type: ignore[no-any-return]
+        token = (directory / "admin.token").read_text().strip()
+        return httpx.get(f"http://{admin}/api/v1/status", timeout=5,  # type: ignore[no-any-return]
+                         headers={"Authorization": f"Bearer {token}"}).json()
 
     def wait(check: Any, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(httpx.HTTPError, FileNotFoundError):
                 if check():
                     return
             time.sleep(0.02)

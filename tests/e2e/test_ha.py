@@ -36,6 +36,7 @@ class Proc:
     def __init__(self, directory: Path, role: str, log: Path, *extra: str) -> None:
         self.role = role
         self.log = log
+        self.directory = directory
         self.router = f"127.0.0.1:{nodes.free_port()}"
         self.admin = f"127.0.0.1:{nodes.free_port()}"
         self.metrics = f"127.0.0.1:{nodes.free_port()}"
@@ -48,7 +49,9 @@ class Proc:
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out)
 
     def status(self) -> dict[str, Any]:
-        return httpx.get(f"http://{self.admin}/api/v1/status", timeout=5).json()  # type: ignore[no-any-return]
+        token = (self.directory / "admin.token").read_text().strip()
+        return httpx.get(f"http://{self.admin}/api/v1/status", timeout=5,  # type: ignore[no-any-return]
+                         headers={"Authorization": f"Bearer {token}"}).json()
 
     def ready(self, where: str) -> int:
         return httpx.get(f"http://{where}/ready", timeout=5).status_code
@@ -60,7 +63,7 @@ class Proc:
             try:
                 if check():
                     return
-            except httpx.HTTPError:
+            except (httpx.HTTPError, FileNotFoundError):  # not up yet (no admin token yet)
                 pass
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {what}\n{self.tail()}")

@@ -223,3 +223,13 @@ async def test_a_dead_routers_reservation_lapses(store_settings: dict[str, str])
             await asyncio.sleep(0.1)  # lapses by the database's clock, nobody settles it
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(("url", "path"), [
+    ("sqlite:state/llmgw.db", "state/llmgw.db"),
+    ("sqlite:///srv/llmgw/llmgw.db", "/srv/llmgw/llmgw.db"),
+])
+def test_sqlite_urls_name_a_file(url: str, path: str) -> None:
+    StoreSettings(url=url)  # the spec accepts both spellings
+    target = stores.target_of(url, "ignored.db")
+    assert target.kind == "sqlite" and target.path == Path(path)
