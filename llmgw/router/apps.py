@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from llmgw.fleet.types import Demand
 from llmgw.metrics.instruments import UNKNOWN_MODEL, RouterMetrics
-from llmgw.router import errors, streams
+from llmgw.router import affinities, errors, streams
 from llmgw.router.accounts import Accounts, Principal
 from llmgw.router.catalogs import Catalog, ModelEntry
 from llmgw.router.demands import Demands
@@ -150,10 +150,14 @@ class Router:
                 if stream and request.path in _ASK_FOR_USAGE:
                     body, asked = streams.ask_for_usage(body, payload)
                     strip = not asked
+                affinity = None
+                if entry is not None and entry.prefix_chars:
+                    affinity = affinities.key(payload, entry.prefix_chars, entry.min_prefix_chars)
                 await self._wait_for_replica(name, entry_key, entry)
                 response = await self.proxy.forward(
                     request, entry_key, body, stream=stream, strip_usage_chunk=strip,
                     outcome=outcome, on_retry=lambda: self.metrics.retries.labels(label).inc(),
+                    affinity=affinity, load_factor=entry.load_factor if entry else 1.25,
                 )
                 outcome.status = outcome.status or response.status
                 return response
