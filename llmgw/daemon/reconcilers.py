@@ -131,8 +131,9 @@ class Daemon:
             asyncio.create_task(self._watch_files(stop), name="watch-files"),
             asyncio.create_task(self._watch_demand(stop), name="watch-demand"),
         ]
+        lease = None
         if self.leadership is not None:
-            helpers.append(asyncio.create_task(self.leadership.run(stop), name="lease"))
+            lease = asyncio.create_task(self.leadership.run(stop), name="lease")
             helpers.append(asyncio.create_task(self._watch_leadership(), name="watch-lease"))
         self._start_unit_watchers()
         self.wake("start")
@@ -152,6 +153,14 @@ class Daemon:
                 if not await self._until_stopped(work, stop):
                     break
         finally:
+            if lease is not None:
+                # The iteration is over (or cancelled): hand the lease over now, so a
+                # standby leads at its next try instead of after lease_ttl.
+                stop.set()
+                try:
+                    await asyncio.wait_for(asyncio.shield(lease), 10)
+                except (TimeoutError, asyncio.CancelledError):
+                    lease.cancel()
             for task in [*helpers, *self._watchers]:
                 task.cancel()
             await asyncio.gather(*helpers, *self._watchers, return_exceptions=True)
