@@ -299,6 +299,16 @@ class Node(Strict):
         "per replica shard that serves HTTP).",
     )
 
+    @field_validator("mgmt_address")
+    @classmethod
+    def _mgmt_ip(cls, address: str | None) -> str | None:
+        if address is None:
+            return None
+        try:
+            return str(ipaddress.ip_address(address))
+        except ValueError:
+            raise ValueError(f"mgmt_address must be an IP address; got {address!r}") from None
+
     @property
     def is_local(self) -> bool:
         return self.address == "local"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from plan_builders import apply, cluster_from, fleet_from
+from pydantic import ValidationError
 
 from llmgw.planning import plans
 from llmgw.planning.types import Shard
@@ -76,3 +78,10 @@ def test_an_engine_upgrade_replaces_the_replica_and_says_so() -> None:
     [change] = plans.plan(upgraded, fleet, NOW).changes
     assert change.action == "replace"
     assert "engine version changed: 0.5.22 → 0.5.23" in change.reasons
+
+
+def test_mgmt_address_is_an_ip_address() -> None:
+    data = sglang_cluster(1)
+    data["nodes"] = {**NODES, "gpu-01": {**NODES["gpu-01"], "mgmt_address": "eno1"}}
+    with pytest.raises(ValidationError, match="mgmt_address must be an IP address"):
+        cluster_from(data)
