@@ -73,7 +73,7 @@ def table(entries: list[ApplyEntry]) -> str:
     rows: list[tuple[str, ...]] = []
     for item in reversed(entries):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(item.started_at))
-        revision = (item.revision or "-")[:12]
+        revision = item.revision or "-"
         if not item.changes:
             rows.append((when, revision, item.started_by, "(no change)",
                          _outcome(item.ok, None), f"{item.duration:.1f}s"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,19 @@ def history(directory: Path, capsys: pytest.CaptureFixture[str], *flags: str) ->
     return capsys.readouterr().out
 
 
+def commit(directory: Path, message: str) -> str:
+    """Commit the cluster directory as an operator would; the new revision."""
+    git = ["git", "-C", str(directory), "-c", "user.email=ops@example.com", "-c",
+           "user.name=ops"]
+    if not (directory / ".git").exists():
+        subprocess.run([*git, "init", "-q"], check=True)
+        (directory / ".gitignore").write_text("llmgw.db*\nadmin.token\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", message], check=True)
+    return subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
 def tiny(args: dict[str, Any], secret: Path, **unchecked: Any) -> dict[str, Any]:
     profile = {"engine": "llama.cpp", "cpu": True, "min_memory_gb": 1, "args": args,
                "secret_env": {"HF_TOKEN": str(secret)}}
@@ -58,12 +72,14 @@ def test_history_tells_a_day_of_edits_in_order(
         path.write_text(MARKER + "\n")
 
     directory = sim.write_cluster({"models": tiny({"ctx-size": 2048}, morning)})
+    revisions = [commit(directory, "tiny: first replica")]
     code, out = apply(directory, capsys)
     assert code == 0, out
     first_pid = running(engines)["tiny"]["pid"]
 
     # Args (and the secret's file) change: the replica is replaced.
     sim.write_cluster({"models": tiny({"ctx-size": 4096}, noon)})
+    revisions.append(commit(directory, "tiny: longer context, new token file"))
     code, out = apply(directory, capsys)
     assert code == 0, out
     assert running(engines)["tiny"]["pid"] != first_pid
@@ -72,6 +88,7 @@ def test_history_tells_a_day_of_edits_in_order(
     serving = running(engines)["tiny"]["pid"]
     sim.write_cluster({"models": tiny({"ctx-size": 4096}, noon, exit_after=0,
                                       exit_code=3)})
+    revisions.append(commit(directory, "tiny: a flag that breaks it"))
     # The agent restarts an engine that exits, so the apply gives up at its timeout.
     code, out = apply(directory, capsys, ready_timeout="5s")
     assert code == 1, out
@@ -80,6 +97,7 @@ def test_history_tells_a_day_of_edits_in_order(
 
     # The model goes away.
     sim.write_cluster({"models": {}})
+    revisions.append(commit(directory, "tiny: retired"))
     code, out = apply(directory, capsys)
     assert code == 0, out
     deadline = time.monotonic() + 30  # the agent stops the unit; its process may linger
@@ -97,6 +115,7 @@ def test_history_tells_a_day_of_edits_in_order(
         [("replace", "tiny", "failed")],
         [("destroy", "tiny", "ok")] * 2,  # the serving replica and the failed one's unit
     ]
+    assert [e["revision"] for e in reversed(entries)] == revisions
     assert all(by_hand for by_hand, _ in story)  # `llmgw apply`, not the daemon
     assert all("@" in e["started_by"] for e in entries)
     failed = entries[1]
@@ -108,12 +127,15 @@ def test_history_tells_a_day_of_edits_in_order(
         (e["started_at"] for e in entries), reverse=True)
 
     table = history(directory, capsys)
+    with capsys.disabled():
+        print(table)  # docs/history.md shows this output (pytest -s)
     lines = table.splitlines()
     assert lines[0].split()[:2] == ["WHEN", "(UTC)"]
     assert [line.split()[4:6] for line in lines[1:]] == [
         ["create", "tiny"], ["replace", "tiny"], ["replace", "tiny"], ["destroy", "tiny"],
         ["destroy", "tiny"]]
     assert lines[3].rstrip().split("  ")[-1].startswith("failed: ")
+    assert [line.split()[2] for line in lines[1:]] == [*revisions, revisions[-1]]
     assert history(directory, capsys, "--model", "other") == "No applies recorded yet.\n"
     assert len(json.loads(history(directory, capsys, "--json", "--limit", "2"))) == 2
 
