@@ -129,6 +129,7 @@ def test_history_tells_a_day_of_edits_in_order(
     table = history(directory, capsys)
     with capsys.disabled():
         print(table)  # docs/history.md shows this output (pytest -s)
+        print(json.dumps(entries[1], indent=2, ensure_ascii=False))
     lines = table.splitlines()
     assert lines[0].split()[:2] == ["WHEN", "(UTC)"]
     assert [line.split()[4:6] for line in lines[1:]] == [
