@@ -77,6 +77,7 @@ def _change(item: ChangeOutcome) -> ChangeEntry:
         model=change.model, replica=change.replica, action=change.action,
         nodes=tuple(nodes), why=why, ok=item.ok,
         error=None if item.ok else _error(item, secrets), duration=item.elapsed,
+        new_replica=change.new_replica,
     )
 
 
@@ -121,7 +122,7 @@ def document(item: ApplyEntry) -> dict[str, object]:
         "changes": [{
             "model": c.model, "replica": c.replica, "action": c.action, "nodes": list(c.nodes),
             "why": c.why, "outcome": "ok" if c.ok else "failed", "error": c.error,
-            "duration": c.duration, "class": c.drift_class, "gate": c.gate,
-            "rolled_back": c.rolled_back,
+            "duration": c.duration, "new_replica": c.new_replica, "class": c.drift_class,
+            "gate": c.gate, "rolled_back": c.rolled_back,
         } for c in item.changes],
     }

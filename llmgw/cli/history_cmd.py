@@ -79,6 +79,8 @@ def table(entries: list[ApplyEntry]) -> str:
                          _outcome(item.ok, None), f"{item.duration:.1f}s"))
         for change in item.changes:
             label = f"{change.action} {change.model} r{change.replica}"
+            if change.new_replica is not None and change.new_replica != change.replica:
+                label += f" → r{change.new_replica}"
             if change.nodes:
                 label += f" on {','.join(change.nodes)}"
             duration = "-" if change.duration is None else f"{change.duration:.1f}s"

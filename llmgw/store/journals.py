@@ -42,6 +42,7 @@ class ChangeEntry:
     ok: bool
     error: str | None = None  # failed: why, with the engine's last log line when there is one
     duration: float | None = None  # seconds from the apply's start to the change's last step
+    new_replica: int | None = None  # a replace: the index of the replica that replaces it
     drift_class: str | None = None  # classified drift: not yet given by the planner
     gate: str | None = None  # gated rollouts: the gate's verdict
     rolled_back: bool | None = None  # gated rollouts: the change was rolled back
@@ -76,8 +77,8 @@ class JournalMethods(abc.ABC):
 
 
 _APPLY_COLUMNS = "started_at, duration, revision, started_by, ok, gate, rollback_of"
-_CHANGE_COLUMNS = ("model, replica, action, nodes, why, ok, error, duration, class, gate, "
-                   "rolled_back")
+_CHANGE_COLUMNS = ("model, replica, action, nodes, why, ok, error, duration, new_replica, "
+                   "class, gate, rolled_back")
 
 
 def _apply_values(entry: ApplyEntry) -> tuple[Any, ...]:
@@ -87,15 +88,16 @@ def _apply_values(entry: ApplyEntry) -> tuple[Any, ...]:
 
 def _change_values(apply_id: int, seq: int, change: ChangeEntry) -> tuple[Any, ...]:
     return (apply_id, seq, change.model, change.replica, change.action, ",".join(change.nodes),
-            change.why, change.ok, change.error, change.duration, change.drift_class,
+            change.why, change.ok, change.error, change.duration, change.new_replica,
+            change.drift_class,
             change.gate, change.rolled_back)
 
 
 def _change(row: Sequence[Any]) -> ChangeEntry:
-    model, replica, action, nodes, why, ok, error, duration, cls, gate, rolled = row
+    model, replica, action, nodes, why, ok, error, duration, new, cls, gate, rolled = row
     return ChangeEntry(model, int(replica), action, tuple(n for n in nodes.split(",") if n),
-                       why, bool(ok), error, duration, cls, gate,
-                       None if rolled is None else bool(rolled))
+                       why, bool(ok), error, duration, None if new is None else int(new), cls,
+                       gate, None if rolled is None else bool(rolled))
 
 
 def _entry(row: Sequence[Any], changes: list[ChangeEntry]) -> ApplyEntry:
@@ -119,7 +121,7 @@ def sqlite_record(conn: sqlite3.Connection, entry: ApplyEntry) -> int:
         assert apply_id is not None
         conn.executemany(
             f"INSERT INTO apply_changes (apply_id, seq, {_CHANGE_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [_change_values(apply_id, i, c) for i, c in enumerate(entry.changes)])
     return apply_id
 
@@ -150,7 +152,7 @@ async def postgres_record(conn: asyncpg.pool.PoolConnectionProxy, entry: ApplyEn
             "RETURNING id", *_apply_values(entry))
         await conn.executemany(
             f"INSERT INTO apply_changes (apply_id, seq, {_CHANGE_COLUMNS}) VALUES "
-            "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+            "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
             [_change_values(apply_id, i, c) for i, c in enumerate(entry.changes)])
     return apply_id
 

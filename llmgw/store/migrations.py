@@ -330,6 +330,7 @@ CREATE TABLE IF NOT EXISTS apply_changes (
     ok          BOOLEAN NOT NULL,
     error       TEXT,                -- failed: the reason and the engine's last log line
     duration    REAL,
+    new_replica INTEGER,             -- a replace: the replica that replaces this one
     class       TEXT,                -- coming with classified drift
     gate        TEXT,                -- coming with gated rollouts
     rolled_back BOOLEAN,             -- coming with gated rollouts
@@ -359,6 +360,7 @@ CREATE TABLE apply_changes (
     ok          BOOLEAN NOT NULL,
     error       TEXT,                -- failed: the reason and the engine's last log line
     duration    DOUBLE PRECISION,
+    new_replica INTEGER,             -- a replace: the replica that replaces this one
     class       TEXT,                -- coming with classified drift
     gate        TEXT,                -- coming with gated rollouts
     rolled_back BOOLEAN,             -- coming with gated rollouts

@@ -38,6 +38,7 @@ def test_a_change_is_journaled_with_its_nodes_reasons_and_duration() -> None:
     got = entry_of(outcome(True, [], []))
     assert (got.model, got.replica, got.action, got.nodes, got.ok, got.error,
             got.duration) == ("chat", 0, "replace", ("gpu-1", "gpu-2"), True, None, 3.5)
+    assert got.new_replica == 1
     assert got.why.startswith("args changed: --max-model-len 8192 → 16384; ")
 
 

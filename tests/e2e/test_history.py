@@ -136,6 +136,7 @@ def test_history_tells_a_day_of_edits_in_order(
         ["create", "tiny"], ["replace", "tiny"], ["replace", "tiny"], ["destroy", "tiny"],
         ["destroy", "tiny"]]
     assert lines[3].rstrip().split("  ")[-1].startswith("failed: ")
+    assert "replace tiny r0 → r1 on node-01" in lines[2]  # who replaced whom
     assert [line.split()[2] for line in lines[1:]] == [*revisions, revisions[-1]]
     assert history(directory, capsys, "--model", "other") == "No applies recorded yet.\n"
     assert len(json.loads(history(directory, capsys, "--json", "--limit", "2"))) == 2

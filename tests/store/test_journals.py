@@ -21,7 +21,7 @@ CREATE = ChangeEntry("chat", 0, "create", ("node-1", "node-2"), "new replica", T
                      duration=4.5)
 FAILED = ChangeEntry("tiny", 0, "replace", ("node-2",), "args: ctx-size 2048 → 4096", False,
                      error="tiny-r1 on node-2: failed (exited with status 3) | out of memory",
-                     duration=2.0)
+                     duration=2.0, new_replica=1)
 
 
 async def test_entries_round_trip_newest_first(store_settings: dict[str, str]) -> None:
