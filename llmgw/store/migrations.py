@@ -311,13 +311,13 @@ ALTER TABLE usage ADD COLUMN user_name TEXT;
         sqlite="""
 CREATE TABLE IF NOT EXISTS applies (
     id          INTEGER PRIMARY KEY,
-    started_at  REAL NOT NULL,        -- Unix time
-    duration    REAL NOT NULL,        -- seconds
+    started_at  REAL NOT NULL,       -- Unix time
+    duration    REAL NOT NULL,       -- seconds
     revision    TEXT,                -- the cluster directory's git revision, when known
     started_by  TEXT NOT NULL,       -- "daemon", or user@host for `llmgw apply`
     ok          BOOLEAN NOT NULL,
     gate        TEXT,                -- coming with gated rollouts: the gate's verdict
-    rollback_of INTEGER                  -- coming with gated rollouts: the apply rolled back
+    rollback_of INTEGER              -- coming with gated rollouts: the apply rolled back
 );
 CREATE TABLE IF NOT EXISTS apply_changes (
     apply_id    INTEGER NOT NULL REFERENCES applies (id) ON DELETE CASCADE,
@@ -341,13 +341,13 @@ CREATE INDEX IF NOT EXISTS apply_changes_model ON apply_changes (model, apply_id
         postgres="""
 CREATE TABLE applies (
     id          BIGSERIAL PRIMARY KEY,
-    started_at  DOUBLE PRECISION NOT NULL,        -- Unix time
-    duration    DOUBLE PRECISION NOT NULL,        -- seconds
+    started_at  DOUBLE PRECISION NOT NULL, -- Unix time
+    duration    DOUBLE PRECISION NOT NULL, -- seconds
     revision    TEXT,                -- the cluster directory's git revision, when known
     started_by  TEXT NOT NULL,       -- "daemon", or user@host for `llmgw apply`
     ok          BOOLEAN NOT NULL,
     gate        TEXT,                -- coming with gated rollouts: the gate's verdict
-    rollback_of BIGINT                  -- coming with gated rollouts: the apply rolled back
+    rollback_of BIGINT               -- coming with gated rollouts: the apply rolled back
 );
 CREATE TABLE apply_changes (
     apply_id    BIGINT NOT NULL REFERENCES applies (id) ON DELETE CASCADE,
