@@ -75,6 +75,7 @@ class ChangeOutcome:
     errors: list[str] = field(default_factory=list)
     logs: dict[str, list[str]] = field(default_factory=dict)  # unit → log tail
     kept_old: bool = False  # a failed create-before-destroy replace left the old replica
+    elapsed: float = 0.0  # seconds from the apply's start to this change's last step
 
     def fail(self, message: str) -> None:
         self.ok = False
@@ -120,7 +121,9 @@ async def execute(
     outcomes = {id(change): ChangeOutcome(change) for change in plan.changes}
 
     def emit(change: Change, node: str, unit: str, state: str, detail: str = "") -> None:
-        report(Step(change, node, unit, state, clock() - started, detail))
+        elapsed = clock() - started
+        outcomes[id(change)].elapsed = elapsed
+        report(Step(change, node, unit, state, elapsed, detail))
 
     first = _first_calls(plan.changes)
     await _call_all(agents, first, outcomes, emit)
@@ -134,6 +137,7 @@ async def execute(
             continue
         outcome = outcomes[id(change)]
         outcome.fail(f"{shard.unit} on {shard.node}: {state}" + (f" ({detail})" if detail else ""))
+        outcome.elapsed = clock() - started  # a timeout emits no step: it ended now
         if tail:
             outcome.logs[f"{shard.node}/{shard.unit}"] = tail
         else:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from llmgw.applying import executions, saved
+from llmgw.applying import executions, records, saved
 from llmgw.applying.executions import Outcome, Step
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
@@ -25,6 +25,8 @@ from llmgw.planning import outputs, plans
 from llmgw.planning.types import Plan
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import parse_duration
+from llmgw.store import migrations, stores
+from llmgw.store.stores import StoreError
 from llmgw.transport import pools
 
 
@@ -84,12 +86,29 @@ async def _apply(
             print("Apply cancelled.", file=out)
             return 1
         display = Display(out)
+        started_at = time.time()
         outcome = await executions.execute(
             plan, pool, progress=display.step, ready_timeout=ready_timeout
         )
         display.close()
     _report(outcome, out)
+    await _journal(cluster, plan, outcome, started_at, out)
     return 0 if outcome.ok else 1
+
+
+async def _journal(cluster: Cluster, plan: Plan, outcome: Outcome, started_at: float,
+                   out: TextIO) -> None:
+    """Record the apply in the store's journal (``llmgw history``); a refusal only warns."""
+    try:
+        store = await stores.open_store(cluster.cluster.store)
+    except (StoreError, migrations.SchemaTooNew) as exc:
+        print(f"! the apply was not written to the journal: {exc}", file=out)
+        return
+    try:
+        if await records.record(store, plan, outcome, started_at, records.invoker()) is None:
+            print("! the apply was not written to the journal (see the log)", file=out)
+    finally:
+        await store.close()
 
 
 def _confirm(out: TextIO) -> bool:

@@ -25,6 +25,7 @@ COMMANDS = (
     "schema",
     "plan",
     "apply",
+    "history",
     "inventory",
     "status",
     "serve",

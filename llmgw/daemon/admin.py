@@ -12,6 +12,8 @@ on the pages.
                         reads it; CI fetches it from here).
 ``GET /api/v1/plan``    the last plan: ``?format=json`` (default), ``markdown``
                         or ``text``.
+``GET /api/v1/history`` the apply journal, newest first: ``?model=M&limit=N``
+                        (as ``llmgw history --json`` prints it).
 ``GET /ready``          200 on the leading reconciler once it has observed the
                         fleet; 503 on a standby (a load balancer in front of
                         reconcilers' admin APIs reaches the leader).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -32,9 +35,13 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from llmgw import __version__
+from llmgw.applying import records
 from llmgw.daemon.reconcilers import Daemon
 from llmgw.fleet.types import Fleet
 from llmgw.planning import outputs, summaries
+from llmgw.spec.models import NAME_PATTERN
+from llmgw.store import journals
+from llmgw.store.stores import StoreError
 from llmgw.web import AdminView, Progress
 from llmgw.web.logins import Gate
 
@@ -85,6 +92,7 @@ def create_app(daemon: Daemon, token: str, gate: Gate | None = None) -> web.Appl
     app.router.add_get("/api/v1/status", lambda r: _status(daemon))
     app.router.add_get("/api/v1/fleet", lambda r: _fleet(daemon))
     app.router.add_get("/api/v1/plan", lambda r: _plan(daemon, r))
+    app.router.add_get("/api/v1/history", lambda r: _history(daemon, r))
     app.router.add_get("/health", lambda r: _health())
     app.router.add_get("/ready", lambda r: _ready(daemon))
     return app
@@ -158,6 +166,30 @@ def leadership(daemon: Daemon) -> dict[str, Any]:
             "leader_epoch": lead.leader.epoch if lead.leader else None,
             "lease_ttl": lead.ttl, "transitions": lead.transitions,
             "first_iteration_at": daemon.first_lead_iteration_at}
+
+
+async def _history(daemon: Daemon, request: web.Request) -> web.Response:
+    model = request.query.get("model") or None
+    if model is not None and not re.fullmatch(NAME_PATTERN, model):
+        raise web.HTTPBadRequest(text='{"error": "model is not a model name"}',
+                                 content_type="application/json")
+    try:
+        limit = int(request.query.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= journals.MAX_LIMIT:
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": f"limit must be between 1 and {journals.MAX_LIMIT}"}),
+            content_type="application/json")
+    if daemon.store is None:
+        raise web.HTTPServiceUnavailable(text='{"error": "no store"}',
+                                         content_type="application/json")
+    try:
+        entries = await daemon.store.history(model, limit)
+    except StoreError:
+        raise web.HTTPServiceUnavailable(text='{"error": "the store did not answer"}',
+                                         content_type="application/json") from None
+    return web.json_response([records.document(e) for e in entries])
 
 
 async def _fleet(daemon: Daemon) -> web.Response:

@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 import watchfiles
 
-from llmgw.applying import executions
+from llmgw.applying import executions, records
 from llmgw.applying.executions import Outcome, Step
 from llmgw.daemon import routetables
 from llmgw.daemon.leaders import LEASE, Leadership, NotLeader
@@ -232,8 +232,10 @@ class Daemon:
         for line in outputs.text(plan).splitlines():
             if line.strip():
                 log.info("  %s", line)
+        started_at = time.time()
         outcome = await executions.execute(plan, self.pool, progress=_log_step,
                                            ready_timeout=self.ready_timeout)
+        await records.record(self.store, plan, outcome, started_at, records.DAEMON)
         state.outcome, state.applied_at = outcome, self.clock()
         log.info("%s", outcome.summary())
         for failed in outcome.failed:

@@ -306,6 +306,69 @@ CREATE INDEX messages_conversation ON messages (conversation, id);
 ALTER TABLE usage ADD COLUMN user_name TEXT;
 """,
     ),
+    Migration(
+        7, "the apply journal (llmgw history)",
+        sqlite="""
+CREATE TABLE IF NOT EXISTS applies (
+    id          INTEGER PRIMARY KEY,
+    started_at  REAL NOT NULL,       -- Unix time
+    duration    REAL NOT NULL,       -- seconds
+    revision    TEXT,                -- the cluster directory's git revision, when known
+    started_by  TEXT NOT NULL,       -- "daemon", or user@host for `llmgw apply`
+    ok          BOOLEAN NOT NULL,
+    gate        TEXT,                -- coming with gated rollouts: the gate's verdict
+    rollback_of INTEGER              -- coming with gated rollouts: the apply rolled back
+);
+CREATE TABLE IF NOT EXISTS apply_changes (
+    apply_id    INTEGER NOT NULL REFERENCES applies (id) ON DELETE CASCADE,
+    seq         INTEGER NOT NULL,    -- order within the apply
+    model       TEXT NOT NULL,
+    replica     INTEGER NOT NULL,
+    action      TEXT NOT NULL,       -- create, replace, restart, destroy
+    nodes       TEXT NOT NULL,       -- comma-separated node names
+    why         TEXT NOT NULL,       -- the plan's reasons, never a secret
+    ok          BOOLEAN NOT NULL,
+    error       TEXT,                -- failed: the reason and the engine's last log line
+    duration    REAL,
+    new_replica INTEGER,             -- a replace: the replica that replaces this one
+    class       TEXT,                -- coming with classified drift
+    gate        TEXT,                -- coming with gated rollouts
+    rolled_back BOOLEAN,             -- coming with gated rollouts
+    PRIMARY KEY (apply_id, seq)
+);
+CREATE INDEX IF NOT EXISTS apply_changes_model ON apply_changes (model, apply_id);
+""",
+        postgres="""
+CREATE TABLE applies (
+    id          BIGSERIAL PRIMARY KEY,
+    started_at  DOUBLE PRECISION NOT NULL, -- Unix time
+    duration    DOUBLE PRECISION NOT NULL, -- seconds
+    revision    TEXT,                -- the cluster directory's git revision, when known
+    started_by  TEXT NOT NULL,       -- "daemon", or user@host for `llmgw apply`
+    ok          BOOLEAN NOT NULL,
+    gate        TEXT,                -- coming with gated rollouts: the gate's verdict
+    rollback_of BIGINT               -- coming with gated rollouts: the apply rolled back
+);
+CREATE TABLE apply_changes (
+    apply_id    BIGINT NOT NULL REFERENCES applies (id) ON DELETE CASCADE,
+    seq         INTEGER NOT NULL,    -- order within the apply
+    model       TEXT NOT NULL,
+    replica     INTEGER NOT NULL,
+    action      TEXT NOT NULL,       -- create, replace, restart, destroy
+    nodes       TEXT NOT NULL,       -- comma-separated node names
+    why         TEXT NOT NULL,       -- the plan's reasons, never a secret
+    ok          BOOLEAN NOT NULL,
+    error       TEXT,                -- failed: the reason and the engine's last log line
+    duration    DOUBLE PRECISION,
+    new_replica INTEGER,             -- a replace: the replica that replaces this one
+    class       TEXT,                -- coming with classified drift
+    gate        TEXT,                -- coming with gated rollouts
+    rolled_back BOOLEAN,             -- coming with gated rollouts
+    PRIMARY KEY (apply_id, seq)
+);
+CREATE INDEX apply_changes_model ON apply_changes (model, apply_id);
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -25,7 +25,7 @@ from typing import Literal
 
 import asyncpg
 
-from llmgw.store import migrations
+from llmgw.store import journals, migrations
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
 from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 
@@ -90,6 +90,16 @@ class PostgresStore(Store):
             for step in migrations.pending(int(found), self.where):
                 await conn.execute(step.postgres)
                 await conn.execute("UPDATE llmgw_schema SET version = $1", step.version)
+
+    # -- the apply journal (SQL in llmgw.store.journals) ------------------------------------
+    async def record_apply(self, entry: journals.ApplyEntry) -> int:
+        async with self._conn() as conn:
+            return await journals.postgres_record(conn, entry)
+
+    async def history(self, model: str | None = None,
+                      limit: int = 50) -> list[journals.ApplyEntry]:
+        async with self._conn() as conn:
+            return await journals.postgres_history(conn, model, limit)
 
     # -- keys ---------------------------------------------------------------------------
     async def insert_key(self, row: KeyRow) -> bool:

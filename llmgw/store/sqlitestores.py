@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from llmgw.store import databases
+from llmgw.store import databases, journals
 from llmgw.store.stores import (
     Admission,
     Grant,
@@ -75,6 +75,14 @@ class SQLiteStore(Store):
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.where}: {exc}") from exc
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    # -- the apply journal (SQL in llmgw.store.journals) ------------------------------------
+    async def record_apply(self, entry: journals.ApplyEntry) -> int:
+        return await self._run(lambda conn: journals.sqlite_record(conn, entry))
+
+    async def history(self, model: str | None = None,
+                      limit: int = 50) -> list[journals.ApplyEntry]:
+        return await self._run(lambda conn: journals.sqlite_history(conn, model, limit))
 
     # -- keys ---------------------------------------------------------------------------
     async def insert_key(self, row: KeyRow) -> bool:

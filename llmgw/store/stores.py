@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote, urlsplit
 
+from llmgw.store.journals import JournalMethods
+
 if TYPE_CHECKING:
     from llmgw.spec.models import StoreSettings
     from llmgw.store.usages import UsageRow
@@ -89,7 +91,9 @@ class Published:
     doc: str
 
 
-class Store(abc.ABC):
+class Store(JournalMethods, abc.ABC):
+    """The storage interface; the apply journal's methods are in :class:`JournalMethods`."""
+
     kind: Literal["sqlite", "postgresql"]
     where: str  # for messages: a path, or the URL without a password
 

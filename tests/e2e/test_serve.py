@@ -347,3 +347,23 @@ def test_a_replica_on_a_node_that_stops_answering_is_not_placed_twice(
     assert "host key" in status["nodes"][where]["error"]
     assert [name for name, _ in alive(engines)] == ["tiny"]  # one engine, not two
     assert status["last_apply"]["summary"].startswith("Apply: 1 of 1")  # only the first create
+
+
+def test_the_daemons_applies_are_journaled_and_served_to_admins_only(
+    serve: Callable[[dict[str, Any]], tuple[Served, nodes.SimCluster]], engines: Path,
+) -> None:
+    served, sim = serve({"tiny": MODELS["tiny"]})
+    served.wait(ready({"tiny"}), "tiny ready")
+    url = f"{served.admin}/api/v1/history"
+    assert httpx.get(url, timeout=5).status_code == 401
+    reply = httpx.get(url, headers=served.auth(), timeout=5)
+    assert reply.status_code == 200, reply.text
+    (entry,) = reply.json()
+    assert entry["started_by"] == "daemon" and entry["outcome"] == "ok"
+    assert [(c["action"], c["model"], c["outcome"]) for c in entry["changes"]] == [
+        ("create", "tiny", "ok")]
+    assert entry["changes"][0]["nodes"] == ["node-02"]
+    assert httpx.get(url, params={"model": "chat"}, headers=served.auth(),
+                     timeout=5).json() == []
+    for bad in ({"limit": "0"}, {"limit": "x"}, {"model": "../etc"}):
+        assert httpx.get(url, params=bad, headers=served.auth(), timeout=5).status_code == 400
