@@ -11,11 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -29,11 +32,13 @@ from llmgw.metrics import servers
 from llmgw.metrics.collectors import FleetCollector
 from llmgw.router import catalogs
 from llmgw.router.apps import Router, Settings
+from llmgw.spec import loading
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import parse_duration
 from llmgw.store import databases
 
 log = logging.getLogger("llmgw.serve")
+T = TypeVar("T")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,7 +53,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="how long a replica may take to become Ready (default: 15m)")
     parser.add_argument("--wait-timeout", default="10s", metavar="DURATION",
                         help="how long a request waits for an on-demand model (default: 10s)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"],
+                        help="how much the daemon logs to stderr: debug adds every "
+                        "reconcile's reasons and each agent call (default: info)")
     parser.set_defaults(handler=run)
 
 
@@ -63,10 +70,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     cluster = clusters.load(args.cluster)
-    try:
-        return asyncio.run(_serve(cluster, args.cluster, ready_timeout, wait_timeout))
-    except OSError as exc:
-        raise UserError(f"cannot listen: {exc}") from None
+    return asyncio.run(_serve(cluster, args.cluster, ready_timeout, wait_timeout))
 
 
 def split(listen: str) -> tuple[str, int]:
@@ -74,39 +78,82 @@ def split(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class _ListenerError(Exception):
+    def __init__(self, key: str, error: OSError) -> None:
+        super().__init__(key)
+        self.key, self.error = key, error
+
+
+async def _listen(key: str, start: Coroutine[Any, Any, T]) -> T:
+    """Await a listener's start; a refusal to bind becomes a _ListenerError naming ``key``."""
+    try:
+        return await start
+    except OSError as exc:
+        raise _ListenerError(key, exc) from None
+
+
+def _listener_problem(cluster: Cluster, directory: Path, problem: _ListenerError) -> str:
+    """``cannot listen on …`` with the key and the file (and line) to change."""
+    address = getattr(cluster.cluster.listeners, problem.key)
+    dotted = f"cluster.listeners.{problem.key}"
+    try:
+        _, sources = loading.load_with_sources(directory)
+        declared = sources.keys.get(("cluster", "listeners", problem.key))
+        section = sources.locate(("cluster",), prefer_key=True)
+    except loading.SpecErrors:
+        declared = section = None
+    where = (f"change {dotted} at {declared}" if declared is not None else
+             f"{address} is the default; set {dotted} in the `cluster:` section"
+             + (f" at {section}" if section is not None else f" of a file in {directory}"))
+    reason = problem.error.strerror or str(problem.error)
+    if problem.error.errno == errno.EADDRINUSE:
+        reason = "the port is in use (another llmgw serve, or another program)"
+    return f"cannot listen on {address} ({dotted}): {reason}; {where}"
+
+
 async def _serve(cluster: Cluster, directory: Path, ready_timeout: float,
                  wait_timeout: float) -> int:
+    """Open the store, bind every listener, then start the local agent and the loop.
+
+    Everything that can refuse (a damaged store, a port in use) is tried
+    before the local agent starts, so a refusal leaves nothing running.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        agent = await localagents.ensure(cluster)
-    except RuntimeError as exc:
-        raise UserError(str(exc)) from None
+        store = databases.connect(Path(cluster.cluster.store.path))
+    except databases.StoreError as exc:
+        raise UserError(f"{exc} (cluster.store.path)") from None
     registry = CollectorRegistry()
     collector = FleetCollector()
     registry.register(collector)
-    store_path = Path(cluster.cluster.store.path)
-    store_path.parent.mkdir(parents=True, exist_ok=True)
-    router = Router(catalogs.from_cluster(cluster), store=databases.connect(store_path),
+    router = Router(catalogs.from_cluster(cluster), store=store,
                     registry=registry, settings=Settings(wait_timeout=wait_timeout))
     daemon = Daemon(directory, cluster, router=router, collector=collector,
                     revision_of=revision_of, ready_timeout=ready_timeout)
     listeners = cluster.cluster.listeners
     runners: list[web.AppRunner] = []
+    agent: localagents.LocalAgent | None = None
     try:
-        runners.append(await router.start(*split(listeners.router)))
+        runners.append(await _listen("router", router.start(*split(listeners.router))))
         admin_runner = web.AppRunner(admin.create_app(daemon), access_log=None)
         await admin_runner.setup()
-        await web.TCPSite(admin_runner, *split(listeners.admin)).start()
         runners.append(admin_runner)
-        runners.append(await servers.start(registry, *split(listeners.metrics)))
+        await _listen("admin", web.TCPSite(admin_runner, *split(listeners.admin)).start())
+        runners.append(await _listen("metrics",
+                                     servers.start(registry, *split(listeners.metrics))))
+        agent = await localagents.ensure(cluster)
         log.info("router on http://%s/v1, admin on http://%s/api/v1/status, metrics on "
                  "http://%s/metrics", listeners.router, listeners.admin, listeners.metrics)
         banner = asyncio.create_task(_announce(router, cluster))
         await daemon.run(stop)
         banner.cancel()
+    except _ListenerError as exc:
+        raise UserError(_listener_problem(cluster, directory, exc)) from None
+    except localagents.LocalAgentError as exc:
+        raise UserError(str(exc)) from None
     finally:
         log.info("stopping")
         for runner in reversed(runners):
