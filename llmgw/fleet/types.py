@@ -43,11 +43,20 @@ class Gpu(Observed):
         None, description="Indices of GPUs reached over NVLink; None when the topology is unknown."
     )
     processes: list[GpuProcess] = Field(default_factory=list)
+    pci_device_id: str | None = Field(
+        None, description="PCI device id (vendor 10de), 4 hex digits: `2330` is an H100 SXM5."
+    )
+    mig_mode: str | None = Field(
+        None, description="`Enabled` or `Disabled` (mig.mode.current); None: the GPU has no MIG."
+    )
 
     @property
     def faults(self) -> list[str]:
         """Why this GPU must not get new work; empty when it is healthy."""
         reasons = []
+        if self.mig_mode == "Enabled":
+            reasons.append(f"GPU {self.index} is in MIG mode (split into instances); "
+                           "engines here take whole GPUs")
         if self.ecc_uncorrected:
             reasons.append(f"GPU {self.index} has uncorrected ECC errors")
         foreign = [p for p in self.processes if not p.owned_by_llmgw]
