@@ -2,7 +2,10 @@
 
 A fabric the cluster declares for a node is advertised to the planner only
 when every declared adapter is present and at least one of them has an
-ACTIVE port of the right link layer. Otherwise the planner must not place a
+ACTIVE port of the right link layer. A fabric with some adapters down is
+advertised with the usable ones and says so ("2 of 4 adapters ACTIVE"); a
+fabric that needs more (``fabrics.<name>.min_adapters``) is refused by the
+planner, which knows the cluster. Otherwise the planner must not place a
 multi-node replica over it: NCCL would pick whatever it finds and the job
 would hang on its first all-reduce. Each refusal and each degraded adapter
 is reported with a reason an operator can act on.
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmgw.discovery import adapters as adapters_
 from llmgw.discovery.adapters import EMPTY_GID
 from llmgw.fleet.types import Adapter, FabricStatus, Port
 
@@ -99,7 +103,7 @@ def check_one(fabric: DeclaredFabric, adapters: Sequence[Adapter]) -> FabricStat
         adapter = present.get(name)
         if adapter is None:
             verdict.missing = True
-            found = ", ".join(sorted(present)) or "none"
+            found = ", ".join(sorted(present, key=adapters_.natural)) or "none"
             verdict.reasons.append(
                 f"adapter {name} is declared but not present (found: {found})"
             )
@@ -108,6 +112,10 @@ def check_one(fabric: DeclaredFabric, adapters: Sequence[Adapter]) -> FabricStat
     advertised = bool(verdict.usable) and not verdict.missing
     if not advertised and fabric.adapters and not verdict.missing:
         verdict.reasons.append(f"no declared adapter of {fabric.name} is usable")
+    declared = len(fabric.adapters)
+    if declared and len(verdict.usable) < declared:
+        noun = "adapter" if declared == 1 else "adapters"
+        verdict.reasons.insert(0, f"{len(verdict.usable)} of {declared} {noun} ACTIVE")
     return FabricStatus(
         name=fabric.name,
         kind=fabric.kind,
@@ -117,6 +125,7 @@ def check_one(fabric: DeclaredFabric, adapters: Sequence[Adapter]) -> FabricStat
         gid_index=(fabric.gid_index if fabric.gid_index is not None else DEFAULT_ROCE_GID_INDEX)
         if fabric.kind == "roce"
         else None,
+        declared_adapters=len(fabric.adapters),
     )
 
 

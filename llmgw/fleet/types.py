@@ -112,6 +112,14 @@ class FabricStatus(Observed):
     advertised: bool
     reasons: list[str] = Field(default_factory=list, description="Why not advertised, or warnings.")
     gid_index: int | None = None
+    declared_adapters: int = Field(
+        0, description="How many adapters the cluster declares for this node on the fabric.")
+
+    @property
+    def active(self) -> str:
+        """``2 of 4 adapters ACTIVE``: how much of the fabric this node can use."""
+        declared = max(self.declared_adapters, len(self.adapters))
+        return f"{len(self.adapters)} of {declared} adapter{'' if declared == 1 else 's'} ACTIVE"
 
 
 class Disk(Observed):

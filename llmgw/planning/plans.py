@@ -151,6 +151,11 @@ class _Planner:
                     f"{name}: unreachable and no earlier report of its units; replicas there, "
                     "if any, cannot be seen"
                 )
+            elif report.reachable:
+                for status in report.fabrics:
+                    if status.advertised and len(status.adapters) < status.declared_adapters:
+                        self.warnings.append(f"{name}: fabric {status.name} has "
+                                             f"{status.active}")
 
     def _destroy_orphans(self) -> None:
         groups: dict[Key, list[replicas.Orphan]] = {}

@@ -360,10 +360,12 @@ class FabricStatus(_message.Message):
     ADVERTISED_FIELD_NUMBER: _builtins.int
     REASONS_FIELD_NUMBER: _builtins.int
     GID_INDEX_FIELD_NUMBER: _builtins.int
+    DECLARED_ADAPTERS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     kind: _builtins.str
     advertised: _builtins.bool
     gid_index: _builtins.int
+    declared_adapters: _builtins.int
     @_builtins.property
     def adapters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -377,10 +379,11 @@ class FabricStatus(_message.Message):
         advertised: _builtins.bool = ...,
         reasons: _abc.Iterable[_builtins.str] | None = ...,
         gid_index: _builtins.int | None = ...,
+        declared_adapters: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gid_index", b"_gid_index", "gid_index", b"gid_index"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gid_index", b"_gid_index", "adapters", b"adapters", "advertised", b"advertised", "gid_index", b"gid_index", "kind", b"kind", "name", b"name", "reasons", b"reasons"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gid_index", b"_gid_index", "adapters", b"adapters", "advertised", b"advertised", "declared_adapters", b"declared_adapters", "gid_index", b"gid_index", "kind", b"kind", "name", b"name", "reasons", b"reasons"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gid_index: _TypeAlias = _typing.Literal["gid_index"]  # noqa: Y015
     _WhichOneofArgType__gid_index: _TypeAlias = _typing.Literal["_gid_index", b"_gid_index"]  # noqa: Y015

@@ -100,6 +100,11 @@ def _node_problems(
                 yield Problem((*base, "fabrics", fabric),
                               f"nodes.{name}.fabrics.{fabric}: list the node's adapters on "
                               "this fabric, e.g. [mlx5_0, mlx5_1]")
+            need = cluster.fabrics[fabric].min_adapters if fabric in cluster.fabrics else None
+            if adapters and need is not None and len(adapters) < need:
+                yield Problem((*base, "fabrics", fabric),
+                              f"nodes.{name}.fabrics.{fabric}: {len(adapters)} adapters declared, "
+                              f"but fabric '{fabric}' has min_adapters: {need}")
         for index, path in enumerate(node.weights_dirs):
             if not path.startswith("/") and not (node.is_local and is_relative_path(path)):
                 yield Problem((*base, "weights_dirs", index),

@@ -115,6 +115,12 @@ class Fabric(Strict):
         description="RoCE only: the GID index NCCL uses (`NCCL_IB_GID_INDEX`); default 3 "
         "(RoCE v2 over IPv4).",
     )
+    min_adapters: int | None = Field(
+        None, ge=1, le=64,
+        description="How many of a node's declared adapters must be ACTIVE for a multi-node "
+        "replica to use the fabric there (default: one; a node with fewer still serves "
+        "single-node replicas). Each node on the fabric must declare at least this many.",
+    )
     description: str = Field("", description="Free text for people.")
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ adapters ACTIVE. ``fleet:`` overrides that per node::
         foreign: {2: python}    # GPU 2 has memory held by a process llmgw did not start
         memory: 8GiB
         fabrics_down: {ib-a: "mlx5_2: no ACTIVE port"}
+        adapters_down: {ib-a: [mlx5_2, mlx5_3]}   # advertised with the others
         weights: [/models/meta-llama/Llama-3.1-8B-Instruct]
         unreachable: connection refused
         absent: true            # no report at all
@@ -148,8 +149,10 @@ def _report(cluster: Cluster, name: str, extra: dict[str, Any], now: float) -> N
             fabrics.append(FabricStatus(name=fabric, kind=kind, adapters=[], advertised=False,
                                         reasons=[str(down[fabric])]))
         else:
-            fabrics.append(FabricStatus(name=fabric, kind=kind, adapters=list(adapters),
-                                        advertised=True,
+            gone = set((extra.get("adapters_down") or {}).get(fabric, []))
+            fabrics.append(FabricStatus(name=fabric, kind=kind,
+                                        adapters=[a for a in adapters if a not in gone],
+                                        advertised=True, declared_adapters=len(adapters),
                                         gid_index=cluster.fabrics[fabric].gid_index))
     weights = [
         Weights(path=str(p), format="gguf" if str(p).endswith(".gguf") else "safetensors",
