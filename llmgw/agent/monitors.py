@@ -15,7 +15,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -57,6 +57,9 @@ class Monitor:
         self._watchers: set[asyncio.Queue[Event | None]] = set()
         self._refreshing = asyncio.Lock()
         self._wake = asyncio.Event()
+        # A unit held back by the agent (waiting for its weights) is reported as
+        # the overlay says, not as "stopped": name → (state, detail) or None.
+        self.overlay: Callable[[str], tuple[str, str] | None] = lambda name: None
 
     @property
     def units(self) -> list[Unit]:
@@ -138,6 +141,9 @@ class Monitor:
 
     async def _unit(self, obs: Observation, found: readiness.Probe | None) -> Unit:
         state, detail = readiness.state(obs, found)
+        held = self.overlay(obs.name) if obs.process in ("stopped", "failed") else None
+        if held is not None:
+            state, detail = held  # type: ignore[assignment]
         before = self._units.get(obs.name)
         if before is not None and before.state == state:
             since = before.since

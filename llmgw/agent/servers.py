@@ -23,13 +23,14 @@ from typing import Any
 
 import grpc
 
-from llmgw.agent import messages, monitors, reports
+from llmgw.agent import fetchers, messages, monitors, reports
 from llmgw.agent.settings import Settings
 from llmgw.agent.supervisors import Supervisor
 from llmgw.agent.systemd import SystemdBackend
 from llmgw.agent.units import Backend, UnitChange, UnitResult
 from llmgw.discovery.fabrics import Declaration
 from llmgw.fleet.types import NodeReport
+from llmgw.hub import reclaims
 from llmgw.proto import agent_pb2 as pb
 from llmgw.proto import agent_pb2_grpc, conversions
 
@@ -57,6 +58,14 @@ class Agent:
         self.backend = backend if backend is not None else backend_for(settings)
         self.monitor = monitors.Monitor(self.backend, settings.readiness)
         self.collector = reports.Collector(settings)
+        self.fetcher = fetchers.Fetcher(Path(settings.state_dir), self._start, self.monitor.poke)
+        self.monitor.overlay = self.fetcher.overlay
+
+    async def _start(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
+        """Start units whose weights just arrived."""
+        results = await self.backend.apply(changes)
+        self.monitor.poke()
+        return results
 
     def declaration(self, asked: Declaration | None) -> Declaration:
         """What to check the node against: the daemon's declaration, else the settings'."""
@@ -66,10 +75,30 @@ class Agent:
 
     async def report(self, asked: Declaration | None = None) -> NodeReport:
         units = await self.monitor.refresh()
-        return await self.collector.collect(self.declaration(asked), units, self.backend.owns)
+        declaration = self.declaration(asked)
+        report = await self.collector.collect(declaration, units, self.backend.owns)
+        specs = [(u.name, fetchers.spec_label(u.labels)) for u in units]
+        cached = await asyncio.to_thread(fetchers.cached, declaration.weights_dirs, specs)
+        return report.model_copy(update={
+            "fetches": self.fetcher.reports(), "cached_weights": cached,
+        })
+
+    async def reclaim(self, weights_dirs: Sequence[str], remove: bool) -> list[reclaims.Reclaimed]:
+        """Fetched weights no unit on this node names: removed, or (dry run) listed."""
+        units = await self.monitor.refresh()
+        dirs = list(weights_dirs) or list(self.settings.declaration().weights_dirs)
+        found = []
+        for directory in dirs:
+            used: dict[str, list[str]] = {}
+            for unit in units:
+                weights = fetchers.spec_label(unit.labels).get("weights")
+                if isinstance(weights, dict) and weights.get("dir") == directory:
+                    used.setdefault(str(weights.get("source")), []).append(unit.name)
+            found += await asyncio.to_thread(reclaims.reclaim, directory, used, remove)
+        return found
 
     async def apply(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
-        results = await self.backend.apply(changes)
+        results = await self.backend.apply(await self.fetcher.admit(changes))
         for result in results:
             log.info("apply %s: %s", result.name,
                      "changed" if result.changed else "unchanged" if result.ok else result.error)
@@ -81,6 +110,7 @@ class Agent:
         return await self.backend.logs(name, min(wanted, self.settings.log_lines_max))
 
     async def close(self) -> None:
+        await self.fetcher.close()
         await self.monitor.close()
         await self.backend.close()
 
@@ -126,6 +156,17 @@ class Service(agent_pb2_grpc.AgentServicer):
     ) -> AsyncIterator[pb.UnitEvent]:
         async for event in self.agent.monitor.watch():
             yield pb.UnitEvent(unit=conversions.unit_to_message(event.unit), removed=event.removed)
+
+
+    async def ReclaimWeights(
+        self, request: pb.ReclaimRequest, context: Any
+    ) -> pb.ReclaimResponse:
+        items = await self.agent.reclaim(list(request.weights_dirs), request.remove)
+        return pb.ReclaimResponse(items=[
+            pb.Reclaimed(source=i.source, path=i.path, size_bytes=i.size_bytes,
+                         removed=i.removed, kept_because=i.kept_because)
+            for i in items
+        ])
 
 
 def _prepare_socket(path: Path) -> None:
@@ -188,6 +229,7 @@ async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> 
     """Serve until SIGTERM or SIGINT. Engines keep running unless stop_on_exit is set."""
     agent = Agent(settings)
     server = await start(agent)
+    await agent.fetcher.resume()
     monitor = asyncio.create_task(agent.monitor.run())
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,24 +1,29 @@
 """``llmgw keys``: create, list and revoke API keys in the cluster's store.
 
-The store is the SQLite file named by ``cluster.store.path`` (relative to the
-cluster directory), the same one ``llmgw serve`` checks keys against; a key
-created or revoked here takes effect on the router's next request.
+The store is the one ``cluster.store`` names (the SQLite file at ``path``,
+relative to the cluster directory, or the PostgreSQL database at ``url``), the
+same one ``llmgw serve`` checks keys against; a key created or revoked here
+takes effect on the routers' next request.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import asyncio
 import json
-import sqlite3
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.spec.models import Cluster
-from llmgw.store import databases, keys
+from llmgw.store import keys, stores
+from llmgw.store.stores import Store, StoreError
+
+T = TypeVar("T")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,17 +51,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     revoke.set_defaults(handler=run_revoke)
 
 
-def store_path(cluster: Cluster, directory: Path) -> Path:
-    path = Path(cluster.cluster.store.path)
-    return path if path.is_absolute() else directory / path
+def store_path(cluster: Cluster, directory: Path) -> str:
+    """Where the store is, for messages (a path, or the URL without its password)."""
+    settings = cluster.cluster.store
+    if settings.url:
+        return settings.url
+    path = Path(settings.path)
+    return str(path if path.is_absolute() else directory / path)
 
 
-def _open(cluster: Cluster, directory: Path) -> sqlite3.Connection:
-    path = store_path(cluster, directory)
+def with_store(cluster: Cluster, work: Callable[[Store], Awaitable[T]]) -> T:
+    """Open the cluster's store, run ``work`` on it, close it; UserError when it fails."""
+    async def run() -> T:
+        store = await stores.open_store(cluster.cluster.store)
+        try:
+            return await work(store)
+        finally:
+            await store.close()
     try:
-        return databases.connect(path)
-    except (sqlite3.Error, OSError, RuntimeError) as exc:
-        raise UserError(f"cannot open the key store {path}: {exc}") from None
+        return asyncio.run(run())
+    except (StoreError, RuntimeError) as exc:
+        raise UserError(f"cannot use the key store: {exc}") from None
 
 
 def run_create(args: argparse.Namespace) -> int:
@@ -65,8 +80,7 @@ def run_create(args: argparse.Namespace) -> int:
         defined = ", ".join(sorted(cluster.projects)) or "none"
         raise UserError(f"project {args.project!r} is not defined in {args.cluster} "
                         f"(projects: {defined}); add it under `projects:` first")
-    with contextlib.closing(_open(cluster, args.cluster)) as conn:
-        created = keys.create(conn, args.project, args.name)
+    created = with_store(cluster, lambda store: keys.create(store, args.project, args.name))
     print(created.secret)
     print(f"created key {created.info.id} for project {args.project}. It is shown only "
           "this once: store it now.", file=sys.stderr)
@@ -75,8 +89,7 @@ def run_create(args: argparse.Namespace) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
-    with contextlib.closing(_open(cluster, args.cluster)) as conn:
-        listed = keys.list_all(conn)
+    listed = with_store(cluster, keys.list_all)
     if args.json:
         print(json.dumps([{
             "id": k.id, "project": k.project, "name": k.name, "created_at": k.created_at,
@@ -101,12 +114,15 @@ def run_list(args: argparse.Namespace) -> int:
 def run_revoke(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
     key_id = keys.key_id_of(args.key_id) or args.key_id
-    with contextlib.closing(_open(cluster, args.cluster)) as conn:
-        before = {k.id: k for k in keys.list_all(conn)}.get(key_id)
-        if before is None:
-            raise UserError(f"no key with id {key_id!r} in {store_path(cluster, args.cluster)}; "
-                            "`llmgw keys list` shows them")
-        info = keys.revoke(conn, key_id)
+
+    async def revoke(store: Store) -> tuple[keys.KeyInfo | None, keys.KeyInfo | None]:
+        before = {k.id: k for k in await keys.list_all(store)}.get(key_id)
+        return before, (await keys.revoke(store, key_id) if before else None)
+
+    before, info = with_store(cluster, revoke)
+    if before is None:
+        raise UserError(f"no key with id {key_id!r} in {store_path(cluster, args.cluster)}; "
+                        "`llmgw keys list` shows them")
     assert info is not None and info.revoked_at is not None
     if before.revoked_at is not None:
         print(f"key {key_id} ({info.project}) was already revoked at {_when(info.revoked_at)}")

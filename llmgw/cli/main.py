@@ -30,6 +30,10 @@ COMMANDS = (
     "serve",
     "agent",
     "keys",
+    "store",
+    "lab",
+    "weights",
+    "mirror",
 )
 
 

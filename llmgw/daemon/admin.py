@@ -6,6 +6,9 @@
                         reads it; CI fetches it from here).
 ``GET /api/v1/plan``    the last plan: ``?format=json`` (default), ``markdown``
                         or ``text``.
+``GET /ready``          200 on the leading reconciler once it has observed the
+                        fleet; 503 on a standby (a load balancer in front of
+                        reconcilers' admin APIs reaches the leader).
 """
 
 from __future__ import annotations
@@ -28,7 +31,19 @@ def create_app(daemon: Daemon) -> web.Application:
     app.router.add_get("/api/v1/fleet", lambda r: _fleet(daemon))
     app.router.add_get("/api/v1/plan", lambda r: _plan(daemon, r))
     app.router.add_get("/health", lambda r: _health())
+    app.router.add_get("/ready", lambda r: _ready(daemon))
     return app
+
+
+async def _ready(daemon: Daemon) -> web.Response:
+    if not daemon.leads():
+        lead = daemon.leadership.leader if daemon.leadership else None
+        return web.json_response({"status": "standby", "leader": lead.holder if lead else None},
+                                 status=503)
+    if daemon.state.fleet is None:
+        return web.json_response({"status": "not ready", "reason": "no observation yet"},
+                                 status=503)
+    return web.json_response({"status": "ready", "role": "leader"})
 
 
 async def _health() -> web.Response:
@@ -57,6 +72,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
         "last_apply": None,
         "nodes": {},
         "replicas": [],
+        "leadership": leadership(daemon),
     }
     if state.plan is not None:
         doc["plan"] = {"summary": state.plan.summary(), "has_changes": state.plan.has_changes,
@@ -74,6 +90,18 @@ def status(daemon: Daemon) -> dict[str, Any]:
                                         "rank": unit.rank, "node": name, "unit": unit.name,
                                         "state": unit.state, "port": unit.port})
     return doc
+
+
+def leadership(daemon: Daemon) -> dict[str, Any]:
+    """Who leads, as this reconciler knows it."""
+    lead = daemon.leadership
+    if lead is None:
+        return {"leading": True, "holder": None, "epoch": None, "leader": None}
+    return {"leading": lead.is_leader(), "holder": lead.holder, "epoch": lead.epoch,
+            "leader": lead.leader.holder if lead.leader else None,
+            "leader_epoch": lead.leader.epoch if lead.leader else None,
+            "lease_ttl": lead.ttl, "transitions": lead.transitions,
+            "first_iteration_at": daemon.first_lead_iteration_at}
 
 
 async def _fleet(daemon: Daemon) -> web.Response:

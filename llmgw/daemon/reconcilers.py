@@ -15,6 +15,13 @@ a time; what wakes the loop:
 
 There is no state file: every iteration starts from what the nodes report,
 so a restarted daemon adopts the running fleet and restarts nothing.
+
+With a ``leadership`` (:mod:`llmgw.daemon.leaders`) iterations run only while
+this reconciler holds the lease, each one fenced (cancelled if the lease is
+lost mid-way); a standby waits, and its first iteration as leader adopts the
+fleet like a restart does. With a ``store``, the leader publishes the routes
+for routers in other processes and reads their demand
+(:mod:`llmgw.daemon.routetables`).
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ import watchfiles
 
 from llmgw.applying import executions
 from llmgw.applying.executions import Outcome, Step
+from llmgw.daemon import routetables
+from llmgw.daemon.leaders import LEASE, Leadership, NotLeader
 from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.metrics.collectors import FleetCollector
 from llmgw.planning import outputs, plans
@@ -42,6 +51,7 @@ from llmgw.router.apps import Router
 from llmgw.router.routes import Endpoint
 from llmgw.spec import loading
 from llmgw.spec.models import Cluster
+from llmgw.store.stores import Store, StoreError
 from llmgw.transport import pools
 from llmgw.transport.failures import NodeUnreachable
 
@@ -83,6 +93,9 @@ class Daemon:
         revision_of: RevisionOf = lambda _: None,
         ready_timeout: float = executions.DEFAULT_READY_TIMEOUT,
         clock: Callable[[], float] = time.time,
+        leadership: Leadership | None = None,
+        store: Store | None = None,
+        router_id: str | None = None,
     ) -> None:
         self.state = State(cluster, directory, clock(), revision=revision_of(directory))
         self.router = router
@@ -96,6 +109,14 @@ class Daemon:
         self._reasons: set[str] = set()
         self._watchers: list[asyncio.Task[None]] = []
         self._last_units: dict[str, list[Unit]] = {}
+        self.leadership = leadership
+        self.store = store
+        self.router_id = router_id  # our own router's id in the store's demand signals
+        self._signals = Demand()  # other routers' demand, from the store
+        self.first_lead_iteration_at: float | None = None  # clock(), per leadership term
+
+    def leads(self) -> bool:
+        return self.leadership is None or self.leadership.is_leader()
 
     @property
     def cluster(self) -> Cluster:
@@ -111,6 +132,9 @@ class Daemon:
             asyncio.create_task(self._watch_files(stop), name="watch-files"),
             asyncio.create_task(self._watch_demand(stop), name="watch-demand"),
         ]
+        if self.leadership is not None:
+            helpers.append(asyncio.create_task(self.leadership.run(stop), name="lease"))
+            helpers.append(asyncio.create_task(self._watch_leadership(), name="watch-lease"))
         self._start_unit_watchers()
         self.wake("start")
         try:
@@ -118,9 +142,15 @@ class Daemon:
                 await self._sleep(stop)
                 if stop.is_set():
                     break
+                if not self.leads():
+                    self._wake.clear()  # a standby keeps its reasons for when it leads
+                    continue
                 reasons, self._reasons = self._reasons or {"drift timer"}, set()
                 self._wake.clear()
-                if not await self._until_stopped(self.reconcile(reasons), stop):
+                work = self.reconcile(reasons)
+                if self.leadership is not None:
+                    work = self.leadership.fenced(work)
+                if not await self._until_stopped(work, stop):
                     break
         finally:
             for task in [*helpers, *self._watchers]:
@@ -142,10 +172,21 @@ class Daemon:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             return False
-        if task.exception() is not None:
-            log.error("reconcile failed; retrying at the next tick",
-                      exc_info=task.exception())
+        error = task.exception()
+        if isinstance(error, NotLeader):
+            log.warning("iteration stopped: %s", error)
+        elif error is not None:
+            log.error("reconcile failed; retrying at the next tick", exc_info=error)
         return True
+
+    async def _watch_leadership(self) -> None:
+        assert self.leadership is not None
+        while True:
+            await self.leadership.changed.wait()
+            self.leadership.changed.clear()
+            if self.leadership.is_leader():
+                self.first_lead_iteration_at = None
+                self.wake(f"leading (epoch {self.leadership.epoch})")
 
     async def _sleep(self, stop: asyncio.Event) -> None:
         waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
@@ -167,6 +208,8 @@ class Daemon:
             await self._load()
         log.debug("reconciling (%s)", ", ".join(sorted(reasons or {"request"})))
         fleet = await self.observe()
+        if self.first_lead_iteration_at is None:
+            self.first_lead_iteration_at = self.clock()
         plan = plans.plan(self.cluster, fleet, self.clock(), self._demand(),
                           revision=state.revision)
         state.plan, state.planned_at = plan, self.clock()
@@ -200,8 +243,10 @@ class Daemon:
         for name, report in sorted(fleet.nodes.items()):
             if not report.reachable:
                 log.warning("node %s unreachable: %s", name, report.error)
+        table = endpoints(self.cluster, fleet)
         if self.router is not None:
-            self.router.update_routes(endpoints(self.cluster, fleet))
+            self.router.update_routes(table)
+        await self._publish(table)
         if self.collector is not None:
             self.collector.observe(fleet)
         return fleet
@@ -217,8 +262,23 @@ class Daemon:
                 nodes[name] = report.model_copy(update={"units": self._last_units[name]})
         return fleet.model_copy(update={"nodes": nodes})
 
+    async def _publish(self, table: dict[str, list[Endpoint]]) -> None:
+        """Hand the routes to routers in other processes (fenced by the lease)."""
+        if self.store is None or self.leadership is None or self.leadership.epoch is None:
+            return
+        try:
+            done = await self.store.publish_routes(LEASE, self.leadership.holder,
+                                                   self.leadership.epoch,
+                                                   routetables.encode(table))
+        except StoreError as exc:
+            log.warning("cannot publish routes (routers keep their last ones): %s", exc)
+            return
+        if not done:
+            raise NotLeader("the store refused the routes: the lease is no longer ours")
+
     def _demand(self) -> Demand:
-        return self.router.demand() if self.router is not None else Demand()
+        own = self.router.demand() if self.router is not None else Demand()
+        return routetables.merge([own, self._signals]) if self.store is not None else own
 
     async def _load(self) -> None:
         """Reload the directory; an invalid edit is refused and the last valid one stays."""
@@ -291,12 +351,17 @@ class Daemon:
         """Requests waiting for a model no replica serves: plan now, not at the next tick."""
         seen: dict[str, int] = {}
         while not stop.is_set():
+            if self.store is not None and self.leads():
+                try:
+                    self._signals = await routetables.read_signals(self.store, self.router_id)
+                except StoreError as exc:
+                    log.debug("cannot read routers' demand: %s", exc)
             waiting = self._demand().waiting
             fresh = {m: n for m, n in waiting.items() if n > seen.get(m, 0)}
             if fresh:
                 self.wake(f"requests waiting for {', '.join(sorted(fresh))}")
             seen = dict(waiting)
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2 if self.store is None else 0.5)
 
     def _start_unit_watchers(self) -> None:
         self._watchers = [

@@ -39,6 +39,11 @@ def render(args: Mapping[str, ArgValue]) -> list[str]:
     return out
 
 
+# The argv word for weights the node's agent fetched: it sets the variable to
+# the local path (a snapshot directory or a file) in the unit's env file.
+WEIGHTS = "${LLMGW_WEIGHTS}"
+
+
 def is_path(source: str) -> bool:
     """A weights source on the node's disk, rather than a repository id."""
-    return source.startswith("/")
+    return source.startswith("/") or source == WEIGHTS

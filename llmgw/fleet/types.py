@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FORMAT_VERSION = 1
 
-UnitState = Literal["starting", "loading", "ready", "failed", "stopped", "unknown"]
+UnitState = Literal[
+    "fetching", "starting", "loading", "ready", "failed", "stopped", "unknown",
+]
 
 
 class Observed(BaseModel):
@@ -134,6 +136,33 @@ class Weights(Observed):
     size_bytes: int
 
 
+class Fetch(Observed):
+    """A download the agent runs before units can start (weights; engines later)."""
+
+    kind: Literal["weights", "engine"] = "weights"
+    target: str = Field(description="What is fetched, as the cluster wrote it.")
+    state: Literal["queued", "running", "done", "failed"] = "queued"
+    bytes_done: int = 0
+    bytes_total: int | None = Field(None, description="None while the source has not said.")
+    rate_bps: float | None = Field(None, description="Bytes per second over this attempt.")
+    error: str = Field("", description="Why it failed, for the operator.")
+    units: list[str] = Field(default_factory=list, description="Units waiting for it.")
+    started_at: float | None = None
+    updated_at: float | None = None
+
+
+class CachedWeights(Observed):
+    """Weights llmgw fetched into one of the node's weights directories."""
+
+    source: str
+    path: str = Field(description="What engines get: a snapshot directory or a file.")
+    size_bytes: int
+    commit: str | None = None
+    fetched_by: str = ""
+    fetched_at: float | None = None
+    used_by: list[str] = Field(default_factory=list, description="Units whose spec names it.")
+
+
 class Unit(Observed):
     """One llmgw unit (one shard of one replica) as the node runs it."""
 
@@ -176,6 +205,8 @@ class NodeReport(Observed):
     units: list[Unit] = Field(default_factory=list)
     collected_at: float | None = None
     warnings: list[str] = Field(default_factory=list)
+    fetches: list[Fetch] = Field(default_factory=list)
+    cached_weights: list[CachedWeights] = Field(default_factory=list)
 
     @property
     def is_cpu_only(self) -> bool:
@@ -186,11 +217,24 @@ class NodeReport(Observed):
         return {f.name: f for f in self.fabrics if f.advertised}
 
 
+class SourceFacts(Observed):
+    """What the hub (or an URL's server) said about a fetched source when asked."""
+
+    size_bytes: int | None = Field(None, description="Bytes of the selected files.")
+    commit: str | None = None
+    files: int | None = None
+    error: str | None = Field(None, description="Why it could not be asked.")
+
+
 class Fleet(Observed):
     """Every node's report at one moment: the input `plan()` reads."""
 
     format_version: int = FORMAT_VERSION
     nodes: dict[str, NodeReport] = Field(default_factory=dict)
+    sources: dict[str, SourceFacts] = Field(
+        default_factory=dict,
+        description="Fetched sources (hub repos, URLs) → their size as the source said.",
+    )
     revision: str | None = Field(None, description="Git revision the daemon last applied.")
 
     def units(self) -> list[tuple[str, Unit]]:

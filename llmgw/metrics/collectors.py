@@ -17,7 +17,7 @@ Usage::
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -121,3 +121,32 @@ def _gpu_samples(
             utilization.add_metric(labels, gpu.utilization_pct / 100)
         if gpu.memory_used_mib is not None:
             memory_used.add_metric(labels, gpu.memory_used_mib * 2**20)
+
+
+LeaseView = tuple[str, int | None, bool]  # (holder, epoch, leading)
+
+
+class LeaseCollector(Collector):
+    """Who leads, from this reconciler's point of view, read at scrape time.
+
+    ``llmgw_reconciler_leading{holder}`` is 1 on the leader and 0 on a standby (sum it
+    over reconcilers: anything but 1 is an alert); ``llmgw_reconciler_lease_epoch``
+    is the fencing epoch the leader holds.
+    """
+
+    def __init__(self, read: Callable[[], LeaseView]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        holder, epoch, leading = self._read()
+        family = GaugeMetricFamily("llmgw_reconciler_leading",
+                                   "1 when this reconciler holds the leader lease, else 0.",
+                                   labels=["holder"])
+        family.add_metric([holder], 1.0 if leading else 0.0)
+        yield family
+        if leading and epoch is not None:
+            epochs = GaugeMetricFamily("llmgw_reconciler_lease_epoch",
+                                       "Fencing epoch of the lease this reconciler holds.",
+                                       labels=["holder"])
+            epochs.add_metric([holder], float(epoch))
+            yield epochs

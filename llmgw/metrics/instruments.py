@@ -46,9 +46,12 @@ class RouterMetrics:
             "llmgw_tokens", "Tokens reported by engines' usage, by model and kind.",
             ["model", "kind"], registry=registry,
         )
+        # multiprocess_mode tells `--workers` how to add the workers' gauges up (ignored in
+        # one process): requests in flight and waiting sum over live workers; every worker
+        # holds the same route table, so its size is the largest any reports.
         self.in_flight = Gauge(
             "llmgw_requests_in_flight", "Requests being proxied now.", ["model"],
-            registry=registry,
+            registry=registry, multiprocess_mode="livesum",
         )
         self.retries = Counter(
             "llmgw_upstream_retries",
@@ -57,11 +60,11 @@ class RouterMetrics:
         )
         self.waiting = Gauge(
             "llmgw_requests_waiting", "Requests waiting for a model to have a ready replica.",
-            ["model"], registry=registry,
+            ["model"], registry=registry, multiprocess_mode="livesum",
         )
         self.endpoints = Gauge(
             "llmgw_router_endpoints", "Ready endpoints in the router's route table, by model.",
-            ["model"], registry=registry,
+            ["model"], registry=registry, multiprocess_mode="max",
         )
         self._requests: dict[tuple[str, int], Counter] = {}
         self._latency: dict[str, Histogram] = {}

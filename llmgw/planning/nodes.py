@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from llmgw.fleet.types import FabricStatus, Fleet, NodeReport
+from llmgw.spec import sources
 from llmgw.spec.models import Cluster, Node
 
 FIRST_PORT = 18000
@@ -126,6 +127,8 @@ def source_keys(source: str) -> list[str]:
     """The keys :func:`weights_keys` would file ``source`` under."""
     if source.startswith("/"):
         return [source.rstrip("/")]
+    if "://" in source or "@" in source or ":" in source:
+        return [source]  # an URL, a revision or a file selection: only that fetch has it
     return [source, source.rsplit("/", 1)[-1]]
 
 
@@ -134,6 +137,8 @@ class Capacity:
 
     def __init__(self, cluster: Cluster, fleet: Fleet) -> None:
         self.nodes: dict[str, NodeState] = {}
+        self.sources = fleet.sources
+        self.margin = cluster.cluster.weights.disk_margin
         self._weights: dict[str, set[str]] = {}
         self.model_nodes: dict[str, Counter[str]] = {}
         self.fabric_nodes: dict[str, list[str]] = {}
@@ -155,6 +160,29 @@ class Capacity:
                     self._file(node, gpu_class)
 
     # -- queries ----------------------------------------------------------
+
+    def weights_room(self, node: NodeState, source: str) -> str | None:
+        """Why ``node`` cannot fetch ``source`` (too little disk); else None.
+
+        A node that has the weights needs no room; a size the source did not say
+        cannot be judged here (the agent checks again before fetching).
+        """
+        parsed = sources.parse(source)
+        if not parsed.fetched or node.name in self.with_weights(source):
+            return None
+        dirs = node.spec.weights_dirs
+        if not dirs:
+            return None  # nothing to fetch into: the engine downloads, as it always could
+        facts = self.sources.get(source)
+        if facts is None or facts.size_bytes is None or node.report is None:
+            return None
+        disk = next((d for d in node.report.disks if d.path == dirs[0]), None)
+        if disk is None or disk.free_bytes is None:
+            return None
+        need = facts.size_bytes + max(int(facts.size_bytes * self.margin), MIN_MARGIN)
+        if disk.free_bytes >= need:
+            return None
+        return f"needs {human_bytes(need)}, {human_bytes(disk.free_bytes)} free in {dirs[0]}"
 
     def with_weights(self, source: str) -> set[str]:
         found: set[str] = set()
@@ -264,8 +292,24 @@ def _node_state(name: str, spec: Node, report: NodeReport | None,
     keys: set[str] = set()
     for weights in report.weights:
         keys |= weights_keys(weights.path)
+    # What llmgw fetched is filed under the source as written: `org/name:Q4_K_M`
+    # is present only where that selection was fetched, not any file of the repo.
+    keys |= {cached.source for cached in report.cached_weights}
     node.weights = frozenset(keys)
     return node
+
+
+MIN_MARGIN = 256 * 1024 * 1024  # as the agent keeps (llmgw.hub.fetches.MIN_MARGIN)
+
+
+def human_bytes(size: int) -> str:
+    """``141000000000`` → ``141 GB`` (decimal units, as disks are sold and df -H says)."""
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            break
+        value /= 1000
+    return f"{value:.0f} {unit}" if value >= 10 or unit == "B" else f"{value:.1f} {unit}"
 
 
 def gib(size: int) -> str:

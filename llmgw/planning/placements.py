@@ -149,11 +149,13 @@ def _place_single(capacity: Capacity, request: Request) -> Placement | Attempt:
             node = capacity.nodes.get(name)
             if node is None or not node.placeable or len(node.free(gpu_class)) < count:
                 continue
+            if capacity.weights_room(node, request.source):
+                continue
             key, gpus = _rank(capacity, request, node, gpu_class, count, weights)
             if best is None or key < best[0]:
                 best = (key, gpus, node)
         for node in capacity.by_free(gpu_class, count):
-            if node.name in special:
+            if node.name in special or capacity.weights_room(node, request.source):
                 continue
             key, gpus = _rank(capacity, request, node, gpu_class, count, weights)
             if best is None or key < best[0]:
@@ -170,7 +172,7 @@ def _place_single(capacity: Capacity, request: Request) -> Placement | Attempt:
     classes = tuple(profile.gpu_classes)
     return Attempt(
         request.profile_index, label(profile),
-        tuple((name, _why_not_gpus_cached(capacity, node, classes, count))
+        tuple((name, _why_not_single(capacity, node, classes, count, request.source))
               for name, node in capacity.nodes.items()),
     )
 
@@ -187,7 +189,8 @@ def _place_multi(capacity: Capacity, request: Request) -> Placement | Attempt:
             misfits: list[tuple[str, str]] = []
             for name in capacity.fabric_nodes[fabric]:
                 node = capacity.nodes[name]
-                why = _why_not_multi(node, fabric, gpu_class, count)
+                why = (_why_not_multi(node, fabric, gpu_class, count)
+                       or capacity.weights_room(node, request.source))
                 if why:
                     misfits.append((name, why))
                     continue
@@ -233,7 +236,7 @@ def _place_cpu(capacity: Capacity, request: Request) -> Placement | Attempt:
     weights = capacity.with_weights(request.source)
     best: tuple[tuple[int, int, int, int, str], NodeState] | None = None
     for node in capacity.nodes.values():
-        if _why_not_cpu(node, need) is not None:
+        if _why_not_cpu(node, need) is not None or capacity.weights_room(node, request.source):
             continue
         total = node.memory_total or 0
         key = (
@@ -248,7 +251,8 @@ def _place_cpu(capacity: Capacity, request: Request) -> Placement | Attempt:
     if best is None:
         return Attempt(
             request.profile_index, label(profile),
-            tuple((name, _why_not_cpu(node, need) or "")
+            tuple((name, _why_not_cpu(node, need)
+                   or capacity.weights_room(node, request.source) or "")
                   for name, node in capacity.nodes.items()),
         )
     node = best[1]
@@ -317,6 +321,16 @@ def misfits(capacity: Capacity, placement: Placement, profile: Profile) -> list[
 
 
 # -- why a node does not fit: the sentences plans show --------------------
+
+
+def _why_not_single(
+    capacity: Capacity, node: NodeState, classes: tuple[str, ...], count: int, source: str,
+) -> str:
+    room = capacity.weights_room(node, source)
+    if room and any(len(node.free(c)) >= count for c in classes) and not node.unavailable():
+        return room  # the GPUs are there: the disk is what stands in the way
+    gpus = _why_not_gpus_cached(capacity, node, classes, count)
+    return f"{gpus}; {room}" if room else gpus
 
 
 def _why_not_gpus_cached(

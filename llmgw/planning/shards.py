@@ -18,12 +18,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from llmgw.engines import launches
+from llmgw.engines import flags, launches
 from llmgw.engines.launches import EngineError, FabricUse, Launch
 from llmgw.fleet.types import NodeReport
 from llmgw.planning.placements import Placement
 from llmgw.planning.types import Shard
 from llmgw.rendering import units
+from llmgw.spec import sources
 from llmgw.spec.models import Cluster
 
 SPEC_VERSION = 1
@@ -31,7 +32,9 @@ SPEC_LABEL = "X-Llmgw-Spec"
 # Fields of the spec the digest does not cover: the profile's position in
 # the list says nothing about how the engine runs, and moving it must not
 # restart anything.
-UNDIGESTED = frozenset({"profile"})
+# Where a node fetches from (mirror, token file, margin) does not change what
+# runs: moving to a mirror must not restart every replica.
+UNDIGESTED = frozenset({"profile", "fetch"})
 
 __all__ = ["EngineError", "build", "digest", "files", "spec_json", "unit_name"]
 
@@ -78,13 +81,17 @@ def build(
     head_slot = placement.slots[0]
     multi = len(placement.slots) > 1
     shards = []
+    fetched = sources.parse(source).fetched
     for rank, slot in enumerate(placement.slots):
         node = cluster.nodes[slot.node]
         fabric = _fabric(cluster, reports.get(slot.node), slot.node, placement.fabric)
+        # A repo or URL is fetched by the node's agent into its first weights
+        # directory; the engine opens the local copy and never downloads.
+        weights_dir = node.weights_dirs[0] if fetched and node.weights_dirs else None
         launch = Launch(
             model=model_name,
             served_name=model.served_name or model_name,
-            source=source,
+            source=flags.WEIGHTS if weights_dir else source,
             profile=profile,
             rank=rank,
             bind_host="127.0.0.1" if node.is_local else "0.0.0.0",
@@ -120,6 +127,14 @@ def build(
         }
         if command.prelude:
             spec["prelude"] = [list(step) for step in command.prelude]
+        if weights_dir:
+            settings = cluster.cluster.weights
+            spec["weights"] = {"source": source, "dir": weights_dir}
+            # A gated repo's token: the cluster's token_file, else the file the
+            # profile already hands its engine as HF_TOKEN. A path, never a value.
+            token_file = settings.token_file or profile.secret_env.get("HF_TOKEN")
+            spec["fetch"] = {"endpoint": settings.endpoint, "token_file": token_file,
+                             "disk_margin": settings.disk_margin}
         shard = Shard(
             model=model_name, replica=replica, rank=rank, ranks=len(placement.slots),
             node=slot.node, unit=unit_name(model_name, replica, rank), engine=profile.engine,

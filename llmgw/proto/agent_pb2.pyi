@@ -450,6 +450,127 @@ class Weights(_message.Message):
 Global___Weights: _TypeAlias = Weights  # noqa: Y015
 
 @_typing.final
+class Fetch(_message.Message):
+    """Something the agent downloads before a unit starts: weights now, engines
+    later. Sizes the source does not say are unset, never zero.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    BYTES_DONE_FIELD_NUMBER: _builtins.int
+    BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    RATE_BPS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    UNITS_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """weights | engine"""
+    target: _builtins.str
+    """what is fetched, as the cluster wrote it"""
+    state: _builtins.str
+    """queued | running | done | failed"""
+    bytes_done: _builtins.int
+    bytes_total: _builtins.int
+    rate_bps: _builtins.float
+    error: _builtins.str
+    """why it failed, for the operator"""
+    started_at: _builtins.float
+    updated_at: _builtins.float
+    @_builtins.property
+    def units(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the units waiting for it"""
+
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        target: _builtins.str = ...,
+        state: _builtins.str = ...,
+        bytes_done: _builtins.int = ...,
+        bytes_total: _builtins.int | None = ...,
+        rate_bps: _builtins.float | None = ...,
+        error: _builtins.str = ...,
+        units: _abc.Iterable[_builtins.str] | None = ...,
+        started_at: _builtins.float | None = ...,
+        updated_at: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bytes_total", b"_bytes_total", "_rate_bps", b"_rate_bps", "_started_at", b"_started_at", "_updated_at", b"_updated_at", "bytes_total", b"bytes_total", "rate_bps", b"rate_bps", "started_at", b"started_at", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bytes_total", b"_bytes_total", "_rate_bps", b"_rate_bps", "_started_at", b"_started_at", "_updated_at", b"_updated_at", "bytes_done", b"bytes_done", "bytes_total", b"bytes_total", "error", b"error", "kind", b"kind", "rate_bps", b"rate_bps", "started_at", b"started_at", "state", b"state", "target", b"target", "units", b"units", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__bytes_total: _TypeAlias = _typing.Literal["bytes_total"]  # noqa: Y015
+    _WhichOneofArgType__bytes_total: _TypeAlias = _typing.Literal["_bytes_total", b"_bytes_total"]  # noqa: Y015
+    _WhichOneofReturnType__rate_bps: _TypeAlias = _typing.Literal["rate_bps"]  # noqa: Y015
+    _WhichOneofArgType__rate_bps: _TypeAlias = _typing.Literal["_rate_bps", b"_rate_bps"]  # noqa: Y015
+    _WhichOneofReturnType__started_at: _TypeAlias = _typing.Literal["started_at"]  # noqa: Y015
+    _WhichOneofArgType__started_at: _TypeAlias = _typing.Literal["_started_at", b"_started_at"]  # noqa: Y015
+    _WhichOneofReturnType__updated_at: _TypeAlias = _typing.Literal["updated_at"]  # noqa: Y015
+    _WhichOneofArgType__updated_at: _TypeAlias = _typing.Literal["_updated_at", b"_updated_at"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bytes_total) -> _WhichOneofReturnType__bytes_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rate_bps) -> _WhichOneofReturnType__rate_bps | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__started_at) -> _WhichOneofReturnType__started_at | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__updated_at) -> _WhichOneofReturnType__updated_at | None: ...
+
+Global___Fetch: _TypeAlias = Fetch  # noqa: Y015
+
+@_typing.final
+class CachedWeights(_message.Message):
+    """Weights llmgw fetched into a weights directory, and who uses them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    FETCHED_BY_FIELD_NUMBER: _builtins.int
+    FETCHED_AT_FIELD_NUMBER: _builtins.int
+    USED_BY_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    path: _builtins.str
+    size_bytes: _builtins.int
+    commit: _builtins.str
+    fetched_by: _builtins.str
+    fetched_at: _builtins.float
+    @_builtins.property
+    def used_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """units whose spec names this source"""
+
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        path: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        commit: _builtins.str | None = ...,
+        fetched_by: _builtins.str = ...,
+        fetched_at: _builtins.float | None = ...,
+        used_by: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_commit", b"_commit", "_fetched_at", b"_fetched_at", "commit", b"commit", "fetched_at", b"fetched_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit", b"_commit", "_fetched_at", b"_fetched_at", "commit", b"commit", "fetched_at", b"fetched_at", "fetched_by", b"fetched_by", "path", b"path", "size_bytes", b"size_bytes", "source", b"source", "used_by", b"used_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__commit: _TypeAlias = _typing.Literal["commit"]  # noqa: Y015
+    _WhichOneofArgType__commit: _TypeAlias = _typing.Literal["_commit", b"_commit"]  # noqa: Y015
+    _WhichOneofReturnType__fetched_at: _TypeAlias = _typing.Literal["fetched_at"]  # noqa: Y015
+    _WhichOneofArgType__fetched_at: _TypeAlias = _typing.Literal["_fetched_at", b"_fetched_at"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__commit) -> _WhichOneofReturnType__commit | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fetched_at) -> _WhichOneofReturnType__fetched_at | None: ...
+
+Global___CachedWeights: _TypeAlias = CachedWeights  # noqa: Y015
+
+@_typing.final
 class Unit(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -566,6 +687,8 @@ class NodeReport(_message.Message):
     UNITS_FIELD_NUMBER: _builtins.int
     COLLECTED_AT_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    FETCHES_FIELD_NUMBER: _builtins.int
+    CACHED_WEIGHTS_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     reachable: _builtins.bool
     error: _builtins.str
@@ -592,6 +715,10 @@ class NodeReport(_message.Message):
     def units(self) -> _containers.RepeatedCompositeFieldContainer[Global___Unit]: ...
     @_builtins.property
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def fetches(self) -> _containers.RepeatedCompositeFieldContainer[Global___Fetch]: ...
+    @_builtins.property
+    def cached_weights(self) -> _containers.RepeatedCompositeFieldContainer[Global___CachedWeights]: ...
     def __init__(
         self,
         *,
@@ -613,10 +740,12 @@ class NodeReport(_message.Message):
         units: _abc.Iterable[Global___Unit] | None = ...,
         collected_at: _builtins.float | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        fetches: _abc.Iterable[Global___Fetch] | None = ...,
+        cached_weights: _abc.Iterable[Global___CachedWeights] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "agent_version", b"agent_version", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_model", b"cpu_model", "error", b"error", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "adapters", b"adapters", "agent_version", b"agent_version", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_flags", b"cpu_flags", "cpu_model", b"cpu_model", "disks", b"disks", "error", b"error", "fabrics", b"fabrics", "gpus", b"gpus", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "node", b"node", "reachable", b"reachable", "units", b"units", "warnings", b"warnings", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "adapters", b"adapters", "agent_version", b"agent_version", "cached_weights", b"cached_weights", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_flags", b"cpu_flags", "cpu_model", b"cpu_model", "disks", b"disks", "error", b"error", "fabrics", b"fabrics", "fetches", b"fetches", "gpus", b"gpus", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "node", b"node", "reachable", b"reachable", "units", b"units", "warnings", b"warnings", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__agent_version: _TypeAlias = _typing.Literal["agent_version"]  # noqa: Y015
     _WhichOneofArgType__agent_version: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version"]  # noqa: Y015
@@ -841,6 +970,83 @@ class WatchRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchRequest: _TypeAlias = WatchRequest  # noqa: Y015
+
+@_typing.final
+class ReclaimRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEIGHTS_DIRS_FIELD_NUMBER: _builtins.int
+    REMOVE_FIELD_NUMBER: _builtins.int
+    remove: _builtins.bool
+    """false: only say what would go"""
+    @_builtins.property
+    def weights_dirs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        weights_dirs: _abc.Iterable[_builtins.str] | None = ...,
+        remove: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["remove", b"remove", "weights_dirs", b"weights_dirs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReclaimRequest: _TypeAlias = ReclaimRequest  # noqa: Y015
+
+@_typing.final
+class Reclaimed(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    KEPT_BECAUSE_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    path: _builtins.str
+    size_bytes: _builtins.int
+    """bytes freed (blobs no other fetch shares)"""
+    removed: _builtins.bool
+    kept_because: _builtins.str
+    """set when kept: a unit uses it"""
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        path: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        removed: _builtins.bool = ...,
+        kept_because: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kept_because", b"kept_because", "path", b"path", "removed", b"removed", "size_bytes", b"size_bytes", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Reclaimed: _TypeAlias = Reclaimed  # noqa: Y015
+
+@_typing.final
+class ReclaimResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Reclaimed]: ...
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___Reclaimed] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReclaimResponse: _TypeAlias = ReclaimResponse  # noqa: Y015
 
 @_typing.final
 class UnitEvent(_message.Message):

@@ -54,6 +54,11 @@ class AgentStub:
                 request_serializer=llmgw_dot_proto_dot_agent__pb2.WatchRequest.SerializeToString,
                 response_deserializer=llmgw_dot_proto_dot_agent__pb2.UnitEvent.FromString,
                 _registered_method=True)
+        self.ReclaimWeights = channel.unary_unary(
+                '/llmgw.agent.v1.Agent/ReclaimWeights',
+                request_serializer=llmgw_dot_proto_dot_agent__pb2.ReclaimRequest.SerializeToString,
+                response_deserializer=llmgw_dot_proto_dot_agent__pb2.ReclaimResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -89,6 +94,13 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReclaimWeights(self, request, context):
+        """Remove weights llmgw fetched that no unit uses (dry run unless asked).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +123,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.WatchUnits,
                     request_deserializer=llmgw_dot_proto_dot_agent__pb2.WatchRequest.FromString,
                     response_serializer=llmgw_dot_proto_dot_agent__pb2.UnitEvent.SerializeToString,
+            ),
+            'ReclaimWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReclaimWeights,
+                    request_deserializer=llmgw_dot_proto_dot_agent__pb2.ReclaimRequest.FromString,
+                    response_serializer=llmgw_dot_proto_dot_agent__pb2.ReclaimResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -221,6 +238,33 @@ class Agent:
             '/llmgw.agent.v1.Agent/WatchUnits',
             llmgw_dot_proto_dot_agent__pb2.WatchRequest.SerializeToString,
             llmgw_dot_proto_dot_agent__pb2.UnitEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReclaimWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.agent.v1.Agent/ReclaimWeights',
+            llmgw_dot_proto_dot_agent__pb2.ReclaimRequest.SerializeToString,
+            llmgw_dot_proto_dot_agent__pb2.ReclaimResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,8 @@ class AgentStub:
     """The last lines a unit's engine wrote (bounded by the agent)."""
     WatchUnits: _grpc.UnaryStreamMultiCallable[_agent_pb2.WatchRequest, _agent_pb2.UnitEvent]
     """Every unit's current state first, then each change as it happens."""
+    ReclaimWeights: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ReclaimRequest, _agent_pb2.ReclaimResponse]
+    """Remove weights llmgw fetched that no unit uses (dry run unless asked)."""
 
 @_typing.type_check_only
 class AgentAsyncStub(AgentStub):
@@ -69,6 +71,8 @@ class AgentAsyncStub(AgentStub):
     """The last lines a unit's engine wrote (bounded by the agent)."""
     WatchUnits: _aio.UnaryStreamMultiCallable[_agent_pb2.WatchRequest, _agent_pb2.UnitEvent]  # type: ignore[assignment]
     """Every unit's current state first, then each change as it happens."""
+    ReclaimWeights: _aio.UnaryUnaryMultiCallable[_agent_pb2.ReclaimRequest, _agent_pb2.ReclaimResponse]  # type: ignore[assignment]
+    """Remove weights llmgw fetched that no unit uses (dry run unless asked)."""
 
 class AgentServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -106,5 +110,13 @@ class AgentServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.UnitEvent], _abc.AsyncIterator[_agent_pb2.UnitEvent]]:
         """Every unit's current state first, then each change as it happens."""
+
+    @_abc_1.abstractmethod
+    def ReclaimWeights(
+        self,
+        request: _agent_pb2.ReclaimRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.ReclaimResponse, _abc.Awaitable[_agent_pb2.ReclaimResponse]]:
+        """Remove weights llmgw fetched that no unit uses (dry run unless asked)."""
 
 def add_AgentServicer_to_server(servicer: AgentServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -57,6 +57,7 @@ FLEET_TYPES: dict[str, type[BaseModel]] = {
     "NodeReport": fleet.NodeReport, "Gpu": fleet.Gpu, "GpuProcess": fleet.GpuProcess,
     "Adapter": fleet.Adapter, "Port": fleet.Port, "FabricStatus": fleet.FabricStatus,
     "Disk": fleet.Disk, "Weights": fleet.Weights, "Unit": fleet.Unit,
+    "Fetch": fleet.Fetch, "CachedWeights": fleet.CachedWeights,
 }
 _INDEX_LIST = "IndexList"
 ACTIONS: dict[pb.Action.ValueType, Action] = {

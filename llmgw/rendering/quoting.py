@@ -14,14 +14,17 @@ import re
 import shlex
 from collections.abc import Sequence
 
-_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@+=:,./%$-]+")
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@+=:,./%${}-]+")
+WEIGHTS = "${LLMGW_WEIGHTS}"
+_ESCAPED_WEIGHTS = "$" + WEIGHTS
 
 
 def exec_word(word: str) -> str:
     """One argv element as it must appear on an ``ExecStart=`` line."""
     if word == ";":
         return "\\;"
-    text = word.replace("%", "%%").replace("$", "$$")
+    # The one variable llmgw means: the agent sets it to the fetched weights' path.
+    text = word.replace("%", "%%").replace("$", "$$").replace(_ESCAPED_WEIGHTS, WEIGHTS)
     if _PLAIN_WORD.fullmatch(text):
         return text
     escaped = (

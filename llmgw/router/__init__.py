@@ -3,7 +3,7 @@
 Public API, for the daemon::
 
     from llmgw.router import Endpoint, Router, Settings, catalogs
-    router = Router(catalogs.from_cluster(cluster), store=conn, registry=registry)
+    router = Router(catalogs.from_cluster(cluster), store=store, registry=registry)
     router.update_routes({"llama": [Endpoint("http://10.0.0.11:18000", "gpu-a-01", 0)]})
     demand = router.demand()
 """

@@ -3,10 +3,12 @@
 :class:`Accounts` authenticates a request's ``Authorization: Bearer`` key
 against the store (one primary-key probe, constant-time digest compare; see
 :mod:`llmgw.store.keys`), refuses projects at or over their budget, and
-records one usage row per request. Spend per project is loaded from the store
-once and then kept in memory, so the budget check reads no database. Rows are
-buffered and written in one transaction every ``flush_interval`` seconds (and
-on close), so a request never waits on a disk write.
+records one usage row per request. Spend per project is kept in memory, so
+the budget check reads no database; it is reloaded from the store at every
+flush, so spend charged by other routers sharing the store counts here too.
+Rows are buffered and written in one transaction every ``flush_interval``
+seconds (and on close), so a request never waits on a write. Every store call
+is async (:mod:`llmgw.store.stores`): none blocks the event loop.
 
 Budgets are checked before a request is sent and charged after it answers:
 requests in flight together can overshoot a budget by what they cost, never
@@ -18,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 from dataclasses import dataclass
 
 from llmgw.router.catalogs import Catalog
 from llmgw.router.errors import ApiError
 from llmgw.store import keys, usages
+from llmgw.store.stores import Store, StoreError
 from llmgw.store.usages import UsageRow
 
 log = logging.getLogger(__name__)
@@ -41,18 +43,18 @@ _HOW_TO = "send `Authorization: Bearer <key>`; an operator creates keys with `ll
 
 class Accounts:
     def __init__(
-        self, store: sqlite3.Connection | None, catalog: Catalog, flush_interval: float = 1.0
+        self, store: Store | None, catalog: Catalog, flush_interval: float = 1.0
     ) -> None:
         if store is None and catalog.auth != "none":
             raise ValueError("auth: keys needs a store to check keys against")
         self.store = store
         self.catalog = catalog
         self.flush_interval = flush_interval
-        self.spent: dict[str, float] = usages.spend_by_project(store) if store else {}
+        self.spent: dict[str, float] = {}
         self._rows: list[UsageRow] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    def authenticate(self, authorization: str | None) -> Principal:
+    async def authenticate(self, authorization: str | None) -> Principal:
         """The caller's project and key, or ApiError 401/403."""
         if self.catalog.auth == "none":
             return ANONYMOUS
@@ -63,7 +65,13 @@ class Accounts:
             raise ApiError(401, f"malformed Authorization header: {_HOW_TO}",
                            code="invalid_api_key")
         assert self.store is not None
-        info = keys.verify(self.store, token.strip())
+        try:
+            info = await keys.verify(self.store, token.strip())
+        except StoreError as exc:
+            log.error("cannot check an API key: %s", exc)
+            raise ApiError(503, "the key store is unreachable; retry shortly",
+                           code="store_unavailable", type="server_error",
+                           headers={"Retry-After": "2"}) from None
         if info is None:
             raise ApiError(401, "invalid API key (unknown, mistyped or revoked)",
                            code="invalid_api_key")
@@ -95,19 +103,36 @@ class Accounts:
         if self.store is not None:
             self._rows.append(row)
 
-    def flush(self) -> None:
-        """Write buffered rows (one transaction)."""
+    async def flush(self) -> None:
+        """Write buffered rows (one transaction), then reload spend from the store."""
+        if self.store is None:
+            return
         rows, self._rows = self._rows, []
-        if rows and self.store is not None:
-            try:
-                usages.insert(self.store, rows)
-            except sqlite3.Error:
-                # Keep them for the next flush: a locked or full disk must not lose spend.
-                self._rows[:0] = rows
-                log.exception("could not write %d usage rows; will retry", len(rows))
+        try:
+            if rows:
+                await usages.insert(self.store, rows)
+            stored = await usages.spend_by_project(self.store)
+        except StoreError as exc:
+            # Keep them for the next flush: a locked disk or a lost database must not lose
+            # spend. In-memory spend goes on counting meanwhile.
+            self._rows[:0] = rows
+            log.error("could not write %d usage rows (will retry): %s", len(rows), exc)
+            return
+        # Rows recorded while this flush awaited are in memory only: keep them on top.
+        pending: dict[str, float] = {}
+        for row in self._rows:
+            if row.project is not None and row.cost_usd:
+                pending[row.project] = pending.get(row.project, 0.0) + row.cost_usd
+        for project in set(stored) | set(pending):
+            self.spent[project] = stored.get(project, 0.0) + pending.get(project, 0.0)
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Load spend so far, then flush every ``flush_interval`` seconds."""
         if self._flusher is None and self.store is not None:
+            try:
+                self.spent = await usages.spend_by_project(self.store)
+            except StoreError as exc:
+                log.error("cannot load spend from the store yet: %s", exc)
             self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
 
     async def close(self) -> None:
@@ -116,12 +141,12 @@ class Accounts:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
-        self.flush()
+        await self.flush()
 
     async def _flush_forever(self) -> None:
         while True:
             await asyncio.sleep(self.flush_interval)
-            self.flush()
+            await self.flush()
 
 
 def _usd(amount: float) -> str:

@@ -7,7 +7,7 @@ scaling), ``configure(catalog)`` (after a spec reload) — and
 
 Usage::
 
-    router = Router(catalogs.from_cluster(cluster), store=databases.connect(path),
+    router = Router(catalogs.from_cluster(cluster), store=await stores.open_store(settings),
                     registry=registry)
     router.routes.update({"llama": [Endpoint("http://10.0.0.11:18000")]})
     runner = await router.start("127.0.0.1", 8000)
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from llmgw.router.demands import Demands
 from llmgw.router.errors import ApiError
 from llmgw.router.proxies import Outcome, Proxy
 from llmgw.router.routes import Endpoint, Routes
+from llmgw.store.stores import Store
 from llmgw.store.usages import UsageRow
 
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
@@ -61,7 +61,7 @@ class Router:
         self,
         catalog: Catalog,
         *,
-        store: sqlite3.Connection | None = None,
+        store: Store | None = None,
         registry: CollectorRegistry | None = None,
         settings: Settings | None = None,
     ) -> None:
@@ -104,11 +104,14 @@ class Router:
         app.on_cleanup.append(self._on_cleanup)
         return app
 
-    async def start(self, host: str, port: int) -> web.AppRunner:
-        """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request."""
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> web.AppRunner:
+        """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request.
+
+        ``reuse_port``: SO_REUSEPORT, so several router processes share the port.
+        """
         runner = web.AppRunner(self.create_app(), access_log=None, handler_cancellation=True)
         await runner.setup()
-        await web.TCPSite(runner, host, port, backlog=1024).start()
+        await web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None).start()
         return runner
 
     async def close(self, runner: web.AppRunner | None = None) -> None:
@@ -118,7 +121,7 @@ class Router:
         await self.accounts.close()
 
     async def _on_startup(self, _: web.Application) -> None:
-        self.accounts.start()
+        await self.accounts.start()
 
     async def _on_cleanup(self, _: web.Application) -> None:
         await self.proxy.close()
@@ -132,7 +135,7 @@ class Router:
         stream = False
         outcome = Outcome()
         try:
-            principal = self.accounts.authenticate(request.headers.get("Authorization"))
+            principal = await self.accounts.authenticate(request.headers.get("Authorization"))
             body = await _read_body(request, self.settings.max_body_bytes)
             payload = _parse(body)
             name = payload["model"]
@@ -229,12 +232,12 @@ class Router:
         ))
 
     async def _models(self, request: web.Request) -> web.Response:
-        self.accounts.authenticate(request.headers.get("Authorization"))
+        await self.accounts.authenticate(request.headers.get("Authorization"))
         data = [self._model_card(name) for name in self._listed()]
         return _json({"object": "list", "data": data})
 
     async def _model(self, request: web.Request) -> web.Response:
-        self.accounts.authenticate(request.headers.get("Authorization"))
+        await self.accounts.authenticate(request.headers.get("Authorization"))
         name = request.match_info["model"]
         if name not in self._listed():
             raise ApiError(404, f"model not found: {name!r}", code="model_not_found")

@@ -170,7 +170,11 @@ def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
 
     settings = settings.model_copy(update={
         "ssh": settings.ssh.model_copy(update={"known_hosts": anchored(settings.ssh.known_hosts)}),
-        "store": settings.store.model_copy(update={"path": anchored(settings.store.path)}),
+        "store": settings.store.model_copy(update={
+            "path": anchored(settings.store.path),
+            "password_file": (anchored(settings.store.password_file)
+                              if settings.store.password_file else None),
+        }),
         "agent_socket": resolve(settings.agent_socket),
     })
     nodes = {

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from llmgw.spec import sources
 from llmgw.spec.quantities import Duration, Size
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -20,6 +21,7 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
+_ENDPOINT = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+(/[A-Za-z0-9._~/-]*)?$")
 _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 
 
@@ -66,8 +68,71 @@ class StoreSettings(Strict):
     path: str = Field(
         "llmgw.db",
         description="SQLite database for API keys (hashed) and usage rows, relative to the "
-        "cluster directory unless absolute.",
+        "cluster directory unless absolute. Used when `url` is not set.",
     )
+    url: str | None = Field(
+        None, max_length=1000,
+        pattern=r"^(postgres|postgresql|sqlite)://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]*$",
+        description="Where the store lives: `postgresql://user@host:5432/database` for "
+        "several routers and a standby reconciler (docs/ha.md), or `sqlite:///path`. Never "
+        "a password here: it goes in `password_file`.",
+    )
+    password_file: str | None = Field(
+        None,
+        description="File holding the PostgreSQL password (mode 0600, kept out of git), "
+        "relative to the cluster directory unless absolute.",
+    )
+
+    @model_validator(mode="after")
+    def _no_password_in_url(self) -> StoreSettings:
+        if self.url and "@" in self.url.split("//", 1)[-1].split("/", 1)[0]:
+            userinfo = self.url.split("//", 1)[-1].split("@", 1)[0]
+            if ":" in userinfo:
+                raise ValueError("store.url must not hold a password (it would land in git): "
+                                 "put it in a file named by password_file")
+        return self
+
+
+def _check_source(value: str | None) -> str | None:
+    if value is not None:
+        sources.parse(value)  # SourceError is a ValueError: pydantic locates it
+    return value
+
+
+class WeightsSettings(Strict):
+    endpoint: str | None = Field(
+        None,
+        description="Hub-compatible endpoint nodes fetch hub repos from instead of the "
+        "public hub (`HF_ENDPOINT`): a site mirror such as `llmgw mirror serve`. Same fetch "
+        "code either way.",
+    )
+    token_file: str | None = Field(
+        None,
+        description="Absolute path of a file *on each node* holding a hub token, for gated "
+        "or private repos. The token never enters git, a plan or the daemon.",
+    )
+    disk_margin: float = Field(
+        0.05, ge=0, le=1,
+        description="Free space kept beyond a fetch's size, as a fraction of it (at least "
+        "1 GiB): a node with less is not chosen, and says why.",
+    )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not _ENDPOINT.match(value):
+            raise ValueError(
+                f"expected an http(s) URL such as http://mirror.lab:8090; got {value!r}"
+            )
+        return value
+
+    @field_validator("token_file")
+    @classmethod
+    def _token_path(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"token_file must be an absolute path to a file on the node, not a "
+                             f"token; got {value!r}")
+        return value
 
 
 class ClusterSettings(Strict):
@@ -86,7 +151,15 @@ class ClusterSettings(Strict):
     listeners: Listeners = Field(
         default_factory=Listeners, description="Where `llmgw serve` listens."
     )
-    store: StoreSettings = Field(default_factory=StoreSettings, description="Embedded database.")
+    store: StoreSettings = Field(
+        default_factory=StoreSettings,
+        description="Keys, usage and the leader lease: SQLite (default) or PostgreSQL.",
+    )
+    lease_ttl: Duration = Field(
+        15.0, ge=1.0, le=600.0,
+        description="How long a reconciler's leadership lasts without renewal: a standby "
+        "takes over within this long after the leader dies.",
+    )
     auth: Literal["keys", "none"] = Field(
         "keys",
         description="`keys`: every request needs an API key (`llmgw keys create`). `none`: "
@@ -94,6 +167,10 @@ class ClusterSettings(Strict):
     )
     agent_socket: str = Field(
         "/run/llmgw/agent.sock", description="Path of the agent's unix socket on every node."
+    )
+    weights: WeightsSettings = Field(
+        default_factory=WeightsSettings,
+        description="How nodes fetch hub repos and URLs: mirror endpoint, token, disk margin.",
     )
     gpu_classes: dict[Name, GpuClassDecl] = Field(
         default_factory=dict,
@@ -201,6 +278,8 @@ class Profile(Strict):
         None, gt=0, le=65536, description="System memory a CPU replica needs, in GiB."
     )
     source: str | None = Field(None, description="Overrides the model's `source` (e.g. a GGUF).")
+
+    _source = field_validator("source")(_check_source)
     args: dict[str, ArgValue] = Field(
         default_factory=dict,
         description="Extra engine flags: `max-model-len: 8192` becomes `--max-model-len 8192`; "
@@ -281,10 +360,14 @@ class Pricing(Strict):
 class Model(Strict):
     source: str | None = Field(
         None,
-        description="Weights: a Hugging Face repo id (`org/name`) or an absolute path on the "
-        "node; a path starting with `./` or `../` is relative to the cluster directory (for "
-        "the `local` node).",
+        description="Weights: a hub repo `org/name[@revision][:files]` (files: glob patterns, "
+        "or a GGUF quantisation such as `Q4_K_M`), an URL to one file (`https://…`, optionally "
+        "`#sha256=…`), or an absolute path on the node; a path starting with `./` or `../` is "
+        "relative to the cluster directory (for the `local` node). Repos and URLs are fetched "
+        "by the node's agent before the engine starts.",
     )
+
+    _source = field_validator("source")(_check_source)
     served_name: str | None = Field(None, description="Name clients use; default: the model key.")
     profiles: list[Profile] = Field(
         min_length=1, description="Ways to run the model, tried in order; the first that fits wins."

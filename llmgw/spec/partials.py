@@ -76,4 +76,9 @@ def _remove_key(data: Any, path: DataPath) -> None:
         else:
             return
     if isinstance(data, dict) and len(path) > 2:
+        if path[-1] == "source" and path[-1] in data:
+            # A malformed source is still a source: "no source" would be a second,
+            # wrong error about the same line.
+            data["source"] = PLACEHOLDER["source"]
+            return
         data.pop(path[-1], None)

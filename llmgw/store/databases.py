@@ -1,9 +1,9 @@
-"""The embedded SQLite database: one file holding API keys and usage rows.
+"""The embedded SQLite database file: open it and bring its schema up to date.
 
-``connect(path)`` opens (creating if needed) the database and brings its
-schema up to date. The connection is meant for one thread: the router uses it
-from its event loop, where each statement is a primary-key lookup or a batched
-insert that takes microseconds, so no thread pool is needed.
+``connect(path)`` opens (creating if needed) the database, applies pending
+migrations (:mod:`llmgw.store.migrations`) and refuses a newer schema. The
+connection is synchronous: :class:`llmgw.store.sqlitestores.SQLiteStore` owns
+one on a dedicated thread so the event loop never waits on it.
 
 Usage::
 
@@ -16,42 +16,12 @@ import os
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS keys (
-    id          TEXT PRIMARY KEY,      -- public part of the key, printed by `keys list`
-    digest      TEXT NOT NULL,         -- SHA-256 of the whole key, hex (see store.keys)
-    project     TEXT NOT NULL,
-    name        TEXT NOT NULL DEFAULT '',
-    created_at  REAL NOT NULL,
-    revoked_at  REAL
-);
-CREATE TABLE IF NOT EXISTS usage (
-    id                INTEGER PRIMARY KEY,
-    ts                REAL NOT NULL,
-    project           TEXT,            -- NULL under `auth: none`
-    key_id            TEXT,
-    model             TEXT NOT NULL,
-    endpoint          TEXT NOT NULL,   -- /v1/chat/completions, ...
-    status            INTEGER NOT NULL,
-    prompt_tokens     INTEGER,         -- NULL when the engine reported no usage
-    completion_tokens INTEGER,
-    latency_ms        REAL NOT NULL,
-    cost_usd          REAL NOT NULL DEFAULT 0,
-    stream            INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS usage_project ON usage (project);
-CREATE INDEX IF NOT EXISTS usage_key ON usage (key_id, ts);
-"""
-
-
-class StoreError(RuntimeError):
-    """The store cannot be used; the message names the file and what is wrong with it."""
+from llmgw.store import migrations
+from llmgw.store.stores import StoreError
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
-    """An open connection to the database at ``path``, schema created.
+    """An open connection to the database at ``path``, schema migrated.
 
     A file that is not an SQLite database, is damaged, cannot be opened or
     has a newer schema raises :class:`StoreError` naming it, so a command
@@ -88,13 +58,30 @@ def _connect(path: Path) -> sqlite3.Connection:
         os.umask(old_umask)
     conn.execute("PRAGMA busy_timeout = 5000")
     conn.execute("PRAGMA synchronous = NORMAL")
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
+    try:
+        _migrate(conn, str(path))
+    except BaseException:
         conn.close()
-        raise StoreError(
-            f"{path} has schema version {version}, newer than this llmgw understands "
-            f"({SCHEMA_VERSION}); upgrade llmgw"
-        )
-    conn.executescript(_SCHEMA)
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        raise
     return conn
+
+
+def version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _migrate(conn: sqlite3.Connection, where: str) -> None:
+    # BEGIN IMMEDIATE takes the write lock before reading the version, so two processes
+    # opening a fresh file together run each step once.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        steps = migrations.pending(version(conn), where)
+        for step in steps:
+            for statement in step.sqlite.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {int(step.version)}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

@@ -22,9 +22,9 @@ so "no such key" and "wrong secret" take the same path.
 
 Usage::
 
-    created = keys.create(conn, project="research", name="ci")
-    print(created.secret)                     # once
-    info = keys.verify(conn, "llmgw_...")     # KeyInfo, or None
+    created = await keys.create(store, project="research", name="ci")
+    print(created.secret)                            # once
+    info = await keys.verify(store, "llmgw_...")     # KeyInfo, or None
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass
+
+from llmgw.store.stores import KeyRow, Store
 
 PREFIX = "llmgw_"
 _ID_HEX = 12
@@ -67,22 +68,17 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create(
-    conn: sqlite3.Connection, project: str, name: str = "", now: float | None = None
+async def create(
+    store: Store, project: str, name: str = "", now: float | None = None
 ) -> CreatedKey:
     """A new key for ``project``; the returned ``secret`` is the only copy."""
     created_at = time.time() if now is None else now
     while True:
         key_id = secrets.token_hex(_ID_HEX // 2)
         key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-        try:
-            conn.execute(
-                "INSERT INTO keys (id, digest, project, name, created_at) VALUES (?, ?, ?, ?, ?)",
-                (key_id, digest(key), project, name, created_at),
-            )
-        except sqlite3.IntegrityError:  # 48-bit id collided: draw again
-            continue
-        return CreatedKey(KeyInfo(key_id, project, name, created_at), key)
+        if await store.insert_key(KeyRow(key_id, digest(key), project, name, created_at)):
+            return CreatedKey(KeyInfo(key_id, project, name, created_at), key)
+        # the 48-bit id collided: draw again
 
 
 def key_id_of(key: str) -> str | None:
@@ -92,40 +88,32 @@ def key_id_of(key: str) -> str | None:
     return key[len(PREFIX) : len(PREFIX) + _ID_HEX]
 
 
-def verify(conn: sqlite3.Connection, key: str) -> KeyInfo | None:
+async def verify(store: Store, key: str) -> KeyInfo | None:
     """The active key matching ``key``, or None (unknown, malformed, wrong or revoked)."""
     key_id = key_id_of(key)
-    row = None
-    if key_id is not None:
-        row = conn.execute(
-            "SELECT digest, project, name, created_at, revoked_at FROM keys WHERE id = ?",
-            (key_id,),
-        ).fetchone()
-    stored = row[0] if row else _DUMMY_DIGEST
+    row = await store.key_row(key_id) if key_id is not None else None
+    return check(key, row)
+
+
+def check(key: str, row: KeyRow | None) -> KeyInfo | None:
+    """Compare a presented key with its stored row in constant time; a pure function."""
+    stored = row.digest if row else _DUMMY_DIGEST
     matches = hmac.compare_digest(digest(key), stored)
-    if row is None or not matches or row[4] is not None:
+    if row is None or not matches or row.revoked_at is not None:
         return None
-    assert key_id is not None
-    return KeyInfo(key_id, row[1], row[2], row[3])
+    return KeyInfo(row.id, row.project, row.name, row.created_at)
 
 
-def list_all(conn: sqlite3.Connection) -> list[KeyInfo]:
+async def list_all(store: Store) -> list[KeyInfo]:
     """Every key, oldest first, with the time of its last recorded request."""
-    rows = conn.execute(
-        "SELECT k.id, k.project, k.name, k.created_at, k.revoked_at, "
-        "(SELECT MAX(ts) FROM usage u WHERE u.key_id = k.id) "
-        "FROM keys k ORDER BY k.created_at, k.id"
-    ).fetchall()
-    return [KeyInfo(*row) for row in rows]
+    return [_info(listing.row, listing.last_used_at) for listing in await store.list_keys()]
 
 
-def revoke(conn: sqlite3.Connection, key_id: str, now: float | None = None) -> KeyInfo | None:
+async def revoke(store: Store, key_id: str, now: float | None = None) -> KeyInfo | None:
     """Revoke ``key_id`` (idempotent); None when there is no such key."""
-    when = time.time() if now is None else now
-    conn.execute(
-        "UPDATE keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (when, key_id)
-    )
-    row = conn.execute(
-        "SELECT id, project, name, created_at, revoked_at FROM keys WHERE id = ?", (key_id,)
-    ).fetchone()
-    return KeyInfo(*row) if row else None
+    row = await store.revoke_key(key_id, time.time() if now is None else now)
+    return _info(row) if row else None
+
+
+def _info(row: KeyRow, last_used_at: float | None = None) -> KeyInfo:
+    return KeyInfo(row.id, row.project, row.name, row.created_at, row.revoked_at, last_used_at)

@@ -7,15 +7,18 @@ can store one.
 
 Usage::
 
-    usages.insert(conn, [UsageRow(...)])
-    usages.spend_by_project(conn)   # {"research": 12.5}
+    await usages.insert(store, [UsageRow(...)])
+    await usages.spend_by_project(store)   # {"research": 12.5}
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmgw.store.stores import Store
 
 
 @dataclass(frozen=True)
@@ -33,38 +36,36 @@ class UsageRow:
     stream: bool = False
 
 
-_COLUMNS = ", ".join(UsageRow.__dataclass_fields__)
-_MARKS = ", ".join("?" * len(UsageRow.__dataclass_fields__))
-_INSERT = f"INSERT INTO usage ({_COLUMNS}) VALUES ({_MARKS})"
+COLUMNS: tuple[str, ...] = tuple(UsageRow.__dataclass_fields__)
+
+Record = tuple[float, str | None, str | None, str, str, int, int | None, int | None, float,
+               float, bool]
 
 
-def insert(conn: sqlite3.Connection, rows: Sequence[UsageRow]) -> None:
+def to_record(r: UsageRow) -> Record:
+    # Field by field, not dataclasses.astuple: that deep-copies every value, which
+    # costs more than the insert itself.
+    return (r.ts, r.project, r.key_id, r.model, r.endpoint, r.status, r.prompt_tokens,
+            r.completion_tokens, r.latency_ms, r.cost_usd, r.stream)
+
+
+def from_record(values: Sequence[Any]) -> UsageRow:
+    """A row from its columns in :data:`COLUMNS` order (SQLite's stream is 0/1)."""
+    fields = dict(zip(COLUMNS, values, strict=True))
+    fields["stream"] = bool(fields["stream"])
+    return UsageRow(**fields)
+
+
+async def insert(store: Store, rows: Sequence[UsageRow]) -> None:
     """Append ``rows`` in one transaction (one fsync at most, not one per row)."""
-    if not rows:
-        return
-    with conn:
-        conn.execute("BEGIN")
-        # Field by field, not dataclasses.astuple: that deep-copies every value, which
-        # costs more than the insert itself.
-        conn.executemany(_INSERT, [(
-            r.ts, r.project, r.key_id, r.model, r.endpoint, r.status, r.prompt_tokens,
-            r.completion_tokens, r.latency_ms, r.cost_usd, r.stream,
-        ) for r in rows])
+    await store.insert_usage(rows)
 
 
-def spend_by_project(conn: sqlite3.Connection) -> dict[str, float]:
+async def spend_by_project(store: Store) -> dict[str, float]:
     """USD charged so far to each project."""
-    rows = conn.execute(
-        "SELECT project, SUM(cost_usd) FROM usage WHERE project IS NOT NULL GROUP BY project"
-    ).fetchall()
-    return {project: float(total or 0.0) for project, total in rows}
+    return await store.spend_by_project()
 
 
-def recent(conn: sqlite3.Connection, limit: int = 100) -> list[UsageRow]:
+async def recent(store: Store, limit: int = 100) -> list[UsageRow]:
     """The newest ``limit`` rows, newest first."""
-    rows = conn.execute(
-        f"SELECT {_COLUMNS} FROM usage ORDER BY id DESC LIMIT ?", (limit,)
-    ).fetchall()
-    names = list(UsageRow.__dataclass_fields__)
-    return [UsageRow(**{**dict(zip(names, row, strict=True)), "stream": bool(row[-1])})
-            for row in rows]
+    return await store.recent_usage(limit)

@@ -64,6 +64,19 @@ class AgentClient:
         reply = cast(pb.ApplyResponse, await self._stub.ApplyUnits(request, timeout=self.timeout))
         return [messages.result_from_message(r) for r in reply.results]
 
+    async def reclaim_weights(
+        self, weights_dirs: Sequence[str], remove: bool
+    ) -> list[dict[str, Any]]:
+        """What the node's agent removed (or, with ``remove`` false, would remove)."""
+        request = pb.ReclaimRequest(weights_dirs=list(weights_dirs), remove=remove)
+        reply = cast(pb.ReclaimResponse,
+                     await self._stub.ReclaimWeights(request, timeout=self.timeout))
+        return [
+            {"source": i.source, "path": i.path, "size_bytes": i.size_bytes,
+             "removed": i.removed, "kept_because": i.kept_because}
+            for i in reply.items
+        ]
+
     async def unit_logs(self, name: str, lines: int = 100) -> list[str]:
         """The last ``lines`` lines of a unit's log (the agent caps the count)."""
         request = pb.UnitLogsRequest(name=name, lines=lines)

@@ -31,6 +31,7 @@ import grpc
 
 from llmgw.discovery.fabrics import Declaration, DeclaredFabric
 from llmgw.fleet.types import Fleet, NodeReport
+from llmgw.hub import catalogs
 from llmgw.spec.models import Cluster
 from llmgw.transport import failures, hostkeys
 from llmgw.transport.agent_client import AgentClient
@@ -70,6 +71,7 @@ class Pool:
         self.call_timeout = call_timeout
         self.max_parallel = cluster.cluster.ssh.max_parallel
         self._forward_dir: Path | None = None
+        self.catalog = catalogs.Catalog()
         self._pinned: hostkeys.Pinned | None = None
         self._routes: dict[str, Route] = {}
         self._transports: dict[str, Transport] = {}
@@ -186,8 +188,14 @@ class Pool:
         async def one(node: str) -> NodeReport:
             return await self.report(node, timeout=timeout)
 
-        reports = await fan_out(names, one, self.max_parallel)
-        return Fleet(nodes=reports)
+        reports, facts = await asyncio.gather(
+            fan_out(names, one, self.max_parallel),
+            asyncio.to_thread(
+                self.catalog.lookup, catalogs.fetched_sources(self.cluster),
+                self.cluster.cluster.weights.endpoint,
+            ),
+        )
+        return Fleet(nodes=reports, sources=facts)
 
     async def aclose(self) -> None:
         """Close every connection (in parallel: a hung node does not hold up the others)."""

@@ -171,8 +171,8 @@ def serve_router(port: int, upstream: int, db: str, key_file: str, loop: str) ->
     from prometheus_client import CollectorRegistry
 
     from llmgw.router import Endpoint, Router, catalogs
-    from llmgw.spec.models import Cluster
-    from llmgw.store import databases, keys
+    from llmgw.spec.models import Cluster, StoreSettings
+    from llmgw.store import keys, stores
 
     cluster = Cluster.model_validate({
         "cluster": {"name": "bench", "auth": "keys"},
@@ -180,11 +180,10 @@ def serve_router(port: int, upstream: int, db: str, key_file: str, loop: str) ->
                              "pricing": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}}},
         "projects": {"bench": {"budget_usd": None}},
     })
-    conn = databases.connect(db)
-    Path(key_file).write_text(keys.create(conn, "bench").secret)
-
     async def main() -> None:
-        router = Router(catalogs.from_cluster(cluster), store=conn, registry=CollectorRegistry())
+        store = await stores.open_store(StoreSettings(path=db))
+        Path(key_file).write_text((await keys.create(store, "bench")).secret)
+        router = Router(catalogs.from_cluster(cluster), store=store, registry=CollectorRegistry())
         router.update_routes({"bench": [Endpoint(f"http://127.0.0.1:{upstream}", "local", 0)]})
         await router.start("127.0.0.1", port)
         # As `llmgw serve` should: what exists after start-up lives as long as the process,

@@ -16,6 +16,8 @@ adapters ACTIVE. ``fleet:`` overrides that per node::
         fabrics_down: {ib-a: "mlx5_2: no ACTIVE port"}
         adapters_down: {ib-a: [mlx5_2, mlx5_3]}   # advertised with the others
         weights: [/models/meta-llama/Llama-3.1-8B-Instruct]
+        disk_free: 80GB         # free bytes in the node's first weights_dirs entry
+        fetched: [org/name]     # sources llmgw already fetched there
         unreachable: connection refused
         absent: true            # no report at all
 
@@ -45,11 +47,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmgw.fleet.types import (
+    CachedWeights,
+    Disk,
     FabricStatus,
     Fleet,
     Gpu,
     GpuProcess,
     NodeReport,
+    SourceFacts,
     Unit,
     Weights,
 )
@@ -74,6 +79,7 @@ def fleet_from(
     running: list[Mapping[str, Any]] | None,
     now: float,
     gone: Mapping[str, Any] | None = None,
+    sources: Mapping[str, Any] | None = None,
 ) -> Fleet:
     """The observed fleet of a case.
 
@@ -109,7 +115,9 @@ def fleet_from(
             for g in report.gpus
         ]
         final[name] = report.model_copy(update={"units": units[name], "gpus": gpus})
-    return Fleet(nodes=final)
+    facts = {text: SourceFacts(size_bytes=parse_size(str(size)))
+             for text, size in (sources or {}).items()}
+    return Fleet(nodes=final, sources=facts)
 
 
 def _report(cluster: Cluster, name: str, extra: dict[str, Any], now: float) -> NodeReport:
@@ -159,10 +167,17 @@ def _report(cluster: Cluster, name: str, extra: dict[str, Any], now: float) -> N
                 size_bytes=16 * 1024**3)
         for p in extra.get("weights", [])
     ]
+    disks = []
+    if "disk_free" in extra and spec is not None and spec.weights_dirs:
+        free = parse_size(str(extra["disk_free"]))
+        disks = [Disk(path=spec.weights_dirs[0], free_bytes=free, total_bytes=free * 4)]
+    cached = [CachedWeights(source=str(s), path=f"/models/hub/{s}", size_bytes=1)
+              for s in extra.get("fetched", [])]
     return NodeReport(
         node=name, hostname=name, agent_version="0.1.0", cpu_count=64,
         memory_total_bytes=memory_bytes, memory_available_bytes=memory_bytes,
         gpus=gpu_list, fabrics=fabrics, weights=weights, collected_at=now,
+        disks=disks, cached_weights=cached,
     )
 
 

@@ -77,7 +77,8 @@ def summarize(plan: Plan) -> dict[str, Any]:
 def run_case(case: dict[str, Any]) -> tuple[Plan, Any, Any, float]:
     now = float(case.get("now", DEFAULT_NOW))
     cluster = cluster_from(case["cluster"])
-    fleet = fleet_from(cluster, case.get("fleet"), case.get("running"), now, case.get("gone"))
+    fleet = fleet_from(cluster, case.get("fleet"), case.get("running"), now, case.get("gone"),
+                       case.get("sources"))
     demand = Demand.model_validate(case.get("demand") or {})
     policy = Policy(**(case.get("policy") or {}))
     return plans.plan(cluster, fleet, now, demand, policy=policy), cluster, fleet, now

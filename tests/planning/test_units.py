@@ -178,11 +178,18 @@ def test_exec_start_runs_exactly_the_planned_command(
         assert shard.files is not None
         record.unlink(missing_ok=True)
         unit = unitfiles.parse(shard.unit, shard.files.unit_text)
-        env = {**unitfiles.environment(unit), "PATH": f"{stub_bin}:/usr/bin:/bin"}
+        # The agent writes LLMGW_WEIGHTS (the fetched weights' local path) into the
+        # env file of a unit whose source it fetches; ExecStart must expand it.
+        fetched = "/models/hub/models--org--name/snapshots/abc"
+        env = {**unitfiles.environment(unit), "PATH": f"{stub_bin}:/usr/bin:/bin",
+               "LLMGW_WEIGHTS": fetched}
         argv = unitfiles.expand(unit.value("Service", "ExecStart") or "", env, shard.unit)
         subprocess.run(argv, env=env, check=True, timeout=30)
         ran = [json.loads(line) for line in record.read_text().splitlines()]
-        planned = [*shard.spec.get("prelude", []), shard.spec["argv"]]
+        planned = [
+            [word.replace("${LLMGW_WEIGHTS}", fetched) for word in step]
+            for step in [*shard.spec.get("prelude", []), shard.spec["argv"]]
+        ]
         # /usr/bin/env resolved each program on PATH: the stub saw the rest.
         assert ran == [[step[1], *step[2:]] for step in planned], shard.unit
         assert unitfiles.environment(unit) == shard.spec["env"]

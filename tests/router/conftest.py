@@ -14,11 +14,13 @@ from llmgw.spec.models import Cluster
 
 
 @pytest.fixture
-def make_stack(tmp_path: Path) -> Iterator[StackFactory]:
+def make_stack(tmp_path: Path, store_settings: dict[str, str]) -> Iterator[StackFactory]:
+    """Stacks on each store implementation in turn (SQLite, then a real PostgreSQL)."""
     stacks: list[Stack] = []
 
     def make(spec: Cluster | None = None, replicas: int = 2, **settings: Any) -> Stack:
-        stack = Stack(tmp_path, spec or cluster(), Settings(**settings), replicas)
+        stack = Stack(tmp_path, spec or cluster(), Settings(**settings), replicas,
+                      store_settings)
         stacks.append(stack)
         return stack
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 
 from llmgw.cli import keys_cmd
 from llmgw.cli.errors import UserError
-from llmgw.store import databases, keys
+from llmgw.spec.models import StoreSettings
+from llmgw.store import keys, stores
 
 CLUSTER = """\
 cluster:
@@ -52,8 +54,9 @@ def test_create_list_revoke(cluster_dir: Path, capsys: pytest.CaptureFixture[str
 
     # Stored where the cluster says, hashed: the secret is nowhere in the file.
     db = cluster_dir / "state" / "llmgw.db"
-    conn = databases.connect(db)
-    assert keys.verify(conn, secret) is not None
+    store = asyncio.run(stores.open_store(StoreSettings(path=str(db))))
+    verify = lambda: asyncio.run(keys.verify(store, secret))  # noqa: E731
+    assert verify() is not None
     assert not [p for p in db.parent.iterdir() if secret.encode() in p.read_bytes()]
 
     assert llmgw_keys("list", "--cluster", d) == 0
@@ -65,14 +68,14 @@ def test_create_list_revoke(cluster_dir: Path, capsys: pytest.CaptureFixture[str
 
     assert llmgw_keys("revoke", "--cluster", d, key_id) == 0
     assert "revoked key" in capsys.readouterr().out
-    assert keys.verify(conn, secret) is None  # the router's check refuses it now
+    assert verify() is None  # the router's check refuses it now
     assert llmgw_keys("revoke", "--cluster", d, secret) == 0  # the whole key works too
     assert "already revoked" in capsys.readouterr().out
 
     assert llmgw_keys("list", "--cluster", d, "--json") == 0
     (listed,) = json.loads(capsys.readouterr().out)
     assert listed["id"] == key_id and listed["revoked_at"] is not None
-    conn.close()
+    asyncio.run(store.close())
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -46,7 +46,7 @@ def test_revoked_key_is_refused(stack: Stack) -> None:
     key = stack.key()
     c = openai.OpenAI(base_url=stack.url + "/v1", api_key=key, max_retries=0)
     c.chat.completions.create(**BODY)  # type: ignore[call-overload]
-    keys.revoke(stack.db, keys.key_id_of(key) or "")
+    stack.run(keys.revoke(stack.db, keys.key_id_of(key) or ""))
     with pytest.raises(openai.AuthenticationError, match="revoked"):
         c.chat.completions.create(**BODY)  # type: ignore[call-overload]
 
@@ -75,8 +75,8 @@ def test_spend_survives_a_restart(make_stack: StackFactory) -> None:
     key = first.key()
     openai.OpenAI(base_url=first.url + "/v1", api_key=key, max_retries=0).chat.completions.create(
         **BODY)  # type: ignore[call-overload]
-    first.call(first.router.accounts.flush)
-    assert usages.spend_by_project(first.db)["research"] > 0.00001
+    first.run(first.router.accounts.flush())
+    assert first.run(usages.spend_by_project(first.db))["research"] > 0.00001
     second = make_stack(spec=spec)  # same database, fresh router
     second.route({"chat": second.upstreams})
     with pytest.raises(openai.RateLimitError):

@@ -90,10 +90,9 @@ def test_usage_rows_hold_no_text(stack: Stack) -> None:
         model="chat", messages=[{"role": "user", "content": marker}], stream=True))
     c.embeddings.create(model="chat", input=marker)
     assert len(stack.rows()) == 3
-    values = [str(v) for table in ("usage", "keys")
-              for row in stack.db.execute(f"SELECT * FROM {table}") for v in row]
+    values = [v for table in ("usage", "keys") for v in stack.table_values(table)]
     assert values and not [v for v in values if marker in v or "Hello" in v]
-    # And not in any page of the database or its write-ahead log either.
+    # And not in any page of the database or its write-ahead log either (SQLite's files).
     for path in stack.db_path.parent.glob("llmgw.db*"):
         raw = path.read_bytes()
         assert marker.encode() not in raw and b"Hello from" not in raw, path

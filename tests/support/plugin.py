@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
-from support import nodes
+from support import nodes, postgres
 
 SimClusterFactory = Callable[..., nodes.SimCluster]
 # Fixture hardware (tests/fixtures/nodes/) the nodes get in turn, unless a test says.
@@ -46,3 +47,28 @@ def sim_cluster() -> Iterator[SimClusterFactory]:
     yield make
     for sim in made:
         sim.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[postgres.PgServer]:
+    """One real PostgreSQL per test session (the Debian package, no system service)."""
+    if postgres.bindir() is None:
+        pytest.skip("PostgreSQL not installed (make sysdeps)")
+    server = postgres.PgServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_db(postgres_server: postgres.PgServer) -> postgres.Database:
+    """A fresh, empty database on the session's PostgreSQL."""
+    return postgres_server.database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_settings(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """The ``cluster.store`` section of each kind: run a test once per implementation."""
+    if request.param == "sqlite":
+        return {"path": str(tmp_path / "llmgw.db")}
+    database: postgres.Database = request.getfixturevalue("postgres_db")
+    return database.settings

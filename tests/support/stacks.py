@@ -8,18 +8,21 @@ metrics listener on a background loop and lets tests call into it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import asyncpg
 from prometheus_client import CollectorRegistry
 from support.upstream import Upstream
 
 from llmgw.metrics import collectors, servers
 from llmgw.router import Endpoint, Router, Settings, catalogs
-from llmgw.spec.models import Cluster
-from llmgw.store import databases, keys, usages
+from llmgw.spec.models import Cluster, StoreSettings
+from llmgw.store import keys, stores, usages
 
 T = TypeVar("T")
 CPU = [{"engine": "llama.cpp", "cpu": True}]
@@ -41,8 +44,10 @@ def cluster(auth: str = "keys", **projects: float | None) -> Cluster:
 
 
 class Stack:
-    def __init__(self, tmp: Path, spec: Cluster, settings: Settings, replicas: int) -> None:
+    def __init__(self, tmp: Path, spec: Cluster, settings: Settings, replicas: int,
+                 store: dict[str, str] | None = None) -> None:
         self.db_path = tmp / "llmgw.db"
+        self.store_settings = StoreSettings.model_validate(store or {"path": str(self.db_path)})
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -55,10 +60,12 @@ class Stack:
         self.metrics_runner = self.run(servers.start(self.registry, "127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
         self.metrics_url = f"http://127.0.0.1:{servers.bound_port(self.metrics_runner)}/metrics"
-        self.db = databases.connect(self.db_path)
+        # A second handle on the same store, as `llmgw keys` would open it.
+        self.db = self.run(stores.open_store(self.store_settings))
 
     async def _router(self, spec: Cluster, settings: Settings) -> Router:
-        return Router(catalogs.from_cluster(spec), store=databases.connect(self.db_path),
+        self.router_store = await stores.open_store(self.store_settings)
+        return Router(catalogs.from_cluster(spec), store=self.router_store,
                       registry=self.registry, settings=settings)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
@@ -79,21 +86,39 @@ class Stack:
         self.call(self.router.update_routes, endpoints)
 
     def key(self, project: str = "research") -> str:
-        return keys.create(self.db, project).secret
+        return self.run(keys.create(self.db, project)).secret
 
     def rows(self) -> list[usages.UsageRow]:
-        self.call(self.router.accounts.flush)
-        return usages.recent(self.db, 1000)
+        self.run(self.router.accounts.flush())
+        return self.run(usages.recent(self.db, 1000))
+
+    def table_values(self, table: str) -> list[str]:
+        """Every value in ``table`` as text, read with SQL straight from the database."""
+        assert table in ("usage", "keys")
+        if self.db.kind == "sqlite":
+            with contextlib.closing(sqlite3.connect(self.db_path)) as conn:
+                return [str(v) for row in conn.execute(f"SELECT * FROM {table}") for v in row]
+
+        async def fetch() -> list[str]:
+            settings = self.store_settings
+            target = stores.target_of(settings.url, "", settings.password_file)
+            conn = await asyncpg.connect(target.dsn)
+            try:
+                return [str(v) for row in await conn.fetch(f"SELECT * FROM {table}") for v in row]
+            finally:
+                await conn.close()
+        return self.run(fetch())
 
     def close(self) -> None:
         self.run(self.router.close(self.runner))
         self.run(self.metrics_runner.cleanup())
         for upstream in self.upstreams:
             self.run(upstream.stop())
+        self.run(self.router_store.close())
+        self.run(self.db.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
-        self.db.close()
 
 
 StackFactory = Callable[..., Stack]

@@ -1,0 +1,116 @@
+"""``llmgw store``: the store behind keys, usage and the lease.
+
+``llmgw store migrate --to URL`` copies keys and usage rows from the cluster's
+store (normally the SQLite file) into another one (normally PostgreSQL); see
+:mod:`llmgw.store.copies` for what travels and when a target is refused.
+``llmgw store version`` prints the schema version of the cluster's store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from llmgw.cli import clusters
+from llmgw.cli.errors import UserError
+from llmgw.spec.models import StoreSettings
+from llmgw.store import copies, migrations, stores
+from llmgw.store.stores import StoreError, Target
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "store", help="migrate the store (keys, usage) to PostgreSQL; show its schema",
+        description="The store holds API keys (hashed), usage rows and the leader lease: "
+        "SQLite by default, PostgreSQL for several routers and a standby (docs/ha.md).",
+    )
+    commands = parser.add_subparsers(dest="store_command", metavar="ACTION", required=True)
+    migrate = commands.add_parser(
+        "migrate", help="copy keys and usage into another store (an empty one)",
+        description="Copy keys and usage rows from the cluster's store into the store at "
+        "--to. The target must be empty, or have been filled from this same store before "
+        "(then only what was written since is copied). Keys keep working: they travel "
+        "hashed, as stored. Then set cluster.store.url to the target.",
+    )
+    clusters.add_cluster_flag(migrate)
+    migrate.add_argument("--to", required=True, metavar="URL",
+                         help="postgresql://user@host:5432/database (no password in it)")
+    migrate.add_argument("--password-file", metavar="FILE",
+                         help="file holding the target's password")
+    migrate.set_defaults(handler=run_migrate)
+    version = commands.add_parser("version", help="schema version of the cluster's store")
+    clusters.add_cluster_flag(version)
+    version.set_defaults(handler=run_version)
+
+
+def _target(url: str, password_file: str | None) -> Target:
+    try:
+        StoreSettings(url=url)  # the same checks as in a cluster file
+    except ValidationError as exc:
+        raise UserError(f"--to: {exc.errors()[0]['msg']}") from None
+    try:
+        return stores.target_of(url, "", password_file)
+    except ValueError as exc:
+        raise UserError(f"--to: {exc}") from None
+
+
+def run_migrate(args: argparse.Namespace) -> int:
+    cluster = clusters.load(args.cluster)
+    target = _target(args.to, args.password_file)
+    settings = cluster.cluster.store
+    try:
+        source_target = stores.target_of(settings.url, settings.path, settings.password_file)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    source_name = (f"sqlite:{Path(source_target.path).resolve()}" if source_target.path
+                   else source_target.display)
+    if (target.path and source_target.path and target.path.resolve() ==
+            source_target.path.resolve()) or (target.display == source_target.display):
+        raise UserError("--to names the cluster's own store; give another database")
+
+    async def migrate() -> copies.CopyReport:
+        source = await stores.open_target(source_target)
+        try:
+            destination = await stores.open_target(target)
+            try:
+                return await copies.copy(source, destination, source_name,
+                                         progress=lambda line: print(line, file=sys.stderr,
+                                                                     flush=True))
+            finally:
+                await destination.close()
+        finally:
+            await source.close()
+
+    try:
+        report = asyncio.run(migrate())
+    except (StoreError, migrations.SchemaTooNew) as exc:
+        raise UserError(str(exc)) from None
+    what = "topped up" if report.top_up else "copied"
+    print(f"{what} {report.keys} keys and {report.usage_rows} usage rows from "
+          f"{source_target.display} to {target.display}")
+    if not report.top_up:
+        print("next: set `store: {url: " + target.display + ", password_file: ...}` in the "
+              "cluster file; run this again afterwards to copy rows written meanwhile")
+    return 0
+
+
+def run_version(args: argparse.Namespace) -> int:
+    cluster = clusters.load(args.cluster)
+
+    async def version() -> tuple[str, int]:
+        store = await stores.open_store(cluster.cluster.store)
+        try:
+            return store.where, await store.schema_version()
+        finally:
+            await store.close()
+
+    try:
+        where, found = asyncio.run(version())
+    except (StoreError, migrations.SchemaTooNew) as exc:
+        raise UserError(str(exc)) from None
+    print(f"{where}: schema version {found} (this llmgw: {migrations.LATEST})")
+    return 0

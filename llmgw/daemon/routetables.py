@@ -1,0 +1,145 @@
+"""Routes from the leader to every router, demand from every router to the leader,
+both through the store.
+
+Why the store and not the leader's admin API: every router needs the store
+anyway (keys, budgets, usage), so this adds no connection, no address to
+configure and no dependency on which reconciler leads. A router that starts
+while no reconciler answers still gets the last table the last leader
+published. A router keeps routing on the routes it has when the store or the
+leader is gone: nothing here ever empties a router's table on an error.
+
+* The leader publishes ``{"routes": {model: [[url, node, replica], ...]}}``
+  after every observation, fenced by its lease epoch
+  (:meth:`Store.publish_routes`): a deposed leader's write is refused.
+* Each router polls it every ``interval`` (0.5 s) and applies a table with a
+  newer sequence number, and writes its own demand (requests waiting, last
+  use per model) under its id; the leader merges every router's demand heard
+  from within 30 s into the scaling decision (:func:`merge`).
+
+Usage::
+
+    follower = Follower(store, router, router_id="host:1234:ab12")
+    await follower.run(stop)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from pydantic import ValidationError
+
+from llmgw.daemon.leaders import LEASE
+from llmgw.fleet.types import Demand
+from llmgw.router.apps import Router
+from llmgw.router.routes import Endpoint
+from llmgw.store.stores import Store, StoreError
+
+log = logging.getLogger("llmgw.routes")
+SIGNAL_MAX_AGE = 30.0  # a router not heard from for this long has stopped
+
+
+def encode(table: Mapping[str, Sequence[Endpoint]]) -> str:
+    return json.dumps({"routes": {
+        model: [[e.base_url, e.node, e.replica] for e in endpoints]
+        for model, endpoints in sorted(table.items())
+    }}, separators=(",", ":"))
+
+
+def decode(doc: str) -> dict[str, list[Endpoint]]:
+    """The table in ``doc``; ValueError when it is not one (a newer llmgw's, say)."""
+    try:
+        routes = json.loads(doc)["routes"]
+        return {str(model): [Endpoint(str(url), str(node), None if r is None else int(r))
+                             for url, node, r in endpoints]
+                for model, endpoints in routes.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a routing table: {exc}") from None
+
+
+def merge(demands: Iterable[Demand]) -> Demand:
+    """Several routers' demand as one: waits add up, the latest use and largest want win."""
+    waiting: dict[str, int] = {}
+    last_used: dict[str, float] = {}
+    wanted: dict[str, int] = {}
+    for d in demands:
+        for model, n in d.waiting.items():
+            waiting[model] = waiting.get(model, 0) + n
+        for model, at in d.last_used.items():
+            last_used[model] = max(at, last_used.get(model, at))
+        for model, n in d.wanted.items():
+            wanted[model] = max(n, wanted.get(model, n))
+    return Demand(waiting=waiting, last_used=last_used, wanted=wanted)
+
+
+async def read_signals(store: Store, skip: str | None = None) -> Demand:
+    """Every live router's demand, merged; ``skip`` leaves out one (the caller's own)."""
+    found: list[Demand] = []
+    for doc in await store.signals(SIGNAL_MAX_AGE):
+        try:
+            record = json.loads(doc)
+            if record.get("router") != skip:
+                found.append(Demand.model_validate(record["demand"]))
+        except (ValueError, KeyError, TypeError, AttributeError, ValidationError):
+            continue  # a record this llmgw cannot read is no demand it can act on
+    return merge(found)
+
+
+class Follower:
+    """A router's link to the leader through the store: routes in, demand out."""
+
+    def __init__(
+        self, store: Store, router: Router, router_id: str, *,
+        leading: Callable[[], bool] = lambda: False, interval: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.router = router
+        self.router_id = router_id
+        self.leading = leading  # in a process that leads, the loop updates routes itself
+        self.interval = interval
+        self.seen: tuple[int, int] | None = None  # (epoch, seq) of the table in force
+        self._failing = False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                await self.step()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.interval)
+        finally:
+            with contextlib.suppress(StoreError, TimeoutError):
+                await asyncio.wait_for(self.store.drop_signals(self.router_id), 2)
+
+    async def step(self) -> None:
+        try:
+            if not self.leading():
+                await self._follow()
+            record = {"router": self.router_id,
+                      "demand": self.router.demand().model_dump(mode="json")}
+            await self.store.put_signals(self.router_id, json.dumps(record))
+        except StoreError as exc:
+            if not self._failing:
+                log.warning("store unreachable; routing on the last known routes: %s", exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("store reachable again")
+        self._failing = False
+
+    async def _follow(self) -> None:
+        published = await self.store.published_routes(LEASE)
+        if published is None or (published.epoch, published.seq) == self.seen:
+            return
+        try:
+            table = decode(published.doc)
+        except ValueError as exc:
+            log.error("ignoring the published routes (epoch %d): %s", published.epoch, exc)
+            self.seen = (published.epoch, published.seq)
+            return
+        self.router.update_routes(table)
+        self.seen = (published.epoch, published.seq)
+        log.debug("routes from the leader (epoch %d, #%d): %s", published.epoch,
+                  published.seq, ", ".join(f"{m}×{len(e)}" for m, e in table.items()) or "none")

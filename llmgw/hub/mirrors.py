@@ -1,0 +1,230 @@
+"""``llmgw mirror serve DIR``: a hub-compatible endpoint over a hub cache directory.
+
+Serves the subset of the hub's HTTP API that ``huggingface_hub`` (and so
+every node's fetch) uses, read from a cache laid out as in
+:mod:`llmgw.hub.caches`:
+
+* ``GET /api/models/{org}/{name}[/revision/{rev}]``: repo metadata; with
+  ``?blobs=true`` each sibling has its size, blob id and, for LFS files,
+  ``lfs: {sha256, size, pointerSize}``. ``sha`` is the resolved commit.
+* ``GET /api/models/{org}/{name}/tree/{rev}``: the file listing
+  (``snapshot_download`` reads it).
+* ``HEAD|GET /{org}/{name}/resolve/{rev}/{path}``: the file, with ``ETag``,
+  ``X-Repo-Commit``, ``Accept-Ranges``, and ``X-Linked-Etag`` /
+  ``X-Linked-Size`` for LFS files (the client takes the etag of an LFS file
+  from them); ``Range: bytes=a-b`` gets 206 with ``Content-Range``.
+
+Errors carry ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``,
+``EntryNotFound``, ``GatedRepo``) so the client raises its own typed errors.
+With a token file, every request needs ``Authorization: Bearer <token>``
+(a gated site mirror). ``max_rate`` bounds bytes per second per response, so
+a mirror does not saturate a site's link. The server counts the body bytes
+it sent (``app[SENT]``): benchmarks and tests measure transfers with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from llmgw.hub import caches
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1024 * 1024
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+@dataclass
+class Counter:
+    bytes_sent: int = 0
+    requests: int = 0
+
+
+SENT = web.AppKey("sent", Counter)
+ROOT = web.AppKey("root", Path)
+TOKEN = web.AppKey("token", str)
+RATE = web.AppKey("rate", float)
+
+
+def _error(status: int, code: str, message: str, commit: str | None = None) -> web.Response:
+    headers = {"X-Error-Code": code, "X-Error-Message": message}
+    if commit:
+        headers["X-Repo-Commit"] = commit
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _repo(request: web.Request) -> str | None:
+    org, name = request.match_info["org"], request.match_info["name"]
+    if not (_SEGMENT.match(org) and _SEGMENT.match(name)) or "--" in org + name:
+        return None
+    return f"{org}/{name}"
+
+
+@web.middleware
+async def _guard(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    request.app[SENT].requests += 1
+    token = request.app[TOKEN]
+    if token:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return _error(401, "GatedRepo", "this mirror needs a token (Authorization: Bearer)")
+    return await handler(request)
+
+
+def _locate(request: web.Request) -> tuple[str, str] | web.Response:
+    repo = _repo(request)
+    if repo is None:
+        return _error(404, "RepoNotFound", "not a repository id")
+    revision = request.match_info.get("rev", "main")
+    try:
+        return repo, caches.resolve(request.app[ROOT], repo, revision)
+    except caches.CacheError as exc:
+        code = "RepoNotFound" if "not in" in str(exc) else "RevisionNotFound"
+        return _error(404, code, str(exc))
+
+
+async def _info(request: web.Request) -> web.Response:
+    located = _locate(request)
+    if isinstance(located, web.Response):
+        return located
+    repo, commit = located
+    files = caches.snapshot(request.app[ROOT], repo, commit)
+    with_blobs = request.query.get("blobs", "").lower() in ("1", "true")
+    siblings = []
+    for item in files:
+        sibling: dict[str, object] = {"rfilename": item.path}
+        if with_blobs:
+            sibling.update(_blob_fields(item))
+        siblings.append(sibling)
+    return web.json_response({
+        "id": repo, "modelId": repo, "sha": commit, "private": False, "gated": False,
+        "disabled": False, "siblings": siblings, "tags": [], "downloads": 0, "likes": 0,
+    })
+
+
+def _blob_fields(item: caches.CachedFile) -> dict[str, object]:
+    if item.lfs:
+        pointer = caches.lfs_pointer(item.etag, item.size)
+        return {"size": item.size, "blobId": caches.git_blob_sha1(pointer),
+                "lfs": {"sha256": item.etag, "size": item.size, "pointerSize": len(pointer)}}
+    return {"size": item.size, "blobId": item.etag}
+
+
+async def _tree(request: web.Request) -> web.Response:
+    located = _locate(request)
+    if isinstance(located, web.Response):
+        return located
+    repo, commit = located
+    entries = []
+    for item in caches.snapshot(request.app[ROOT], repo, commit):
+        fields = _blob_fields(item)
+        entry: dict[str, object] = {"type": "file", "path": item.path, "size": item.size,
+                                    "oid": fields["blobId"]}
+        if item.lfs:
+            lfs = fields["lfs"]
+            assert isinstance(lfs, dict)
+            entry["lfs"] = {"oid": item.etag, "size": item.size,
+                            "pointerSize": lfs["pointerSize"]}
+        entries.append(entry)
+    return web.json_response(entries)
+
+
+def _byte_range(header: str | None, size: int) -> tuple[int, int] | None | str:
+    """(start, end exclusive), None for the whole file, or "bad"."""
+    if not header:
+        return None
+    match = _RANGE.match(header.strip())
+    if not match or (not match.group(1) and not match.group(2)):
+        return "bad"
+    if match.group(1):
+        start = int(match.group(1))
+        end = int(match.group(2)) + 1 if match.group(2) else size
+    else:  # a suffix: the last N bytes
+        start, end = max(0, size - int(match.group(2))), size
+    end = min(end, size)
+    if start >= size or start >= end:
+        return "bad"
+    return start, end
+
+
+async def _resolve_file(request: web.Request) -> web.StreamResponse:
+    located = _locate(request)
+    if isinstance(located, web.Response):
+        return located
+    repo, commit = located
+    path = request.match_info["path"]
+    found = next((f for f in caches.snapshot(request.app[ROOT], repo, commit)
+                  if f.path == path), None)
+    if found is None or ".." in path.split("/"):
+        return _error(404, "EntryNotFound", f"{path} is not in {repo}@{commit}", commit)
+    headers = {
+        "ETag": f'"{found.etag}"', "X-Repo-Commit": commit, "Accept-Ranges": "bytes",
+        "Content-Type": "application/octet-stream",
+    }
+    if found.lfs:
+        headers["X-Linked-Etag"] = f'"{found.etag}"'
+        headers["X-Linked-Size"] = str(found.size)
+    span = _byte_range(request.headers.get("Range"), found.size)
+    if span == "bad":
+        headers["Content-Range"] = f"bytes */{found.size}"
+        return web.Response(status=416, headers=headers)
+    start, end = span if isinstance(span, tuple) else (0, found.size)
+    status = 206 if isinstance(span, tuple) else 200
+    if status == 206:
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{found.size}"
+    headers["Content-Length"] = str(end - start)
+    response = web.StreamResponse(status=status, headers=headers)
+    if request.method == "HEAD":
+        await response.prepare(request)
+        return response
+    await response.prepare(request)
+    await _send(request, response, found.blob, start, end)
+    await response.write_eof()
+    return response
+
+
+async def _send(request: web.Request, response: web.StreamResponse, blob: Path,
+                start: int, end: int) -> None:
+    counter, rate = request.app[SENT], request.app[RATE]
+    began, sent = time.monotonic(), 0
+    with blob.open("rb") as handle:
+        handle.seek(start)
+        while start + sent < end:
+            chunk = handle.read(min(CHUNK, end - start - sent))
+            if not chunk:
+                break
+            await response.write(chunk)
+            sent += len(chunk)
+            counter.bytes_sent += len(chunk)
+            if rate:
+                ahead = sent / rate - (time.monotonic() - began)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+
+
+def app(root: Path, token: str = "", max_rate: float = 0.0) -> web.Application:
+    """The mirror's aiohttp application over the hub cache at ``root``."""
+    application = web.Application(middlewares=[_guard])
+    application[ROOT] = root
+    application[SENT] = Counter()
+    application[TOKEN] = token
+    application[RATE] = max_rate
+    api = "/api/models/{org}/{name}"
+    application.router.add_get(api, _info)
+    application.router.add_get(api + "/revision/{rev}", _info)
+    application.router.add_get(api + "/tree/{rev}", _tree)
+    application.router.add_route("GET", "/{org}/{name}/resolve/{rev}/{path:.+}", _resolve_file)
+    application.router.add_route("HEAD", "/{org}/{name}/resolve/{rev}/{path:.+}", _resolve_file)
+    return application

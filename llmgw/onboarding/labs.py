@@ -1,0 +1,384 @@
+"""``llmgw lab``: simulated nodes on this machine that outlive the command, and a cluster for them.
+
+A lab is a directory (``--dir``, default the current one) holding
+
+* ``cluster/`` — a ready cluster directory for the nodes (``cluster.yaml``,
+  ``nodes.yaml``, ``models.yaml``, ``known_hosts`` with every node's host key
+  pinned), written once: a second ``lab up`` never overwrites your edits;
+* ``.llmgw-lab/`` — the nodes themselves: per node a real ``sshd`` on
+  127.0.0.1 and an ``llmgw agent`` (supervise backend) behind it reporting
+  fixture hardware (:data:`llmgw.onboarding.simnodes.HARDWARE`), the lab's
+  client key, logs, and ``lab.json``, which records each process as
+  "pid start-time" (a reused pid is never mistaken for a node);
+* ``.gitignore`` — ``.llmgw-lab/`` and the store stay out of git.
+
+These are the nodes the tests start (``sim_cluster``), kept running. Every
+process a lab starts carries the lab's marker in its environment, engines
+included, so :func:`down` finds and stops all of them, and checks that nothing
+is left. Nodes get fixed SSH ports (from 2201) and engine port ranges (from
+21000), so the files and the docs that show them stay the same from run to run.
+
+Usage::
+
+    lab = labs.up(Path("."), count=3, say=print)     # start, write cluster/
+    labs.down(Path("."))                             # stop everything
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from llmgw.onboarding import labfiles, processes
+from llmgw.onboarding.simnodes import SimNode, agent_config, keygen
+
+RUNTIME = ".llmgw-lab"
+STATE = "lab.json"
+CYCLE = ("h100-ib", "l40s-nofabric", "cpu-only")
+SSH_PORT_FROM = 2201
+ENGINE_PORTS_FROM = 21000
+MAX_NODES = 64
+MODEL_FILE = "gemma3-270m-q4_k_m.gguf"
+ENGINE_BINARY = "llama-server"
+_SOCKET_LIMIT = 107  # sun_path holds 108 bytes with the terminating NUL
+
+Say = Callable[[str], None]
+
+
+class LabError(Exception):
+    """A lab that cannot be started or stopped as asked; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class LabNode:
+    """One node of a lab as ``lab.json`` records it."""
+
+    name: str
+    hardware: str
+    port: int
+    engine_ports_from: int
+    sshd: str = ""   # processes.identity() of its sshd, "" when stopped
+    agent: str = ""  # of its agent
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    hardware: str
+    port: int
+    sshd: bool
+    agent: bool
+
+
+def layout(count: int, ssh_port_from: int = SSH_PORT_FROM) -> list[LabNode]:
+    """Names, hardware and ports of ``count`` nodes: GPU nodes ``gpu-NN``, CPU nodes ``cpu-NN``.
+
+    A pure function: hardware cycles through :data:`CYCLE`, ports count up.
+    """
+    if not 1 <= count <= MAX_NODES:
+        raise LabError(f"--nodes must be between 1 and {MAX_NODES}; got {count}")
+    if not 1024 <= ssh_port_from <= 65535 - count:
+        raise LabError(f"--ssh-port must leave room for {count} ports below 65536; "
+                       f"got {ssh_port_from}")
+    seen: dict[str, int] = {}
+    nodes = []
+    for index in range(count):
+        hardware = CYCLE[index % len(CYCLE)]
+        prefix = "cpu" if hardware == "cpu-only" else "gpu"
+        seen[prefix] = seen.get(prefix, 0) + 1
+        nodes.append(LabNode(f"{prefix}-{seen[prefix]:02d}", hardware, ssh_port_from + index,
+                             ENGINE_PORTS_FROM + 100 * index))
+    return nodes
+
+
+@dataclass
+class Lab:
+    """A lab directory: where its cluster and its nodes live."""
+
+    directory: Path
+
+    @property
+    def runtime(self) -> Path:
+        return self.directory / RUNTIME
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.directory / "cluster"
+
+    @property
+    def client_key(self) -> Path:
+        return self.runtime / "id_ed25519"
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.runtime / "authorized_keys"
+
+    def nodes(self) -> list[LabNode]:
+        """The nodes ``lab.json`` records; empty when there is no lab here."""
+        try:
+            data = json.loads((self.runtime / STATE).read_text())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            raise LabError(f"{self.runtime / STATE}: unreadable ({exc}); "
+                           f"remove {RUNTIME}/ to start afresh") from None
+        return [LabNode(**entry) for entry in data.get("nodes", [])]
+
+    def save(self, nodes: list[LabNode], engine_dir: str | None) -> None:
+        data = {"format_version": 1, "owner": getpass.getuser(),
+                "engine_dir": engine_dir, "nodes": [asdict(n) for n in nodes]}
+        path = self.runtime / STATE
+        path.with_suffix(".tmp").write_text(json.dumps(data, indent=2) + "\n")
+        path.with_suffix(".tmp").replace(path)
+
+    def engine_dir(self) -> str | None:
+        try:
+            value = json.loads((self.runtime / STATE).read_text()).get("engine_dir")
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, str) else None
+
+    def sim_node(self, node: LabNode) -> SimNode:
+        return SimNode(node.name, self.runtime / node.name, node.port, self.authorized_keys,
+                       node.hardware, engine_ports_from=node.engine_ports_from)
+
+
+def up(
+    directory: Path,
+    *,
+    count: int | None = None,
+    ssh_port_from: int = SSH_PORT_FROM,
+    model: Path | None = None,
+    engine: Path | None = None,
+    say: Say = print,
+) -> Lab:
+    """Start the lab's nodes (creating the lab if there is none) and write its cluster files.
+
+    Idempotent: nodes already running are left alone, stopped ones restart with
+    their own host keys and ports, and files that exist are not rewritten.
+    """
+    lab = Lab(directory.resolve())
+    nodes = lab.nodes()
+    if nodes and count is not None and count != len(nodes):
+        raise LabError(f"the lab in {directory} has {len(nodes)} nodes, not {count}: run "
+                       f"`llmgw lab down --purge` first to start a different one")
+    fresh = not nodes
+    if fresh:
+        nodes = layout(count or 3, ssh_port_from)
+        _check_socket_paths(lab, nodes)
+        _create_runtime(lab)
+    engine_dir = lab.engine_dir() if not fresh else _engine_dir(engine)
+    model_path = _link_model(lab, model) if fresh else None
+    started = _start(lab, nodes, engine_dir, say)
+    lab.save(started, engine_dir)
+    if fresh:
+        _write_cluster(lab, started, model_path is not None and engine_dir is not None, say)
+        if model_path is None or engine_dir is None:
+            missing = [what for what, found in (("the Gemma 3 270M GGUF", model_path),
+                                                (ENGINE_BINARY, engine_dir)) if found is None]
+            say(f"No model to serve: {' and '.join(missing)} not found (`make engine model` in "
+                "an llmgw checkout, or --model FILE / --engine FILE); models.yaml is empty.")
+    return lab
+
+
+def down(directory: Path, *, purge: bool = False) -> list[str]:
+    """Stop every process of the lab (sshd, agents, engines, sessions); names of nodes stopped.
+
+    With ``purge`` the lab's node files go too (host keys included); the
+    cluster directory is always kept. Raises :class:`LabError` if any process
+    of the lab is still running afterwards.
+    """
+    lab = Lab(directory.resolve())
+    nodes = lab.nodes()
+    if not nodes and not lab.runtime.exists():
+        raise LabError(f"no lab in {directory} (no {RUNTIME}/ there)")
+    recorded = [int(ident.split()[0]) for n in nodes for ident in (n.agent, n.sshd)
+                if ident and processes.is_same(ident)]
+    # Agents first, with their trees, so no supervisor restarts an engine meanwhile.
+    tree = [d for pid in recorded for d in processes.descendants(pid)]
+    processes.terminate([*recorded, *tree])
+    for _ in range(3):
+        left = processes.marked(lab.runtime)
+        if not left:
+            break
+        processes.terminate(left)
+    left = [pid for pid in processes.marked(lab.runtime) if processes.alive(pid)]
+    if left:
+        raise LabError(f"processes of the lab still running after SIGKILL: {left}")
+    for node in nodes:
+        (lab.runtime / node.name / "agent.sock").unlink(missing_ok=True)
+    stopped = [n.name for n in nodes if n.sshd or n.agent]
+    if purge:
+        shutil.rmtree(lab.runtime, ignore_errors=True)
+    elif nodes:
+        lab.save([LabNode(n.name, n.hardware, n.port, n.engine_ports_from) for n in nodes],
+                 lab.engine_dir())
+    return stopped
+
+
+def status(directory: Path) -> list[NodeState]:
+    """Whether each node's sshd and agent run (as recorded, and the same processes)."""
+    lab = Lab(directory.resolve())
+    nodes = lab.nodes()
+    if not nodes:
+        raise LabError(f"no lab in {directory}: start one with `llmgw lab up`")
+    return [NodeState(n.name, n.hardware, n.port, bool(n.sshd and processes.is_same(n.sshd)),
+                      bool(n.agent and processes.is_same(n.agent))) for n in nodes]
+
+
+# -- starting -------------------------------------------------------------
+
+
+def _check_socket_paths(lab: Lab, nodes: list[LabNode]) -> None:
+    longest = max(len(str(lab.runtime / n.name / "agent.sock").encode()) for n in nodes)
+    if longest > _SOCKET_LIMIT:
+        raise LabError(f"{lab.directory} is too deep for the agents' unix sockets "
+                       f"({longest} bytes, at most {_SOCKET_LIMIT}): use a shorter --dir")
+
+
+def _create_runtime(lab: Lab) -> None:
+    lab.runtime.mkdir(parents=True, exist_ok=True)
+    keygen(lab.client_key, "llmgw lab client")
+    shutil.copy(lab.client_key.with_suffix(".pub"), lab.authorized_keys)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _start(lab: Lab, nodes: list[LabNode], engine_dir: str | None, say: Say) -> list[LabNode]:
+    """Start whatever of each node is not running; every node's identities, once all are up."""
+    sims: list[tuple[LabNode, SimNode, bool, bool]] = []
+    for node in nodes:
+        sshd_up = bool(node.sshd) and processes.is_same(node.sshd)
+        agent_up = bool(node.agent) and processes.is_same(node.agent)
+        if not sshd_up and not _port_free(node.port):
+            raise LabError(f"127.0.0.1:{node.port} (ssh of {node.name}) is in use by another "
+                           "program: stop it, or start the lab elsewhere with --ssh-port")
+        sim = lab.sim_node(node)
+        sim.root.mkdir(exist_ok=True)
+        if engine_dir is not None:
+            sim.env["PATH"] = f"{engine_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+        sims.append((node, sim, sshd_up, agent_up))
+    begun = time.monotonic()
+    try:
+        for _node, sim, sshd_up, agent_up in sims:
+            if not sshd_up:
+                sim.start_sshd(wait=False)
+            if not agent_up:
+                sim.start_agent(agent_config(sim), wait=False)
+        for _node, sim, sshd_up, agent_up in sims:
+            if not sshd_up:
+                sim.wait_sshd()
+            if not agent_up:
+                sim.wait_agent()
+    except Exception as exc:  # one place: whatever failed, stop what this call started
+        for _node, sim, _s, _a in sims:
+            sim.stop_agent()
+            sim.stop_sshd()
+        raise LabError(f"a node did not start: {exc}") from None
+    result = []
+    for node, sim, sshd_up, agent_up in sims:
+        sshd = node.sshd if sshd_up else _identity_of(sim.sshd)
+        agent = node.agent if agent_up else _identity_of(sim.agent)
+        result.append(LabNode(node.name, node.hardware, node.port, node.engine_ports_from,
+                              sshd, agent))
+        state = "already running" if sshd_up and agent_up else "up"
+        what = labfiles.describe(node.hardware)
+        say(f"  {node.name:<7} {what:<32} ssh 127.0.0.1:{node.port}  {state}")
+    fresh = sum(1 for _n, _s, a, b in sims if not (a and b))
+    if fresh:
+        say(f"{fresh} of {len(nodes)} nodes started in {time.monotonic() - begun:.1f}s; "
+            f"their files and logs are in {RUNTIME}/.")
+    return result
+
+
+def _identity_of(process: object) -> str:
+    pid = getattr(process, "pid", None)
+    return processes.identity(pid) if isinstance(pid, int) else ""
+
+
+def _checkout() -> Path | None:
+    """The llmgw source checkout this package runs from, if it runs from one."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").exists() else None
+
+
+def _engine_dir(engine: Path | None) -> str | None:
+    """The directory of the ``llama-server`` the CPU node's engines run, put on its PATH."""
+    if engine is not None:
+        if not os.access(engine, os.X_OK):
+            raise LabError(f"--engine {engine}: not an executable file")
+        return str(engine.resolve().parent)
+    found = shutil.which(ENGINE_BINARY)
+    if found:
+        return str(Path(found).resolve().parent)
+    checkout = _checkout()
+    built = checkout / ".cache" / "engine" / "bin" / ENGINE_BINARY if checkout else None
+    return str(built.parent.resolve()) if built and os.access(built, os.X_OK) else None
+
+
+def _link_model(lab: Lab, model: Path | None) -> Path | None:
+    """The GGUF the CPU node serves, linked into the lab (the cluster names it relatively)."""
+    if model is not None and not model.is_file():
+        raise LabError(f"--model {model}: no such file")
+    if model is None:
+        checkout = _checkout()
+        candidates = [Path.cwd() / ".cache" / "models" / MODEL_FILE]
+        if checkout is not None:
+            candidates.append(checkout / ".cache" / "models" / MODEL_FILE)
+        model = next((c for c in candidates if c.is_file()), None)
+    if model is None:
+        return None
+    link = lab.runtime / "models" / MODEL_FILE
+    link.parent.mkdir(exist_ok=True)
+    link.unlink(missing_ok=True)
+    # A hard link where possible: the engine's command line then names the lab's
+    # own path (the loader resolves symlinks), so the lab's engine is easy to find.
+    try:
+        os.link(model.resolve(), link)
+    except OSError:
+        link.symlink_to(model.resolve())
+    return link
+
+
+# -- the cluster directory ---------------------------------------------------
+
+
+def _write_cluster(lab: Lab, nodes: list[LabNode], with_model: bool, say: Say) -> None:
+    lab.cluster_dir.mkdir(exist_ok=True)
+    written = []
+    texts = {
+        "cluster.yaml": labfiles.cluster_yaml(getpass.getuser(), f"../{RUNTIME}/id_ed25519",
+                                              nodes),
+        "nodes.yaml": labfiles.nodes_yaml(nodes, f"../{RUNTIME}"),
+        "models.yaml": labfiles.models_yaml(
+            f"../{RUNTIME}/models/{MODEL_FILE}" if with_model else None),
+        "known_hosts": "".join(lab.sim_node(n).known_hosts_line() + "\n" for n in nodes),
+    }
+    for name, text in texts.items():
+        path = lab.cluster_dir / name
+        if not path.exists():
+            path.write_text(text)
+            written.append(f"cluster/{name}")
+    ignore = lab.directory / ".gitignore"
+    lines = ignore.read_text().splitlines() if ignore.exists() else []
+    wanted = [f"/{RUNTIME}/", "/cluster/state/"]
+    if any(w not in lines for w in wanted):
+        ignore.write_text("\n".join([*lines, *(w for w in wanted if w not in lines)]) + "\n")
+        written.append(".gitignore")
+    if written:
+        say(f"Wrote {', '.join(written)} ({len(nodes)} host keys pinned).")

@@ -1,0 +1,181 @@
+"""Versioned schema migrations, one list for both databases.
+
+Each :class:`Migration` takes the schema from ``version - 1`` to ``version``
+and carries its SQL twice: once for SQLite, once for PostgreSQL. A store
+applies, in order and each in its own transaction, every migration above the
+version it finds, and **refuses to open** a database whose version is newer
+than :data:`LATEST` — an older llmgw must not write rows a newer one laid out
+differently (roll routers forward before reconcilers, never back).
+
+Where the version lives: SQLite's ``PRAGMA user_version``; PostgreSQL's
+one-row table ``llmgw_schema``. Append to :data:`MIGRATIONS`; never edit a
+released step.
+
+This is a purely declarative module: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    title: str
+    sqlite: str
+    postgres: str
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was written by a newer llmgw."""
+
+    def __init__(self, where: str, found: int) -> None:
+        super().__init__(
+            f"{where} has schema version {found}, newer than this llmgw understands "
+            f"({LATEST}); upgrade llmgw (or point it at another store)"
+        )
+        self.found = found
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1, "keys and usage",
+        sqlite="""
+CREATE TABLE IF NOT EXISTS keys (
+    id          TEXT PRIMARY KEY,      -- public part of the key, printed by `keys list`
+    digest      TEXT NOT NULL,         -- SHA-256 of the whole key, hex (see store.keys)
+    project     TEXT NOT NULL,
+    name        TEXT NOT NULL DEFAULT '',
+    created_at  REAL NOT NULL,
+    revoked_at  REAL
+);
+CREATE TABLE IF NOT EXISTS usage (
+    id                INTEGER PRIMARY KEY,
+    ts                REAL NOT NULL,
+    project           TEXT,            -- NULL under `auth: none`
+    key_id            TEXT,
+    model             TEXT NOT NULL,
+    endpoint          TEXT NOT NULL,   -- /v1/chat/completions, ...
+    status            INTEGER NOT NULL,
+    prompt_tokens     INTEGER,         -- NULL when the engine reported no usage
+    completion_tokens INTEGER,
+    latency_ms        REAL NOT NULL,
+    cost_usd          REAL NOT NULL DEFAULT 0,
+    stream            INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS usage_project ON usage (project);
+CREATE INDEX IF NOT EXISTS usage_key ON usage (key_id, ts);
+""",
+        postgres="""
+CREATE TABLE keys (
+    id          TEXT PRIMARY KEY,
+    digest      TEXT NOT NULL,
+    project     TEXT NOT NULL,
+    name        TEXT NOT NULL DEFAULT '',
+    created_at  DOUBLE PRECISION NOT NULL,
+    revoked_at  DOUBLE PRECISION
+);
+CREATE TABLE usage (
+    id                BIGSERIAL PRIMARY KEY,
+    ts                DOUBLE PRECISION NOT NULL,
+    project           TEXT,
+    key_id            TEXT,
+    model             TEXT NOT NULL,
+    endpoint          TEXT NOT NULL,
+    status            INTEGER NOT NULL,
+    prompt_tokens     INTEGER,
+    completion_tokens INTEGER,
+    latency_ms        DOUBLE PRECISION NOT NULL,
+    cost_usd          DOUBLE PRECISION NOT NULL DEFAULT 0,
+    stream            BOOLEAN NOT NULL DEFAULT FALSE
+);
+CREATE INDEX usage_project ON usage (project);
+CREATE INDEX usage_key ON usage (key_id, ts);
+""",
+    ),
+    Migration(
+        2, "leader lease",
+        # expires_at is in the database's clock: seconds since the epoch on SQLite (one
+        # machine, one clock), timestamptz from now() on PostgreSQL (every reconciler
+        # compares against the same clock, never its own).
+        sqlite="""
+CREATE TABLE IF NOT EXISTS leases (
+    name        TEXT PRIMARY KEY,
+    holder      TEXT NOT NULL,
+    epoch       INTEGER NOT NULL,
+    expires_at  REAL NOT NULL
+);
+""",
+        postgres="""
+CREATE TABLE leases (
+    name        TEXT PRIMARY KEY,
+    holder      TEXT NOT NULL,
+    epoch       BIGINT NOT NULL,
+    expires_at  TIMESTAMPTZ NOT NULL
+);
+""",
+    ),
+    Migration(
+        3, "copies between stores",
+        # `llmgw store migrate`: which source filled this store, up to which usage row, so
+        # a second run tops up what a running daemon wrote meanwhile instead of refusing.
+        sqlite="""
+CREATE TABLE IF NOT EXISTS store_copies (
+    source         TEXT PRIMARY KEY,
+    last_usage_id  INTEGER NOT NULL,
+    copied_at      REAL NOT NULL
+);
+""",
+        postgres="""
+CREATE TABLE store_copies (
+    source         TEXT PRIMARY KEY,
+    last_usage_id  BIGINT NOT NULL,
+    copied_at      DOUBLE PRECISION NOT NULL
+);
+""",
+    ),
+    Migration(
+        4, "routes from the leader, demand from the routers",
+        # The leader publishes the routing table (fenced by its lease epoch); every router
+        # publishes what it has seen (requests waiting, last use). Both as JSON documents:
+        # their shape is the daemon's business, not the schema's.
+        sqlite="""
+CREATE TABLE IF NOT EXISTS published_routes (
+    name          TEXT PRIMARY KEY,
+    epoch         INTEGER NOT NULL,
+    seq           INTEGER NOT NULL,
+    doc           TEXT NOT NULL,
+    published_at  REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS router_signals (
+    router      TEXT PRIMARY KEY,
+    doc         TEXT NOT NULL,
+    updated_at  REAL NOT NULL
+);
+""",
+        postgres="""
+CREATE TABLE published_routes (
+    name          TEXT PRIMARY KEY,
+    epoch         BIGINT NOT NULL,
+    seq           BIGINT NOT NULL,
+    doc           TEXT NOT NULL,
+    published_at  TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE router_signals (
+    router      TEXT PRIMARY KEY,
+    doc         TEXT NOT NULL,
+    updated_at  TIMESTAMPTZ NOT NULL
+);
+""",
+    ),
+)
+
+LATEST = MIGRATIONS[-1].version
+
+
+def pending(found: int, where: str) -> list[Migration]:
+    """The migrations to run on a database at version ``found``; SchemaTooNew if newer."""
+    if found > LATEST:
+        raise SchemaTooNew(where, found)
+    return [m for m in MIGRATIONS if m.version > found]

@@ -1,0 +1,231 @@
+"""The PostgreSQL store: asyncpg on the event loop, a small connection pool.
+
+Why asyncpg rather than psycopg 3: it speaks PostgreSQL's binary protocol
+natively on asyncio (no libpq, no thread hand-off per query), has a built-in
+pool and prepared-statement cache, and is the faster of the two on the
+router's hot path — a primary-key probe per request. Its type stubs
+(``asyncpg-stubs``) keep this module under ``mypy --strict``.
+
+Migrations run in one transaction under an advisory lock, so reconcilers and
+routers starting together migrate once; a schema newer than this llmgw is
+refused. The lease compares ``expires_at`` with the database's ``now()``,
+never a client's clock.
+
+Usage::
+
+    store = await PostgresStore.open("postgresql://llmgw@db:5432/llmgw", "db")
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Literal
+
+import asyncpg
+
+from llmgw.store import migrations
+from llmgw.store.stores import Grant, KeyListing, KeyRow, Published, Store, StoreError
+from llmgw.store.usages import COLUMNS, UsageRow, from_record, to_record
+
+_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
+_INSERT_USAGE = (f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES "
+                 f"({', '.join(f'${i + 1}' for i in range(len(COLUMNS)))})")
+_INSERT_KEY = f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+_MIGRATION_LOCK = 0x6C6C6D6777  # "llmgw": one advisory lock id for schema changes
+_POOL_SIZE = 8
+_ACQUIRE = """
+INSERT INTO leases AS l (name, holder, epoch, expires_at)
+VALUES ($1, $2, 1, now() + make_interval(secs => $3))
+ON CONFLICT (name) DO UPDATE SET
+    holder = EXCLUDED.holder,
+    epoch = CASE WHEN l.holder = EXCLUDED.holder THEN l.epoch ELSE l.epoch + 1 END,
+    expires_at = EXCLUDED.expires_at
+WHERE l.holder = EXCLUDED.holder OR l.expires_at <= now()
+RETURNING epoch, EXTRACT(EPOCH FROM expires_at - now())::float8
+"""
+
+
+class PostgresStore(Store):
+    kind: Literal["sqlite", "postgresql"] = "postgresql"
+
+    def __init__(self, pool: asyncpg.Pool, where: str) -> None:
+        self._pool = pool
+        self.where = where
+
+    @classmethod
+    async def open(cls, dsn: str, where: str) -> PostgresStore:
+        try:
+            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=_POOL_SIZE,
+                                             timeout=10, command_timeout=30)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(f"cannot connect to the store {where}: {exc}") from None
+        store = cls(pool, where)
+        try:
+            await store._migrate()
+        except BaseException:
+            await pool.close()
+            raise
+        return store
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy]:
+        """A pooled connection; every database failure becomes one StoreError."""
+        try:
+            async with self._pool.acquire() as conn:
+                yield conn
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(f"{self.where}: {exc}") from exc
+
+    async def _migrate(self) -> None:
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+            await conn.execute("CREATE TABLE IF NOT EXISTS llmgw_schema (version INTEGER NOT NULL)")
+            found = await conn.fetchval("SELECT version FROM llmgw_schema")
+            if found is None:
+                await conn.execute("INSERT INTO llmgw_schema VALUES (0)")
+                found = 0
+            for step in migrations.pending(int(found), self.where):
+                await conn.execute(step.postgres)
+                await conn.execute("UPDATE llmgw_schema SET version = $1", step.version)
+
+    # -- keys ---------------------------------------------------------------------------
+    async def insert_key(self, row: KeyRow) -> bool:
+        async with self._conn() as conn:
+            status = await conn.execute(f"{_INSERT_KEY} ON CONFLICT (id) DO NOTHING",
+                                        *_key_tuple(row))
+        return bool(status.endswith(" 1"))
+
+    async def key_row(self, key_id: str) -> KeyRow | None:
+        async with self._conn() as conn:
+            found = await conn.fetchrow(f"SELECT {_KEY_COLUMNS} FROM keys WHERE id = $1", key_id)
+        return KeyRow(*found) if found else None
+
+    async def list_keys(self) -> list[KeyListing]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                f"SELECT {_KEY_COLUMNS}, (SELECT MAX(ts) FROM usage u WHERE u.key_id = k.id) "
+                "FROM keys k ORDER BY k.created_at, k.id")
+        return [KeyListing(KeyRow(*r[:6]), r[6]) for r in rows]
+
+    async def revoke_key(self, key_id: str, when: float) -> KeyRow | None:
+        async with self._conn() as conn:
+            await conn.execute("UPDATE keys SET revoked_at = $1 WHERE id = $2 "
+                               "AND revoked_at IS NULL", when, key_id)
+            found = await conn.fetchrow(f"SELECT {_KEY_COLUMNS} FROM keys WHERE id = $1", key_id)
+        return KeyRow(*found) if found else None
+
+    # -- usage --------------------------------------------------------------------------
+    async def insert_usage(self, rows: Sequence[UsageRow]) -> None:
+        if not rows:
+            return
+        async with self._conn() as conn:
+            await conn.executemany(_INSERT_USAGE, [to_record(r) for r in rows])
+
+    async def spend_by_project(self) -> dict[str, float]:
+        async with self._conn() as conn:
+            rows = await conn.fetch("SELECT project, SUM(cost_usd) FROM usage "
+                                    "WHERE project IS NOT NULL GROUP BY project")
+        return {r[0]: float(r[1] or 0.0) for r in rows}
+
+    async def recent_usage(self, limit: int) -> list[UsageRow]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(f"SELECT {', '.join(COLUMNS)} FROM usage "
+                                    "ORDER BY id DESC LIMIT $1", limit)
+        return [from_record(tuple(r)) for r in rows]
+
+    async def usage_after(self, after_id: int, limit: int) -> list[tuple[int, UsageRow]]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(f"SELECT id, {', '.join(COLUMNS)} FROM usage WHERE id > $1 "
+                                    "ORDER BY id LIMIT $2", after_id, limit)
+        return [(r[0], from_record(tuple(r)[1:])) for r in rows]
+
+    # -- lease --------------------------------------------------------------------------
+    async def acquire_lease(self, name: str, holder: str, ttl: float) -> Grant | None:
+        async with self._conn() as conn:
+            found = await conn.fetchrow(_ACQUIRE, name, holder, float(ttl))
+        return Grant(name, holder, int(found[0]), float(found[1])) if found else None
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        async with self._conn() as conn:
+            await conn.execute("UPDATE leases SET expires_at = now() "
+                               "WHERE name = $1 AND holder = $2", name, holder)
+
+    async def lease(self, name: str) -> Grant | None:
+        async with self._conn() as conn:
+            found = await conn.fetchrow(
+                "SELECT holder, epoch, EXTRACT(EPOCH FROM expires_at - now())::float8 "
+                "FROM leases WHERE name = $1 AND expires_at > now()", name)
+        return Grant(name, found[0], int(found[1]), float(found[2])) if found else None
+
+    async def publish_routes(self, name: str, holder: str, epoch: int, doc: str) -> bool:
+        async with self._conn() as conn:
+            found = await conn.fetchval(
+                "INSERT INTO published_routes AS p (name, epoch, seq, doc, published_at) "
+                "SELECT $1, $3, 1, $4, now() WHERE EXISTS (SELECT 1 FROM leases WHERE "
+                "name = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()) "
+                "ON CONFLICT (name) DO UPDATE SET epoch = EXCLUDED.epoch, seq = p.seq + 1, "
+                "doc = EXCLUDED.doc, published_at = EXCLUDED.published_at RETURNING seq",
+                name, holder, epoch, doc)
+        return found is not None
+
+    async def published_routes(self, name: str) -> Published | None:
+        async with self._conn() as conn:
+            found = await conn.fetchrow("SELECT epoch, seq, doc FROM published_routes "
+                                        "WHERE name = $1", name)
+        return Published(int(found[0]), int(found[1]), found[2]) if found else None
+
+    async def put_signals(self, router: str, doc: str) -> None:
+        async with self._conn() as conn:
+            await conn.execute(
+                "INSERT INTO router_signals VALUES ($1, $2, now()) ON CONFLICT (router) DO "
+                "UPDATE SET doc = EXCLUDED.doc, updated_at = EXCLUDED.updated_at", router, doc)
+
+    async def signals(self, max_age: float) -> list[str]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                "SELECT doc FROM router_signals WHERE updated_at > now() - "
+                "make_interval(secs => $1) ORDER BY router", float(max_age))
+        return [r[0] for r in rows]
+
+    async def drop_signals(self, router: str) -> None:
+        async with self._conn() as conn:
+            await conn.execute("DELETE FROM router_signals WHERE router = $1", router)
+
+    # -- the whole store ----------------------------------------------------------------
+    async def schema_version(self) -> int:
+        async with self._conn() as conn:
+            return int(await conn.fetchval("SELECT version FROM llmgw_schema"))
+
+    async def is_empty(self) -> bool:
+        async with self._conn() as conn:
+            return not await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM keys) OR EXISTS (SELECT 1 FROM usage)")
+
+    async def copied_from(self, source: str) -> int | None:
+        async with self._conn() as conn:
+            found = await conn.fetchval("SELECT last_usage_id FROM store_copies "
+                                        "WHERE source = $1", source)
+        return int(found) if found is not None else None
+
+    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow],
+                          source: str, last_usage_id: int, now: float) -> None:
+        async with self._conn() as conn, conn.transaction():
+            if keys:
+                await conn.executemany(
+                    f"{_INSERT_KEY} ON CONFLICT (id) DO UPDATE SET revoked_at = "
+                    "COALESCE(keys.revoked_at, EXCLUDED.revoked_at)",
+                    [_key_tuple(k) for k in keys])
+            if usage:
+                await conn.executemany(_INSERT_USAGE, [to_record(r) for r in usage])
+            await conn.execute(
+                "INSERT INTO store_copies VALUES ($1, $2, $3) ON CONFLICT (source) DO UPDATE "
+                "SET last_usage_id = EXCLUDED.last_usage_id, copied_at = EXCLUDED.copied_at",
+                source, last_usage_id, now)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+
+def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None]:
+    return (row.id, row.digest, row.project, row.name, row.created_at, row.revoked_at)

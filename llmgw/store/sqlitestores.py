@@ -1,0 +1,251 @@
+"""The SQLite store: one file, one connection, one dedicated thread.
+
+Every statement runs on a single-thread executor that owns the connection, so
+the event loop never waits on the disk (a WAL checkpoint or a ``busy_timeout``
+wait lands on that thread, not on requests) and statements never interleave.
+Several processes may share the file (``llmgw keys`` beside ``serve``, or
+``--workers``): SQLite's own locking orders their writes.
+
+The lease uses the same table as PostgreSQL with this machine's clock: on one
+machine that is the only clock there is.
+
+Usage::
+
+    store = await SQLiteStore.open(Path("cluster/llmgw.db"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from llmgw.store import databases
+from llmgw.store.stores import Grant, KeyListing, KeyRow, Published, Store, StoreError
+from llmgw.store.usages import COLUMNS, UsageRow, from_record, to_record
+
+T = TypeVar("T")
+_MARKS = ", ".join("?" * len(COLUMNS))
+_INSERT_USAGE = f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES ({_MARKS})"
+_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
+
+
+class SQLiteStore(Store):
+    kind: Literal["sqlite", "postgresql"] = "sqlite"
+
+    def __init__(self, path: Path, executor: ThreadPoolExecutor,
+                 conn: sqlite3.Connection) -> None:
+        self.path = path
+        self.where = str(path)
+        self._executor = executor
+        self._conn = conn
+
+    @classmethod
+    async def open(cls, path: Path) -> SQLiteStore:
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-sqlite")
+        try:
+            conn = await asyncio.get_running_loop().run_in_executor(
+                executor, databases.connect, path)
+        except (sqlite3.Error, OSError) as exc:
+            executor.shutdown(wait=False)
+            raise StoreError(f"cannot open the store {path}: {exc}") from None
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(path, executor, conn)
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def call() -> T:
+            try:
+                return fn(self._conn)
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.where}: {exc}") from exc
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    # -- keys ---------------------------------------------------------------------------
+    async def insert_key(self, row: KeyRow) -> bool:
+        def insert(conn: sqlite3.Connection) -> bool:
+            try:
+                conn.execute(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                             _key_tuple(row))
+            except sqlite3.IntegrityError:
+                return False
+            return True
+        return await self._run(insert)
+
+    async def key_row(self, key_id: str) -> KeyRow | None:
+        def select(conn: sqlite3.Connection) -> KeyRow | None:
+            found = conn.execute(f"SELECT {_KEY_COLUMNS} FROM keys WHERE id = ?",
+                                 (key_id,)).fetchone()
+            return KeyRow(*found) if found else None
+        return await self._run(select)
+
+    async def list_keys(self) -> list[KeyListing]:
+        def select(conn: sqlite3.Connection) -> list[KeyListing]:
+            rows = conn.execute(
+                f"SELECT {_KEY_COLUMNS}, (SELECT MAX(ts) FROM usage u WHERE u.key_id = k.id) "
+                "FROM keys k ORDER BY k.created_at, k.id").fetchall()
+            return [KeyListing(KeyRow(*r[:6]), r[6]) for r in rows]
+        return await self._run(select)
+
+    async def revoke_key(self, key_id: str, when: float) -> KeyRow | None:
+        def revoke(conn: sqlite3.Connection) -> KeyRow | None:
+            conn.execute("UPDATE keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                         (when, key_id))
+            found = conn.execute(f"SELECT {_KEY_COLUMNS} FROM keys WHERE id = ?",
+                                 (key_id,)).fetchone()
+            return KeyRow(*found) if found else None
+        return await self._run(revoke)
+
+    # -- usage --------------------------------------------------------------------------
+    async def insert_usage(self, rows: Sequence[UsageRow]) -> None:
+        if not rows:
+            return
+        records = [to_record(r) for r in rows]
+
+        def insert(conn: sqlite3.Connection) -> None:
+            with conn:
+                conn.execute("BEGIN")
+                conn.executemany(_INSERT_USAGE, records)
+        await self._run(insert)
+
+    async def spend_by_project(self) -> dict[str, float]:
+        def select(conn: sqlite3.Connection) -> dict[str, float]:
+            rows = conn.execute("SELECT project, SUM(cost_usd) FROM usage "
+                                "WHERE project IS NOT NULL GROUP BY project").fetchall()
+            return {project: float(total or 0.0) for project, total in rows}
+        return await self._run(select)
+
+    async def recent_usage(self, limit: int) -> list[UsageRow]:
+        def select(conn: sqlite3.Connection) -> list[UsageRow]:
+            rows = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM usage "
+                                "ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+            return [from_record(r) for r in rows]
+        return await self._run(select)
+
+    async def usage_after(self, after_id: int, limit: int) -> list[tuple[int, UsageRow]]:
+        def select(conn: sqlite3.Connection) -> list[tuple[int, UsageRow]]:
+            rows = conn.execute(f"SELECT id, {', '.join(COLUMNS)} FROM usage WHERE id > ? "
+                                "ORDER BY id LIMIT ?", (after_id, limit)).fetchall()
+            return [(r[0], from_record(r[1:])) for r in rows]
+        return await self._run(select)
+
+    # -- lease --------------------------------------------------------------------------
+    async def acquire_lease(self, name: str, holder: str, ttl: float) -> Grant | None:
+        def acquire(conn: sqlite3.Connection) -> Grant | None:
+            now = time.time()
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                found = conn.execute("SELECT holder, epoch, expires_at FROM leases "
+                                     "WHERE name = ?", (name,)).fetchone()
+                if found is None:
+                    epoch = 1
+                elif found[0] == holder:
+                    epoch = found[1]
+                elif found[2] <= now:
+                    epoch = found[1] + 1
+                else:
+                    return None
+                conn.execute("INSERT INTO leases (name, holder, epoch, expires_at) "
+                             "VALUES (?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                             "holder = excluded.holder, epoch = excluded.epoch, "
+                             "expires_at = excluded.expires_at", (name, holder, epoch, now + ttl))
+            return Grant(name, holder, epoch, ttl)
+        return await self._run(acquire)
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        await self._run(lambda conn: conn.execute(
+            "UPDATE leases SET expires_at = 0 WHERE name = ? AND holder = ?", (name, holder)))
+
+    async def lease(self, name: str) -> Grant | None:
+        def select(conn: sqlite3.Connection) -> Grant | None:
+            now = time.time()
+            found = conn.execute("SELECT holder, epoch, expires_at FROM leases WHERE name = ? "
+                                 "AND expires_at > ?", (name, now)).fetchone()
+            return Grant(name, found[0], found[1], found[2] - now) if found else None
+        return await self._run(select)
+
+    async def publish_routes(self, name: str, holder: str, epoch: int, doc: str) -> bool:
+        def publish(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                held = conn.execute("SELECT 1 FROM leases WHERE name = ? AND holder = ? AND "
+                                    "epoch = ? AND expires_at > ?",
+                                    (name, holder, epoch, now)).fetchone()
+                if held is None:
+                    return False
+                conn.execute(
+                    "INSERT INTO published_routes VALUES (?, ?, 1, ?, ?) ON CONFLICT (name) "
+                    "DO UPDATE SET epoch = excluded.epoch, seq = published_routes.seq + 1, "
+                    "doc = excluded.doc, published_at = excluded.published_at",
+                    (name, epoch, doc, now))
+            return True
+        return await self._run(publish)
+
+    async def published_routes(self, name: str) -> Published | None:
+        def select(conn: sqlite3.Connection) -> Published | None:
+            found = conn.execute("SELECT epoch, seq, doc FROM published_routes WHERE name = ?",
+                                 (name,)).fetchone()
+            return Published(*found) if found else None
+        return await self._run(select)
+
+    async def put_signals(self, router: str, doc: str) -> None:
+        await self._run(lambda conn: conn.execute(
+            "INSERT INTO router_signals VALUES (?, ?, ?) ON CONFLICT (router) DO UPDATE SET "
+            "doc = excluded.doc, updated_at = excluded.updated_at", (router, doc, time.time())))
+
+    async def signals(self, max_age: float) -> list[str]:
+        def select(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute("SELECT doc FROM router_signals WHERE updated_at > ? "
+                                "ORDER BY router", (time.time() - max_age,)).fetchall()
+            return [r[0] for r in rows]
+        return await self._run(select)
+
+    async def drop_signals(self, router: str) -> None:
+        await self._run(lambda conn: conn.execute(
+            "DELETE FROM router_signals WHERE router = ?", (router,)))
+
+    # -- the whole store ----------------------------------------------------------------
+    async def schema_version(self) -> int:
+        return await self._run(databases.version)
+
+    async def is_empty(self) -> bool:
+        def count(conn: sqlite3.Connection) -> bool:
+            return not conn.execute("SELECT EXISTS (SELECT 1 FROM keys) "
+                                    "OR EXISTS (SELECT 1 FROM usage)").fetchone()[0]
+        return await self._run(count)
+
+    async def copied_from(self, source: str) -> int | None:
+        def select(conn: sqlite3.Connection) -> int | None:
+            found = conn.execute("SELECT last_usage_id FROM store_copies WHERE source = ?",
+                                 (source,)).fetchone()
+            return int(found[0]) if found else None
+        return await self._run(select)
+
+    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow],
+                          source: str, last_usage_id: int, now: float) -> None:
+        def insert(conn: sqlite3.Connection) -> None:
+            with conn:
+                conn.execute("BEGIN")
+                conn.executemany(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
+                                 "ON CONFLICT (id) DO UPDATE SET revoked_at = "
+                                 "COALESCE(keys.revoked_at, excluded.revoked_at)",
+                                 [_key_tuple(k) for k in keys])
+                conn.executemany(_INSERT_USAGE, [to_record(r) for r in usage])
+                conn.execute("INSERT INTO store_copies VALUES (?, ?, ?) ON CONFLICT (source) "
+                             "DO UPDATE SET last_usage_id = excluded.last_usage_id, "
+                             "copied_at = excluded.copied_at", (source, last_usage_id, now))
+        await self._run(insert)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
+        self._executor.shutdown(wait=True)
+
+
+def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None]:
+    return (row.id, row.digest, row.project, row.name, row.created_at, row.revoked_at)

@@ -1,0 +1,250 @@
+"""The store interface: keys, usage and the leader lease, on SQLite or PostgreSQL.
+
+A :class:`Store` is async end to end, and no call blocks the event loop:
+:class:`~llmgw.store.sqlitestores.SQLiteStore` runs every statement on one
+dedicated thread that owns the connection; :class:`~llmgw.store.postgresstores.PostgresStore`
+speaks asyncpg's native protocol on the loop. Both apply the same versioned
+migrations (:mod:`llmgw.store.migrations`) when opened and refuse a newer schema.
+
+The methods are storage primitives; policy lives in the modules that call
+them (hashing and constant-time checks in :mod:`llmgw.store.keys`, row shapes
+in :mod:`llmgw.store.usages`, renewals and fencing in the daemon's leader loop).
+Every database failure surfaces as :class:`StoreError`, so callers handle one
+exception type whichever database is behind.
+
+Usage::
+
+    store = await stores.open_store(cluster.cluster.store)
+    info = await keys.verify(store, presented)
+    await store.close()
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import quote, urlsplit
+
+if TYPE_CHECKING:
+    from llmgw.spec.models import StoreSettings
+    from llmgw.store.usages import UsageRow
+
+
+class StoreError(RuntimeError):
+    """The database refused or could not be reached; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    """A key as stored: its digest, never the key."""
+
+    id: str
+    digest: str
+    project: str
+    name: str
+    created_at: float
+    revoked_at: float | None = None
+
+
+@dataclass(frozen=True)
+class KeyListing:
+    row: KeyRow
+    last_used_at: float | None
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A lease held: by whom, under which fencing epoch, for how long from now.
+
+    ``remaining`` is measured by the database's clock at the moment it answered; the
+    holder turns it into a deadline on its own monotonic clock from the moment it *sent*
+    the request, so its idea of the deadline is never later than the database's.
+    """
+
+    name: str
+    holder: str
+    epoch: int
+    remaining: float
+
+
+@dataclass(frozen=True)
+class Published:
+    """A routing table as the leader published it: ``seq`` grows with every publication."""
+
+    epoch: int
+    seq: int
+    doc: str
+
+
+class Store(abc.ABC):
+    kind: Literal["sqlite", "postgresql"]
+    where: str  # for messages: a path, or the URL without a password
+
+    # -- keys ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def insert_key(self, row: KeyRow) -> bool:
+        """Insert ``row``; False (and nothing written) when its id is taken."""
+
+    @abc.abstractmethod
+    async def key_row(self, key_id: str) -> KeyRow | None: ...
+
+    @abc.abstractmethod
+    async def list_keys(self) -> list[KeyListing]:
+        """Every key, oldest first, with the time of its last usage row."""
+
+    @abc.abstractmethod
+    async def revoke_key(self, key_id: str, when: float) -> KeyRow | None:
+        """Set ``revoked_at`` unless already set; the row after, or None when unknown."""
+
+    # -- usage --------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def insert_usage(self, rows: Sequence[UsageRow]) -> None:
+        """Append ``rows`` in one transaction."""
+
+    @abc.abstractmethod
+    async def spend_by_project(self) -> dict[str, float]: ...
+
+    @abc.abstractmethod
+    async def recent_usage(self, limit: int) -> list[UsageRow]:
+        """The newest ``limit`` rows, newest first."""
+
+    @abc.abstractmethod
+    async def usage_after(self, after_id: int, limit: int) -> list[tuple[int, UsageRow]]:
+        """Rows with id above ``after_id`` in id order: a cursor for copying everything."""
+
+    # -- lease --------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def acquire_lease(self, name: str, holder: str, ttl: float) -> Grant | None:
+        """Take or renew lease ``name`` for ``ttl`` seconds of the database's clock.
+
+        Granted when the lease is free, expired, or already ``holder``'s. The epoch goes
+        up by one whenever the holder changes (a fencing token), and stays when the
+        same holder renews. None when someone else holds it.
+        """
+
+    @abc.abstractmethod
+    async def release_lease(self, name: str, holder: str) -> None:
+        """Expire ``holder``'s lease now so a standby takes over at once (clean stop)."""
+
+    @abc.abstractmethod
+    async def lease(self, name: str) -> Grant | None:
+        """The current unexpired holder of ``name``, or None."""
+
+    @abc.abstractmethod
+    async def publish_routes(self, name: str, holder: str, epoch: int, doc: str) -> bool:
+        """Replace the routing table, fenced: written only while ``holder`` holds lease
+        ``name`` at ``epoch``, checked in the same statement. False when fenced out."""
+
+    @abc.abstractmethod
+    async def published_routes(self, name: str) -> Published | None:
+        """The last routing table published under lease ``name``."""
+
+    # -- router signals -----------------------------------------------------------------
+    @abc.abstractmethod
+    async def put_signals(self, router: str, doc: str) -> None:
+        """Record what router ``router`` has seen now (replacing its last record)."""
+
+    @abc.abstractmethod
+    async def signals(self, max_age: float) -> list[str]:
+        """Records of routers heard from within ``max_age`` seconds (database clock)."""
+
+    @abc.abstractmethod
+    async def drop_signals(self, router: str) -> None: ...
+
+    # -- the whole store ----------------------------------------------------------------
+    @abc.abstractmethod
+    async def schema_version(self) -> int: ...
+
+    @abc.abstractmethod
+    async def is_empty(self) -> bool:
+        """True when no key and no usage row exists (a safe migration target)."""
+
+    @abc.abstractmethod
+    async def copied_from(self, source: str) -> int | None:
+        """The last usage id copied into this store from ``source``; None if never."""
+
+    @abc.abstractmethod
+    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow],
+                          source: str, last_usage_id: int, now: float) -> None:
+        """In one transaction: insert ``keys`` (digests as they are; ids already here are
+        updated with their revocation), append ``usage``, and record how far ``source``
+        has been copied."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+_PG_SCHEMES = ("postgresql", "postgres")
+_URL_CHARS = re.compile(r"^[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a store lives: a SQLite path or a PostgreSQL DSN (password from a file)."""
+
+    kind: Literal["sqlite", "postgresql"]
+    path: Path | None = None
+    dsn: str | None = None  # with the password, when there is one: never print it
+    display: str = ""
+
+
+def target_of(url: str | None, path: str, password_file: str | None = None) -> Target:
+    """Parse ``store.url`` (or fall back to the SQLite ``path``); ValueError says why not.
+
+    A PostgreSQL URL must not carry a password: it is read from ``password_file``
+    (mode 0600, kept out of git) and added here.
+    """
+    if not url:
+        return Target("sqlite", path=Path(path), display=path)
+    if not _URL_CHARS.match(url):
+        raise ValueError("store.url has characters a URL cannot hold")
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        where = parts.path if not parts.netloc else f"/{parts.netloc}{parts.path}"
+        if not where:
+            raise ValueError(f"store.url {url!r} names no file: use sqlite:///path/to/llmgw.db")
+        return Target("sqlite", path=Path(where), display=where)
+    if parts.scheme not in _PG_SCHEMES:
+        raise ValueError(f"store.url scheme {parts.scheme!r} is not supported: use "
+                         "postgresql://user@host:5432/database or sqlite:///path")
+    if parts.password is not None:
+        raise ValueError("store.url must not hold a password (it would land in git): put it "
+                         "in a file named by store.password_file")
+    display = url
+    dsn = url
+    if password_file:
+        try:
+            password = Path(password_file).read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read store.password_file {password_file}: "
+                             f"{exc.strerror}") from None
+        userinfo = quote(parts.username or "", safe="") + ":" + quote(password, safe="")
+        host = parts.netloc.rpartition("@")[2]
+        dsn = parts._replace(netloc=f"{userinfo}@{host}").geturl()
+    return Target("postgresql", dsn=dsn, display=display)
+
+
+async def open_target(target: Target) -> Store:
+    """Open (migrating as needed) the store at ``target``; StoreError when it cannot."""
+    if target.kind == "sqlite":
+        from llmgw.store import sqlitestores
+
+        assert target.path is not None
+        return await sqlitestores.SQLiteStore.open(target.path)
+    from llmgw.store import postgresstores
+
+    assert target.dsn is not None
+    return await postgresstores.PostgresStore.open(target.dsn, target.display)
+
+
+async def open_store(settings: StoreSettings) -> Store:
+    """The cluster's store, from ``cluster.store`` (paths already anchored by loading)."""
+    try:
+        target = target_of(settings.url, settings.path, settings.password_file)
+    except ValueError as exc:
+        raise StoreError(str(exc)) from None
+    return await open_target(target)

@@ -1,0 +1,184 @@
+"""Mutation testing of the decision modules: ``make mutation``.
+
+For each module in :data:`MODULES`, mutmut mutates that one file and runs
+only the tests that are meant to hold its rules (the list beside it), in a
+scratch copy of the tree under ``.cache/mutation/<module>``, so the working
+tree is never touched and modules never share results. It prints one line per
+module — mutants, killed, survived, score — and, with ``--survivors``, the
+diff of every surviving mutant. Accepted survivors (equivalent mutants, or
+ones argued harmless) are listed with their reasons in docs/testing.md;
+``--check`` exits 1 when a module scores under ``--min`` (default 90 %).
+
+Not part of ``make test``: a full run takes minutes, and a score is a
+measurement to read, not a gate on every commit.
+
+Usage::
+
+    python tests/mutation/run.py                      # every module
+    python tests/mutation/run.py rendering/quoting    # one module, by suffix
+    python tests/mutation/run.py --survivors planning/scaling
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRATCH = ROOT / ".cache" / "mutation"
+
+PLANNING = ["tests/planning/test_plan_cases.py", "tests/planning/test_phases.py",
+            "tests/planning/test_outputs.py", "tests/planning/test_purity.py"]
+ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py"]
+
+# module (under llmgw/) → the tests that hold its rules. Slow end-to-end tests
+# are left out on purpose: a rule only an e2e test holds is a rule to test closer.
+MODULES: dict[str, list[str]] = {
+    "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
+    "planning/fingerprints.py": [*PLANNING, "tests/planning/test_fingerprints.py"],
+    "planning/nodes.py": PLANNING,
+    "planning/outputs.py": PLANNING,
+    "planning/placements.py": PLANNING,
+    "planning/plans.py": PLANNING,
+    "planning/replicas.py": PLANNING,
+    "planning/scaling.py": [*PLANNING, "tests/planning/test_scaling.py"],
+    "planning/shards.py": PLANNING,
+    "rendering/quoting.py": ["tests/planning/test_units.py"],
+    "rendering/units.py": ["tests/planning/test_units.py"],
+    "spec/checks.py": ["tests/spec/test_broken_corpus.py", "tests/spec/test_cli.py"],
+    "engines/flags.py": ENGINES,
+    "engines/launches.py": ENGINES,
+    "engines/llama_cpp.py": ENGINES,
+    "engines/nccl.py": ENGINES,
+    "engines/sglang.py": ENGINES,
+    "engines/vllm.py": ENGINES,
+    "router/accounts.py": ["tests/router/test_router_access.py",
+                           "tests/router/test_router_usages.py"],
+}
+
+# Copied into each scratch tree besides llmgw/ and tests/ (mutmut copies those).
+ALSO_COPY = ["templates", "llmgw/templates", "llmgw/proto", "llmgw/py.typed", "cluster.example"]
+
+STATUS = {1: "killed", 3: "killed", 0: "survived", 36: "timeout", 24: "timeout",
+          -24: "timeout", 152: "timeout", 255: "timeout", 5: "no tests", 33: "no tests",
+          34: "skipped", 37: "killed"}
+
+
+@dataclass
+class Score:
+    module: str
+    counts: dict[str, int]
+    survivors: list[str]
+    seconds: float
+
+    @property
+    def tested(self) -> int:
+        return self.counts.get("killed", 0) + self.counts.get("timeout", 0) + len(self.survivors)
+
+    @property
+    def percent(self) -> float:
+        caught = self.counts.get("killed", 0) + self.counts.get("timeout", 0)
+        return 100.0 * caught / self.tested if self.tested else 100.0
+
+
+def _config(module: str, tests: list[str]) -> str:
+    lines = [
+        "", "[tool.mutmut]",
+        'source_paths = ["llmgw"]',
+        f"also_copy = {json.dumps(ALSO_COPY)}",
+        f'only_mutate = ["llmgw/{module}"]',
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]',
+        "use_git_change_detection = false",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _prepare(module: str, tests: list[str]) -> Path:
+    work = SCRATCH / module.replace("/", "-").removesuffix(".py")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
+    for name in ("llmgw", "tests", "templates", "cluster.example"):
+        source = ROOT / name
+        if source.exists():
+            shutil.copytree(source, work / name, symlinks=True, ignore=ignore)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    (work / "pyproject.toml").write_text(pyproject + _config(module, tests))
+    return work
+
+
+def _run(module: str, tests: list[str], mutmut: str) -> Score:
+    work = _prepare(module, tests)
+    started = time.monotonic()
+    log = work / "mutmut.log"
+    with log.open("w") as out:
+        done = subprocess.run([mutmut, "run"], cwd=work, stdout=out, stderr=subprocess.STDOUT)
+    seconds = time.monotonic() - started
+    meta = work / "mutants" / "llmgw" / f"{module}.meta"
+    if done.returncode != 0 or not meta.exists():
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise SystemExit(f"mutmut failed on {module} (log: {log}):\n" + "\n".join(tail))
+    exits: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
+    counts: dict[str, int] = {}
+    survivors = []
+    for name, code in sorted(exits.items()):
+        status = STATUS.get(code, "suspicious") if code is not None else "not checked"
+        counts[status] = counts.get(status, 0) + 1
+        if status == "survived":
+            survivors.append(name)
+    return Score(module, counts, survivors, seconds)
+
+
+def _show(work: Path, mutant: str, mutmut: str) -> str:
+    shown = subprocess.run([mutmut, "show", mutant], cwd=work, capture_output=True, text=True)
+    return shown.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", help="module suffixes, e.g. planning/scaling")
+    parser.add_argument("--survivors", action="store_true", help="print each survivor's diff")
+    parser.add_argument("--check", action="store_true", help="exit 1 below --min")
+    parser.add_argument("--min", type=float, default=90.0, help="score to reach, percent")
+    args = parser.parse_args(argv)
+    mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent))
+    if mutmut is None:
+        raise SystemExit("mutmut is not installed in this venv (make mutation installs it)")
+    chosen = [m for m in MODULES
+              if not args.modules or any(m.removesuffix(".py").endswith(s.removesuffix(".py"))
+                                         for s in args.modules)]
+    if not chosen:
+        raise SystemExit(f"no module matches {args.modules}; known: {', '.join(MODULES)}")
+    scores = []
+    print(f"{'module':28} {'mutants':>7} {'killed':>7} {'timeout':>7} {'survived':>8} "
+          f"{'score':>7} {'time':>6}")
+    for index, module in enumerate(chosen, 1):
+        print(f"[{index}/{len(chosen)}] mutating llmgw/{module} …", file=sys.stderr, flush=True)
+        score = _run(module, MODULES[module], mutmut)
+        scores.append(score)
+        print(f"{module:28} {score.tested:7} {score.counts.get('killed', 0):7} "
+              f"{score.counts.get('timeout', 0):7} {len(score.survivors):8} "
+              f"{score.percent:6.1f}% {score.seconds:5.0f}s", flush=True)
+        if args.survivors:
+            work = SCRATCH / module.replace("/", "-").removesuffix(".py")
+            for mutant in score.survivors:
+                print(f"\n# {mutant}\n{_show(work, mutant, mutmut)}\n")
+    low = [s for s in scores if s.percent < args.min]
+    total = sum(s.tested for s in scores)
+    caught = sum(s.tested - len(s.survivors) for s in scores)
+    print(f"{'all':28} {total:7} {'':7} {'':7} {total - caught:8} "
+          f"{100.0 * caught / max(total, 1):6.1f}%")
+    if low:
+        print(f"under {args.min:.0f}%: {', '.join(s.module for s in low)}")
+    return 1 if args.check and low else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
