@@ -113,9 +113,9 @@ def check_one(fabric: DeclaredFabric, adapters: Sequence[Adapter]) -> FabricStat
     if not advertised and fabric.adapters and not verdict.missing:
         verdict.reasons.append(f"no declared adapter of {fabric.name} is usable")
     declared = len(fabric.adapters)
-    if declared and len(verdict.usable) < declared:
-        noun = "adapter" if declared == 1 else "adapters"
-        verdict.reasons.insert(0, f"{len(verdict.usable)} of {declared} {noun} ACTIVE")
+    if advertised and len(verdict.usable) < declared:
+        # Advertised, but not whole: the count first, then which adapters and why.
+        verdict.reasons.insert(0, f"{len(verdict.usable)} of {declared} adapters ACTIVE")
     return FabricStatus(
         name=fabric.name,
         kind=fabric.kind,
