@@ -48,7 +48,7 @@ from llmgw.router import catalogs
 from llmgw.router.apps import Router, Settings
 from llmgw.spec import loading
 from llmgw.spec.models import Cluster, Listeners
-from llmgw.spec.quantities import parse_duration
+from llmgw.spec.quantities import count, parse_duration
 from llmgw.store import migrations, stores
 from llmgw.store.stores import Store, StoreError
 
@@ -302,8 +302,8 @@ async def _watch_files(directory: Path, router: Router, stop: asyncio.Event) -> 
         try:
             cluster = await asyncio.to_thread(loading.load, directory)
         except loading.SpecErrors as exc:
-            log.error("cluster directory has %d errors; keeping the last valid cluster",
-                      len(exc.errors))
+            log.error("cluster directory has %s; keeping the last valid cluster",
+                      count(len(exc.errors), "error"))
             continue
         router.configure(catalogs.from_cluster(cluster))
         log.info("cluster directory changed: models, prices and budgets reloaded")

@@ -51,6 +51,7 @@ from llmgw.router.apps import Router
 from llmgw.router.routes import Endpoint
 from llmgw.spec import loading
 from llmgw.spec.models import Cluster
+from llmgw.spec.quantities import count
 from llmgw.store.stores import Store, StoreError
 from llmgw.transport import pools
 from llmgw.transport.failures import NodeUnreachable
@@ -286,8 +287,8 @@ class Daemon:
             cluster = await asyncio.to_thread(loading.load, self.state.directory)
         except loading.SpecErrors as exc:
             self.state.refused = [str(e) for e in exc.errors]
-            log.error("cluster directory has %d errors; keeping the last valid cluster:",
-                      len(exc.errors))
+            log.error("cluster directory has %s; keeping the last valid cluster:",
+                      count(len(exc.errors), "error"))
             for error in exc.errors:
                 log.error("  %s", error)
             return

@@ -28,6 +28,7 @@ from llmgw.planning.types import (
     Shard,
     Unplaceable,
 )
+from llmgw.spec.quantities import count
 
 MARKDOWN_LIMIT = 60_000
 _NODES_SHOWN = 3  # nodes named per identical reason before "+N more"
@@ -134,7 +135,7 @@ def text(plan: Plan) -> str:
 def _title(plan: Plan) -> str:
     reachable = sum(1 for n in plan.nodes if n.reachable)
     down = len(plan.nodes) - reachable
-    nodes = f"{len(plan.nodes)} nodes" + (f" ({down} not reachable)" if down else "")
+    nodes = count(len(plan.nodes), "node") + (f" ({down} not reachable)" if down else "")
     revision = f" · revision {plan.revision}" if plan.revision else ""
     return f"llmgw plan · cluster {plan.cluster}{revision} · {nodes} · at {_time(plan.now)}"
 
@@ -197,18 +198,17 @@ def markdown(plan: Plan, limit: int = MARKDOWN_LIMIT) -> str:
     head = [f"### llmgw plan for `{plan.cluster}`", ""]
     summary = f"**{plan.summary()}**"
     if plan.unplaceable:
-        count = sum(len(u.replicas) for u in plan.unplaceable)
-        summary += f" {count} replica{'s' if count != 1 else ''} cannot be placed."
+        stuck = sum(len(u.replicas) for u in plan.unplaceable)
+        summary += f" {count(stuck, 'replica')} cannot be placed."
     if plan.unknown:
-        summary += (f" {len(plan.unknown)} replica{'s' if len(plan.unknown) != 1 else ''} "
-                    "unknown (node not reachable).")
+        summary += f" {count(len(plan.unknown), 'replica')} unknown (node not reachable)."
     head += [summary, ""]
     rows = _markdown_rows(plan)
     footer = [
         "",
         f"<sub>Observed {_time(plan.now)}"
         + (f" · revision `{plan.revision}`" if plan.revision else "")
-        + f" · {len(plan.nodes)} nodes · plan format {FORMAT_VERSION}</sub>",
+        + f" · {count(len(plan.nodes), 'node')} · plan format {FORMAT_VERSION}</sub>",
     ]
     budget = limit - len("\n".join(head + footer)) - 400
     table = ["| | model | replica | change | where | why |", "|:-:|---|---|---|---|---|"]

@@ -43,6 +43,7 @@ from llmgw.planning.types import (
     Unplaceable,
 )
 from llmgw.spec.models import Cluster
+from llmgw.spec.quantities import count
 
 __all__ = ["Policy", "plan"]
 
@@ -244,7 +245,7 @@ class _Planner:
             if len(alive) > model.scaling.max:
                 extra = len(alive) - model.scaling.max
                 ordered = sorted(known, key=lambda r: (not self._troubled(r), -r.replica))
-                reason = f"over max: {len(alive)} replicas, max {model.scaling.max}"
+                reason = f"over max: {count(len(alive), 'replica')}, max {model.scaling.max}"
                 victims = [(r, reason) for r in ordered[:extra]]
             elif len(alive) > want.count:
                 idle = []
