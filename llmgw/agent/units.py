@@ -84,6 +84,15 @@ def check(change: UnitChange) -> tuple[UnitFile, Labels]:
             f"{change.name!r} is not an llmgw unit name (llmgw-<model>-r<replica>-s<rank>.service)"
         )
     unit = unitfiles.parse(change.name, change.unit_text)
+    # A unit from a tampered saved plan or a compromised daemon must not smuggle in
+    # ExecStartPre=, User= or a second [Service]: only what the template writes.
+    problems = [f"[{name}] is not a section llmgw writes"
+                for name in unit.sections if name not in ("Unit", "Service")]
+    problems += unitfiles.shape_problems(
+        (section, key) for section, pairs in unit.sections.items() for key, _ in pairs
+    )
+    if problems:
+        raise UnitFileError(f"{change.name}: refused: " + "; ".join(problems))
     found = unitfiles.labels(unit)
     expected = f"llmgw-{found.model}-r{found.replica}-s{found.rank}.service"
     if expected != change.name:

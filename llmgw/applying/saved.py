@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from llmgw.planning import shards
 from llmgw.planning.types import (
     ACTIONS,
     FORMAT_VERSION,
@@ -23,10 +24,15 @@ from llmgw.planning.types import (
     Shard,
 )
 from llmgw.rendering.units import UnitFiles
+from llmgw.spec import bounds
 
 
 class SavedPlanError(Exception):
     """The file is not a saved plan this llmgw can apply."""
+
+
+class EditedError(ValueError):
+    """A shard whose unit files or digest are not what its spec renders to."""
 
 
 @dataclass(frozen=True)
@@ -37,8 +43,14 @@ class Merge:
 
 
 def load(path: Path) -> Plan:
+    """The saved plan in ``path``; SavedPlanError, located, for anything else — a file past
+    the size and nesting bounds of :mod:`llmgw.spec.bounds` included."""
     try:
-        data = json.loads(path.read_text())
+        text = bounds.read_text(path, bounds.JSON_MAX_BYTES)
+        bounds.check_json(text)
+        data = json.loads(text)
+    except bounds.BoundError as exc:
+        raise SavedPlanError(f"{path}:{exc.line}:{exc.col}: {exc.message}") from None
     except FileNotFoundError:
         raise SavedPlanError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -48,6 +60,8 @@ def load(path: Path) -> Plan:
                              "(save plans with `llmgw plan --format json --out FILE`)") from None
     try:
         return _plan(data)
+    except EditedError as exc:
+        raise SavedPlanError(f"{path}: {exc}; plan again") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise SavedPlanError(f"{path}: not a saved llmgw plan ({type(exc).__name__}: {exc})") \
             from None
@@ -72,7 +86,7 @@ def _change(data: dict[str, Any]) -> Change:
     if action not in ACTIONS:
         raise ValueError(f"unknown action {action!r}")
     model, replica = data["model"], int(data["replica"])
-    shards = data["shards"]
+    entries = data["shards"]
     return Change(
         action=action,
         model=model,
@@ -81,15 +95,15 @@ def _change(data: dict[str, Any]) -> Change:
         strategy=data.get("strategy"),
         new_replica=data.get("new_replica"),
         shards=tuple(
-            Shard(
+            _checked(Shard(
                 model=model, replica=data.get("new_replica") or replica, rank=int(s["rank"]),
-                ranks=len(shards), node=s["node"], unit=s["unit"], engine=s["engine"],
+                ranks=len(entries), node=s["node"], unit=s["unit"], engine=s["engine"],
                 gpu_class=s.get("gpu_class"), gpus=tuple(s["gpus"]), port=s.get("port"),
                 digest=s["digest"], spec=s.get("spec") or {},
                 files=UnitFiles(s["unit"], s["unit_text"], s["env_text"] or "",
                                 tuple(sorted((s.get("secret_env") or {}).items()))),
-            )
-            for s in shards
+            ))
+            for s in entries
         ),
         removes=tuple(
             ObservedShard(node=r["node"], unit=r["unit"], rank=int(r["rank"]),
@@ -98,6 +112,21 @@ def _change(data: dict[str, Any]) -> Change:
             for r in data["removes"]
         ),
     )
+
+
+def _checked(shard: Shard) -> Shard:
+    """The shard, if its digest and unit files are exactly what its spec renders to.
+
+    What a person reviewed is the plan's spec and reasons; a unit text edited
+    afterwards (an ``ExecStartPre=`` slipped in) must not reach a node.
+    """
+    what = f"{shard.unit} (change {shard.model} r{shard.replica})"
+    if shards.digest(shard.spec) != shard.digest:
+        raise EditedError(f"{what}: its digest is not its spec's; the file was edited")
+    if shards.files(replace(shard, files=None)) != shard.files:
+        raise EditedError(f"{what}: its unit or env file is not what its spec renders to; "
+                          "the file was edited")
+    return shard
 
 
 def nodes_of(change: Change) -> set[str]:

@@ -4,7 +4,8 @@ Reads the cluster directory and the observed fleet — a snapshot file from
 ``llmgw inventory --json`` (``--observed``, so CI plans without SSH), or a
 live collection through the transport — and prints the plan as text,
 Markdown (pull request comments) or JSON. With ``--detailed-exitcode`` the
-exit status says whether anything would change: 0 nothing, 2 changes, 1 error.
+exit status says whether anything would change: 0 nothing, 2 changes, 3
+replicas that cannot be placed (with or without changes), 1 error.
 
 A snapshot is planned *as of the moment it was taken* (its latest
 ``collected_at``), so the same snapshot always gives the same plan.
@@ -25,9 +26,13 @@ from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.fleet.types import FORMAT_VERSION, Fleet
 from llmgw.planning import outputs, plans
+from llmgw.planning.types import Plan
+from llmgw.spec import bounds
 from llmgw.spec.models import Cluster
 from llmgw.transport import pools
 
+EXIT_CHANGES = 2
+EXIT_UNPLACEABLE = 3
 FORMATS = {"text": outputs.text, "markdown": outputs.markdown, "json": outputs.json_text}
 
 
@@ -50,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="write the plan to FILE instead of standard output")
     parser.add_argument(
         "--detailed-exitcode", action="store_true",
-        help="exit 0 when nothing would change, 2 when something would, 1 on error",
+        help="exit 0 when nothing would change, 2 when something would, 3 when replicas "
+        "cannot be placed (with or without changes), 1 on error",
     )
     parser.set_defaults(handler=run)
 
@@ -73,20 +79,34 @@ def run(args: argparse.Namespace) -> int:
         print(f"{result.summary()} Written to {args.out}.", file=sys.stderr)
     else:
         sys.stdout.write(rendered)
-    if args.detailed_exitcode and result.has_changes:
-        return 2
+    if args.detailed_exitcode:
+        return detailed_exitcode(result)
     return 0
+
+
+def detailed_exitcode(plan: Plan) -> int:
+    """3 when replicas cannot be placed (changes or not: CI must not show green),
+    2 when something would change, 0 when nothing would."""
+    if plan.unplaced:
+        return EXIT_UNPLACEABLE
+    return EXIT_CHANGES if plan.has_changes else 0
 
 
 def read_snapshot(path: Path) -> Fleet:
     """A fleet snapshot file, or a UserError saying where it is wrong."""
     try:
-        data = path.read_text()
+        data = bounds.read_text(path, bounds.JSON_MAX_BYTES)
+        bounds.check_json(data)
+    except bounds.BoundError as exc:
+        raise UserError(f"{path}:{exc.line}:{exc.col}: {exc.message}") from None
     except FileNotFoundError:
         raise UserError(f"{path}: no such file (write one with `llmgw inventory --json`)") \
             from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text (write one with `llmgw inventory --json`)") \
+            from None
     try:
         fleet = Fleet.model_validate_json(data)
     except pydantic.ValidationError as exc:

@@ -1,16 +1,23 @@
 """``llmgw status``: one line per node and per replica.
 
 Until the daemon serves its admin API, this asks the agents directly (the
-same collection as ``llmgw inventory``) and prints the compact view.
+same collection as ``llmgw inventory``) and prints the compact view. With a
+PostgreSQL store (several reconcilers, docs/ha.md) it also says which
+reconciler leads, from the lease in the store.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 
 from llmgw.cli import clusters, inventories, inventory_cmd
+from llmgw.daemon.leaders import LEASE
+from llmgw.spec.models import Cluster
+from llmgw.store import migrations, stores
+from llmgw.store.stores import StoreError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,4 +35,24 @@ def run(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
     fleet = inventory_cmd.collect(cluster, args.cluster, args.timeout)
     sys.stdout.write(inventories.render_status(cluster, fleet, time.time()))
+    if cluster.cluster.store.url and not cluster.cluster.store.url.startswith("sqlite"):
+        print(leader_line(cluster))
     return 0
+
+
+def leader_line(cluster: Cluster) -> str:
+    """``leader: HOLDER (epoch N, lease 12s left)``, or why nobody is known to lead."""
+    async def read() -> str:
+        store = await stores.open_store(cluster.cluster.store)
+        try:
+            grant = await store.lease(LEASE)
+        finally:
+            await store.close()
+        if grant is None:
+            return "leader: none (no reconciler holds the lease)"
+        return (f"leader: {grant.holder} (epoch {grant.epoch}, lease "
+                f"{grant.remaining:.0f}s left)")
+    try:
+        return asyncio.run(read())
+    except (StoreError, migrations.SchemaTooNew) as exc:
+        return f"leader: unknown ({exc})"

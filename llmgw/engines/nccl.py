@@ -8,7 +8,11 @@ Why each variable (NCCL 2.23 user guide, "Environment Variables"):
 * ``NCCL_SOCKET_IFNAME`` (``=`` again: ``eno1`` alone is a prefix and would
   also match ``eno1.100``) and ``GLOO_SOCKET_IFNAME`` (takes one exact name)
   put bootstrap traffic on the management interface, never on a fabric.
-* RoCE needs ``NCCL_IB_GID_INDEX``: the GID that is RoCE v2 over IPv4.
+* RoCE: ``NCCL_IB_GID_INDEX`` only when it is known (the fabric's
+  ``gid_index``, else what the agent found on the node). Left unset, NCCL
+  (2.21 and later) selects the GID itself, preferring RoCE v2 over IPv4
+  (``NCCL_IB_ROCE_VERSION_NUM``, ``NCCL_IB_ADDR_FAMILY``); a guessed fixed index
+  is wrong on any card whose GID table is laid out differently.
 
 A single-node replica gets none of these: NVLink/PCIe need no fabric.
 """
@@ -17,8 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
-
-DEFAULT_ROCE_GID_INDEX = 3  # RoCE v2 over IPv4 on ConnectX cards with default GID tables
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,6 @@ def environment(
         env["GLOO_SOCKET_IFNAME"] = mgmt_interface
     if fabric is not None:
         env["NCCL_IB_HCA"] = "=" + ",".join(fabric.adapters)
-        if fabric.kind == "roce":
-            gid = fabric.gid_index if fabric.gid_index is not None else DEFAULT_ROCE_GID_INDEX
-            env["NCCL_IB_GID_INDEX"] = str(gid)
+        if fabric.kind == "roce" and fabric.gid_index is not None:
+            env["NCCL_IB_GID_INDEX"] = str(fabric.gid_index)
     return env

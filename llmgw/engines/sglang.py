@@ -1,23 +1,34 @@
 """SGLang: ``python3 -m sglang.launch_server``.
 
-Flags checked against the SGLang documentation (docs.sglang.io, "Server
-Arguments" and "Multi-Node Deployment", SGLang 0.4.x–0.5.x): ``--model-path
---served-model-name --host --port --tp --pp-size --dtype --quantization
---kv-cache-dtype --download-dir``; across nodes ``--nnodes N --node-rank R
---dist-init-addr HOST:PORT``, where ``--tp`` is the tensor-parallel size over
-all nodes and only rank 0 serves HTTP.
+Options as SGLang's own ``ServerArgs`` declares them (checked against the flag
+tables, :mod:`.tables`): ``--model-path --served-model-name --host --port
+--tp-size --pp-size --dtype --quantization --kv-cache-dtype --download-dir``;
+across nodes ``--nnodes N --node-rank R --dist-init-addr HOST:PORT``, where
+``--tp-size`` is the tensor-parallel size over all nodes and only rank 0
+serves the API. (``--tp`` is not a defined option: it only ever worked through
+argparse's prefix matching, which breaks as soon as a second ``--tp…`` option
+appears.)
+
+Ranks above 0 still start a placeholder health server on their ``--host``
+and ``--port`` (``launch_dummy_health_check_server`` in
+``sglang/srt/entrypoints/engine.py``), by default 127.0.0.1:30000: a second
+such shard on one node would fail to bind. Each gets its own port from the
+planner (``aux_port``), on loopback since nothing outside needs it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llmgw.engines import flags
+from llmgw.engines import addresses, flags
+from llmgw.engines.parts import Parts
 
 if TYPE_CHECKING:
     from llmgw.engines.launches import Launch
+    from llmgw.engines.tables import Selection
 
 PROGRAM = ("/usr/bin/env", "python3", "-m", "sglang.launch_server")
+HOST_IP_ENV = "SGLANG_HOST_IP"
 
 RESERVED_FLAGS = {
     "host": "it binds each engine itself",
@@ -39,14 +50,13 @@ RESERVED_FLAGS = {
 }
 
 
-def command(launch: Launch) -> tuple[list[str], list[list[str]], dict[str, str]]:
+def command(launch: Launch, selection: Selection) -> Parts:
     profile = launch.profile
     argv = [
         *PROGRAM, "--model-path", launch.source, "--served-model-name", launch.served_name,
-        "--tp", str(profile.tensor_parallel),
+        "--tp-size", str(profile.tensor_parallel),
     ]
     if profile.pipeline_parallel > 1:
-        # Older releases lack --pp-size; leave it out where it would be 1 anyway.
         argv += ["--pp-size", str(profile.pipeline_parallel)]
     for name, setting in (
         ("--dtype", profile.dtype),
@@ -61,8 +71,10 @@ def command(launch: Launch) -> tuple[list[str], list[list[str]], dict[str, str]]
         argv += [
             "--nnodes", str(profile.nodes),
             "--node-rank", str(launch.rank),
-            "--dist-init-addr", f"{launch.head_address}:{launch.dist_port}",
+            "--dist-init-addr", addresses.host_port(str(launch.head_address), launch.dist_port),
         ]
     if launch.rank == 0:
         argv += ["--host", launch.bind_host, "--port", str(launch.port)]
-    return [*argv, *flags.render(profile.args)], [], {}
+    elif launch.aux_port is not None:
+        argv += ["--host", "127.0.0.1", "--port", str(launch.aux_port)]
+    return Parts(argv, options_from=len(PROGRAM))

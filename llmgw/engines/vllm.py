@@ -21,13 +21,22 @@ from __future__ import annotations
 import ipaddress
 from typing import TYPE_CHECKING
 
-from llmgw.engines import flags
+from llmgw.engines import addresses, flags
+from llmgw.engines.parts import Parts
 
 if TYPE_CHECKING:
     from llmgw.engines.launches import Launch
+    from llmgw.engines.tables import Selection
 
 PROGRAM = ("/usr/bin/env", "vllm")
 RAY = ("/usr/bin/env", "ray")
+HOST_IP_ENV = "VLLM_HOST_IP"
+# CUDA_VISIBLE_DEVICES may hold GPU UUIDs from this release on; earlier ones
+# call int() on every entry at start-up (vllm/platforms/cuda.py).
+UUID_DEVICES_SINCE = "0.24.0"
+# Ray's own worker processes (one port each): below the ephemeral range, above
+# the engine ports llmgw allocates from 18000.
+RAY_WORKER_PORTS = (20000, 29999)
 
 RESERVED_FLAGS = {
     "host": "it binds each engine itself",
@@ -50,29 +59,28 @@ RESERVED_FLAGS = {
 }
 
 
-def command(launch: Launch) -> tuple[list[str], list[list[str]], dict[str, str]]:
+def command(launch: Launch, selection: Selection) -> Parts:
     profile = launch.profile
-    serve = [*PROGRAM, "serve", launch.source, "--served-model-name", launch.served_name]
-    serve += [
-        "--tensor-parallel-size", str(profile.tensor_parallel),
-        "--pipeline-parallel-size", str(profile.pipeline_parallel),
-    ]
+    serve = [*PROGRAM, "serve", launch.source]
+    options = ["--served-model-name", launch.served_name,
+               "--tensor-parallel-size", str(profile.tensor_parallel),
+               "--pipeline-parallel-size", str(profile.pipeline_parallel)]
     for name, setting in (
         ("--dtype", profile.dtype),
         ("--quantization", profile.quantization),
         ("--kv-cache-dtype", profile.kv_cache_dtype),
     ):
         if setting:
-            serve += [name, setting]
+            options += [name, setting]
     if launch.download_dir and not flags.is_path(launch.source):
-        serve += ["--download-dir", launch.download_dir]
+        options += ["--download-dir", launch.download_dir]
     listen = ["--host", launch.bind_host, "--port", str(launch.port)]
-    user = flags.render(profile.args)
+    start = len(serve)
 
     if not launch.multi_node:
-        return [*serve, *listen, *user], [], {}
+        return Parts([*serve, *options, *listen], options_from=start)
 
-    head = f"{launch.head_address}:{launch.dist_port}"
+    head = addresses.host_port(str(launch.head_address), launch.dist_port)
     if profile.multi_node == "native":
         dist = [
             "--distributed-executor-backend", "mp",
@@ -82,22 +90,29 @@ def command(launch: Launch) -> tuple[list[str], list[list[str]], dict[str, str]]
             "--master-port", str(launch.dist_port),
         ]
         tail = listen if launch.rank == 0 else ["--headless"]
-        return [*serve, *dist, *tail, *user], [], {}
+        return Parts([*serve, *options, *dist, *tail], options_from=start)
 
     # Ray: rank 0 starts the Ray head, then vLLM on it; the others join and block.
+    # Ray's workers take ports from 10002-19999 by default, across llmgw's engine
+    # ports (18000 up): move them to their own range on every node.
+    workers = ["--min-worker-port", str(RAY_WORKER_PORTS[0]),
+               "--max-worker-port", str(RAY_WORKER_PORTS[1])]
     if launch.rank != 0:
-        return [*RAY, "start", "--block", "--address", head], [], {}
+        join = [*RAY, "start", "--block", "--address", head, *workers]
+        if launch.host_ip:
+            join += ["--node-ip-address", launch.host_ip]
+        return Parts(join, takes_args=False)
     start_head = [
         *RAY, "start", "--head", "--port", str(launch.dist_port),
         # The dashboard's fixed port would collide with a second Ray head on this node.
-        "--include-dashboard=false",
+        "--include-dashboard=false", *workers,
     ]
     if _is_ip(launch.head_address):
         start_head += ["--node-ip-address", str(launch.head_address)]
-    argv = [*serve, "--distributed-executor-backend", "ray", *listen, *user]
+    argv = [*serve, *options, "--distributed-executor-backend", "ray", *listen]
     # Name the cluster explicitly: with two Ray heads on one node, "auto"
     # discovery would pick whichever started last.
-    return argv, [start_head], {"RAY_ADDRESS": head}
+    return Parts(argv, [start_head], {"RAY_ADDRESS": head}, options_from=start)
 
 
 def _is_ip(address: str | None) -> bool:

@@ -14,6 +14,8 @@ Usage::
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Request latency spans a cached embedding (ms) to a long generation (minutes).
@@ -66,6 +68,8 @@ class RouterMetrics:
             "llmgw_router_endpoints", "Ready endpoints in the router's route table, by model.",
             ["model"], registry=registry, multiprocess_mode="max",
         )
+        self._multiprocess = "PROMETHEUS_MULTIPROC_DIR" in os.environ
+        self._endpoint_models: set[str] = set()
         self._requests: dict[tuple[str, int], Counter] = {}
         self._latency: dict[str, Histogram] = {}
         self._ttft: dict[str, Histogram] = {}
@@ -109,7 +113,13 @@ class RouterMetrics:
             children[1].inc(completion)
 
     def set_endpoints(self, counts: dict[str, int]) -> None:
-        """Replace the per-model endpoint gauge; models gone from the table disappear."""
-        self.endpoints.clear()
+        """Replace the per-model endpoint gauge; models gone from the table disappear
+        (in `--workers` mode, where prometheus-client cannot remove a series, they read 0)."""
+        if self._multiprocess:
+            for model in self._endpoint_models - set(counts):
+                self.endpoints.labels(model).set(0)
+            self._endpoint_models = set(counts)
+        else:
+            self.endpoints.clear()
         for model, count in counts.items():
             self.endpoints.labels(model).set(count)

@@ -16,10 +16,12 @@ from typing import Any
 # placement lines ("port 18000 → 18001"), not repeated as args.
 _PLACEMENT_FLAGS = frozenset({
     "host", "port", "master-addr", "master-port", "node-rank", "dist-init-addr", "headless",
-    "download-dir", "address",
+    "download-dir", "address", "node-ip-address",
 })
 # Environment derived from the placement: explained by GPUs/fabric lines.
-_PLACEMENT_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "RAY_ADDRESS"})
+_PLACEMENT_ENV = frozenset({
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RAY_ADDRESS", "VLLM_HOST_IP", "SGLANG_HOST_IP",
+})
 _FABRIC_ENV = frozenset({
     "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_GID_INDEX",
 })
@@ -70,6 +72,9 @@ def explain(
     name_gpus = gpu_names or (lambda _node, uuids: ",".join(uuids))
     if old.get("engine") != new.get("engine"):
         reasons.append(f"engine changed: {old.get('engine')} → {new.get('engine')}")
+    if old.get("engine_version") != new.get("engine_version"):
+        reasons.append(f"engine version changed: {_text(old.get('engine_version'))} → "
+                       f"{_text(new.get('engine_version'))}")
     if old.get("source") != new.get("source"):
         reasons.append(f"source changed: {old.get('source')} → {new.get('source')}")
     if old.get("gpu_class") != new.get("gpu_class"):
@@ -111,7 +116,8 @@ def _placement(
             f"GPUs changed on {node}: {name_gpus(node, list(old.get('gpus') or []))} → "
             f"{name_gpus(node, list(new.get('gpus') or []))}"
         )
-    for key, words in (("port", "port"), ("dist_port", "rendezvous port"), ("fabric", "fabric")):
+    for key, words in (("port", "port"), ("dist_port", "rendezvous port"),
+                       ("aux_port", "health port"), ("fabric", "fabric")):
         if old.get(key) != new.get(key):
             reasons.append(f"{words} changed: {_text(old.get(key))} → {_text(new.get(key))}")
     return reasons

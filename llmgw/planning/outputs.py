@@ -15,6 +15,7 @@ Nothing here reads a secret: plans hold paths of secret files, never values.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -111,7 +112,7 @@ def text(plan: Plan) -> str:
     """The plan as a terminal shows it."""
     out = [_title(plan), ""]
     if not plan.changes:
-        out += ["No changes: the fleet matches the cluster.", ""]
+        out += [_no_changes(plan), ""]
     for change in plan.changes:
         out += _text_change(change)
         out.append("")
@@ -129,7 +130,33 @@ def text(plan: Plan) -> str:
     if plan.warnings:
         out += ["Warnings:", *(f"  - {w}" for w in plan.warnings), ""]
     out.append(plan.summary())
-    return "\n".join(out) + "\n"
+    return _lines(out)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _lines(lines: Sequence[str]) -> str:
+    """The output, one line per entry: a control character inside an entry (an engine
+    argument from a pull request, a node's error text) is shown escaped, so it can
+    neither move the terminal's cursor nor start a line of its own (a Markdown fence)."""
+    return "".join(_CONTROL.sub(_escape, line) + "\n" for line in lines)
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group(0)
+    named = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char)
+    code = ord(char)
+    return named or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def _no_changes(plan: Plan) -> str:
+    if plan.unplaceable:
+        return "No changes can be made, and the fleet does not match the cluster: " \
+            "replicas cannot be placed (see below)."
+    if plan.unknown:
+        return "No changes: the fleet matches the cluster on every node that answered."
+    return "No changes: the fleet matches the cluster."
 
 
 def _title(plan: Plan) -> str:
@@ -196,13 +223,7 @@ def _text_attempt(attempt: Attempt) -> list[str]:
 def markdown(plan: Plan, limit: int = MARKDOWN_LIMIT) -> str:
     """The plan as a pull request comment, at most ``limit`` characters."""
     head = [f"### llmgw plan for `{plan.cluster}`", ""]
-    summary = f"**{plan.summary()}**"
-    if plan.unplaceable:
-        stuck = sum(len(u.replicas) for u in plan.unplaceable)
-        summary += f" {count(stuck, 'replica')} cannot be placed."
-    if plan.unknown:
-        summary += f" {count(len(plan.unknown), 'replica')} unknown (node not reachable)."
-    head += [summary, ""]
+    head += [f"**{plan.summary()}**", ""]
     rows = _markdown_rows(plan)
     footer = [
         "",
@@ -220,7 +241,7 @@ def markdown(plan: Plan, limit: int = MARKDOWN_LIMIT) -> str:
         table.append(row)
         used += len(row) + 1
     if not rows:
-        table = ["No changes: the fleet matches the cluster."]
+        table = [_no_changes(plan)]
     body = head + table + [""] + _markdown_capacity(plan)
     remaining = limit - len("\n".join(body + footer)) - 200
     details, left_out = _markdown_details(plan, remaining)
@@ -232,7 +253,7 @@ def markdown(plan: Plan, limit: int = MARKDOWN_LIMIT) -> str:
         warnings = ["", "**Warnings**", ""] + [f"- {_cell(w)}" for w in plan.warnings]
         if len("\n".join(body + warnings + footer)) < limit:
             body += warnings
-    return "\n".join(body + footer) + "\n"
+    return _lines(body + footer)
 
 
 def _markdown_rows(plan: Plan) -> list[str]:
@@ -244,14 +265,24 @@ def _markdown_rows(plan: Plan) -> list[str]:
             what = ("replace: create before destroy" if change.strategy == "create-before-destroy"
                     else "replace: destroy, then create")
         rows.append(_row(f"`{symbol(change)}`", change.model, f"r{change.replica}", what,
-                         where(shards), "; ".join(change.reasons)))
+                         where(shards), _inert("; ".join(change.reasons))))
     for entry in plan.unplaceable:
         replicas = ", ".join(f"r{r}" for r in entry.replicas)
-        rows.append(_row("`!`", entry.model, replicas, "cannot be placed", "—", entry.wanted))
+        rows.append(_row("`!`", entry.model, replicas, "cannot be placed", "—",
+                         _inert(entry.wanted)))
     for unknown in plan.unknown:
         rows.append(_row("`?`", unknown.model, f"r{unknown.replica}", "unknown",
-                         ", ".join(unknown.nodes), "; ".join(unknown.reasons)))
+                         ", ".join(unknown.nodes), _inert("; ".join(unknown.reasons))))
     return rows
+
+
+_MARKUP = re.compile(r"([\\`\[\]])")  # links, images, code spans; emphasis is harmless
+
+
+def _inert(text: str) -> str:
+    """Reasons quote values from pull requests and nodes: in a comment they must stay
+    text — no link, image, emphasis or code span of theirs is rendered."""
+    return _MARKUP.sub(r"\\\1", text)
 
 
 def _row(*cells: str) -> str:
@@ -318,7 +349,7 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "summary": {
             **{action: plan.count(action)
                for action in ("create", "replace", "destroy", "restart")},
-            "unplaceable": sum(len(u.replicas) for u in plan.unplaceable),
+            "unplaceable": plan.unplaced,
             "unknown": len(plan.unknown),
             "text": plan.summary(),
         },

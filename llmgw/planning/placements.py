@@ -50,6 +50,12 @@ class Slot:
     gpu_uuids: tuple[str, ...]
     port: int | None = None  # HTTP, rank 0 only
     dist_port: int | None = None  # rendezvous, rank 0 of multi-node replicas only
+    aux_port: int | None = None  # SGLang ranks > 0: their placeholder health server
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        """Every port this shard holds on its node."""
+        return tuple(p for p in (self.port, self.dist_port, self.aux_port) if p is not None)
 
 
 @dataclass(frozen=True)
@@ -225,6 +231,9 @@ def _place_multi(capacity: Capacity, request: Request) -> Placement | Attempt:
         if rank == 0:
             port, dist_port = node.next_ports(2)
             slots.append(Slot(name, gpu_class, gpus, uuids, port=port, dist_port=dist_port))
+        elif profile.engine == "sglang":
+            # SGLang binds a health server on every rank: give it a port of its own.
+            slots.append(Slot(name, gpu_class, gpus, uuids, aux_port=node.next_ports(1)[0]))
         else:
             slots.append(Slot(name, gpu_class, gpus, uuids))
     return Placement(request.profile_index, tuple(slots), fabric=fabric)
@@ -280,6 +289,7 @@ def current(capacity: Capacity, replica: ObservedReplica) -> Placement | None:
             member.node, spec.get("gpu_class"), gpus, uuids,
             port=spec.get("port") if rank == 0 else None,
             dist_port=spec.get("dist_port") if rank == 0 else None,
+            aux_port=spec.get("aux_port"),
         ))
     return Placement(int(head.get("profile") or 0), tuple(slots),
                      fabric=head.get("fabric"), memory=int(head.get("memory") or 0))

@@ -197,7 +197,8 @@ class _Planner:
                             f"{replica.model} r{replica.replica}"
                         )
                 ports = tuple(sorted({
-                    p for p in (member.unit.port, spec.get("port"), spec.get("dist_port"))
+                    p for p in (member.unit.port, spec.get("port"), spec.get("dist_port"),
+                                spec.get("aux_port"))
                     if isinstance(p, int)
                 }))
                 memory = int(spec.get("memory") or 0)
@@ -468,7 +469,7 @@ class _Planner:
         built = shards.build(self.cluster, self.reports, name, index, placement, render=True)
         holds = []
         for slot in placement.slots:
-            ports = tuple(p for p in (slot.port, slot.dist_port) if p is not None)
+            ports = slot.ports
             hold = _Hold(slot.node, slot.gpus, ports, placement.memory)
             self._take_hold(name, index, hold)
             holds.append(hold)

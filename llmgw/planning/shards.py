@@ -13,6 +13,7 @@ A purely computational module with no side effects.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import replace
@@ -25,7 +26,7 @@ from llmgw.planning.placements import Placement
 from llmgw.planning.types import Shard
 from llmgw.rendering import units
 from llmgw.spec import sources
-from llmgw.spec.models import Cluster
+from llmgw.spec.models import Cluster, Node
 
 SPEC_VERSION = 1
 SPEC_LABEL = "X-Llmgw-Spec"
@@ -96,10 +97,13 @@ def build(
             rank=rank,
             bind_host="127.0.0.1" if node.is_local else "0.0.0.0",
             port=head_slot.port if rank == 0 else None,
-            head_address=head.address if multi else None,
+            head_address=_mgmt_address(head) if multi else None,
             dist_port=head_slot.dist_port if multi else None,
             gpu_uuids=slot.gpu_uuids,
+            gpu_indices=slot.gpus,
             mgmt_interface=node.mgmt_interface,
+            host_ip=_mgmt_ip(node) if multi else None,
+            aux_port=slot.aux_port,
             fabric=fabric,
             download_dir=node.weights_dirs[0] if node.weights_dirs else None,
         )
@@ -121,6 +125,9 @@ def build(
             "gpus": list(slot.gpu_uuids),
             "port": launch.port,
             "dist_port": head_slot.dist_port if multi and rank == 0 else None,
+            **({"aux_port": slot.aux_port} if slot.aux_port is not None else {}),
+            # What the node installs; in the digest, so an upgrade restarts the engine.
+            **({"engine_version": profile.engine_version} if profile.engine_version else {}),
             "fabric": placement.fabric,
             "memory": placement.memory,
             "profile": placement.profile,
@@ -170,6 +177,21 @@ def files(shard: Shard) -> units.UnitFiles:
 
 def with_files(shard: Shard) -> Shard:
     return replace(shard, files=files(shard))
+
+
+def _mgmt_address(node: Node) -> str:
+    """Where peers reach a node: its management address, else its SSH address."""
+    return node.mgmt_address or node.address
+
+
+def _mgmt_ip(node: Node) -> str | None:
+    """The node's management IP, if known: an engine's own address must be an IP."""
+    for candidate in (node.mgmt_address, node.address):
+        try:
+            return str(ipaddress.ip_address(candidate or ""))
+        except ValueError:
+            continue
+    return None
 
 
 def _fabric(

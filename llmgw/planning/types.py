@@ -164,11 +164,26 @@ class Plan:
     def has_changes(self) -> bool:
         return bool(self.changes)
 
+    @property
+    def unplaced(self) -> int:
+        """How many wanted replicas cannot be placed."""
+        return sum(len(entry.replicas) for entry in self.unplaceable)
+
     def summary(self) -> str:
-        """``Plan: 2 to create, 1 to replace, 0 to destroy.`` (restarts when any)."""
+        """``Plan: 2 to create, 1 to replace, 0 to destroy.`` (restarts when any), then
+        what the plan cannot fix: ``3 replicas cannot be placed.``, ``1 replica unknown
+        (node not reachable).`` — every output format and the daemon's log use this line,
+        so trouble is never hidden behind "0 to create"."""
         text = (
             f"Plan: {self.count('create')} to create, {self.count('replace')} to replace, "
             f"{self.count('destroy')} to destroy"
         )
         restarts = self.count("restart")
-        return text + (f", {restarts} to restart." if restarts else ".")
+        text += f", {restarts} to restart." if restarts else "."
+        if self.unplaced:
+            plural = "s" if self.unplaced != 1 else ""
+            text += f" {self.unplaced} replica{plural} cannot be placed."
+        if self.unknown:
+            plural = "s" if len(self.unknown) != 1 else ""
+            text += f" {len(self.unknown)} replica{plural} unknown (node not reachable)."
+        return text

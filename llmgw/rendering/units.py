@@ -88,6 +88,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["systemd_env"] = quoting.systemd_env
     env.filters["env_file_value"] = quoting.env_file_value
+    env.filters["label"] = quoting.label
     return env
 
 

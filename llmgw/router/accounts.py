@@ -10,9 +10,15 @@ Rows are buffered and written in one transaction every ``flush_interval``
 seconds (and on close), so a request never waits on a write. Every store call
 is async (:mod:`llmgw.store.stores`): none blocks the event loop.
 
-Budgets are checked before a request is sent and charged after it answers:
-requests in flight together can overshoot a budget by what they cost, never
-more.
+Budgets: a request for a project with a budget reserves its estimated cost
+(:func:`estimate`) in the store before it is sent — atomically across every
+router sharing the store — and the reservation is settled, in the transaction
+that writes the request's usage row, at the next flush; at the request's end
+it already shrinks to the real cost. A project is refused
+once what it spent plus what requests in flight reserved reaches its budget,
+so spend stays under budget + one reservation, however many routers and
+requests, as long as answers cost no more than their reservation (always, when
+a client sets an output limit).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from llmgw.router.catalogs import Catalog
 from llmgw.router.errors import ApiError
@@ -38,6 +45,34 @@ class Principal:
 
 
 ANONYMOUS = Principal(None, None)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    project: str | None  # None: nothing was reserved (no budget, or auth: none)
+    amount: float = 0.0
+    id: str | None = None  # the store's reservation
+
+
+NOTHING = Reservation(None)
+# How long a reservation holds if its router dies before settling it: longer than any
+# request runs, so a live request's reservation never lapses under it.
+RESERVATION_HOLD = 3600.0
+DEFAULT_OUTPUT_TOKENS = 1024  # reserved for a request that sets no output limit
+_OUTPUT_LIMITS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def estimate(body_bytes: int, payload: dict[str, Any], embeddings: bool) -> tuple[int, int]:
+    """Tokens to reserve: the body's bytes bound its prompt tokens (a token of a byte-level
+    tokenizer covers at least one byte), plus its output limit times ``n`` choices."""
+    if embeddings:
+        return body_bytes, 0
+    limit = next((v for v in (payload.get(k) for k in _OUTPUT_LIMITS)
+                  if isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+                 DEFAULT_OUTPUT_TOKENS)
+    n = payload.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+    return body_bytes, limit * choices
 _HOW_TO = "send `Authorization: Bearer <key>`; an operator creates keys with `llmgw keys create`"
 
 
@@ -52,6 +87,7 @@ class Accounts:
         self.flush_interval = flush_interval
         self.spent: dict[str, float] = {}
         self._rows: list[UsageRow] = []
+        self._settled: list[str] = []  # reservations whose rows are in _rows
         self._flusher: asyncio.Task[None] | None = None
 
     async def authenticate(self, authorization: str | None) -> Principal:
@@ -80,42 +116,66 @@ class Accounts:
                            "cluster's projects", code="unknown_project")
         return Principal(info.project, info.id)
 
-    def check_budget(self, principal: Principal) -> None:
-        """ApiError 429 when the caller's project has spent its budget."""
-        if principal.project is None:
-            return
-        budget = self.catalog.budgets.get(principal.project)
-        if budget is None:
-            return
-        spent = self.spent.get(principal.project, 0.0)
-        if spent >= budget:
+    async def reserve(self, principal: Principal, cost: float) -> Reservation:
+        """Hold ``cost`` USD of the caller's budget until :meth:`record`; ApiError 429 when
+        what the project has spent and requests in flight on every router sharing the
+        store have reserved already reaches its budget."""
+        project = principal.project
+        budget = self.catalog.budgets.get(project) if project is not None else None
+        if project is None or budget is None or self.store is None:
+            return NOTHING
+        try:
+            admission = await self.store.reserve(project, budget, cost, RESERVATION_HOLD)
+        except StoreError as exc:
+            log.error("cannot reserve budget: %s", exc)
+            raise ApiError(503, "the budget store is unreachable; retry shortly",
+                           code="store_unavailable", type="server_error",
+                           headers={"Retry-After": "2"}) from None
+        if admission.id is None:
             raise ApiError(
                 429,
-                f"project {principal.project!r} is over its budget: spent {_usd(spent)} of "
-                f"{_usd(budget)}; raise budget_usd in the cluster's projects to continue",
+                f"project {project!r} is over its budget: spent {_usd(admission.spent)} of "
+                f"{_usd(budget)} (requests in flight hold {_usd(admission.reserved)} more); "
+                "raise budget_usd in the cluster's projects to continue",
                 code="insufficient_quota", type="insufficient_quota",
             )
+        return Reservation(project, cost, admission.id)
 
-    def record(self, row: UsageRow) -> None:
-        """Charge ``row`` to its project now; write it at the next flush."""
+    def record(self, row: UsageRow, reservation: Reservation | None = None) -> None:
+        """Charge ``row`` to its project now; write it, and settle ``reservation``, at the
+        next flush (in one transaction: see :meth:`Store.insert_usage`)."""
         if row.project is not None and row.cost_usd:
             self.spent[row.project] = self.spent.get(row.project, 0.0) + row.cost_usd
         if self.store is not None:
             self._rows.append(row)
+            if reservation is not None and reservation.id is not None:
+                self._settled.append(reservation.id)
+
+    async def settle(self, reservation: Reservation, cost: float) -> None:
+        """Shrink ``reservation`` to what its request cost, at once: the next request of
+        the project is admitted against the real figure, not the estimate."""
+        if reservation.id is None or self.store is None:
+            return
+        try:
+            await self.store.settle_reservation(reservation.id, cost)
+        except StoreError as exc:  # the estimate holds until the row is written: safe side
+            log.warning("could not settle a reservation: %s", exc)
 
     async def flush(self) -> None:
         """Write buffered rows (one transaction), then reload spend from the store."""
         if self.store is None:
             return
         rows, self._rows = self._rows, []
+        settled, self._settled = self._settled, []
         try:
-            if rows:
-                await usages.insert(self.store, rows)
+            if rows or settled:
+                await self.store.insert_usage(rows, settled)
             stored = await usages.spend_by_project(self.store)
         except StoreError as exc:
             # Keep them for the next flush: a locked disk or a lost database must not lose
-            # spend. In-memory spend goes on counting meanwhile.
+            # spend (their reservations keep holding the budget meanwhile).
             self._rows[:0] = rows
+            self._settled[:0] = settled
             log.error("could not write %d usage rows (will retry): %s", len(rows), exc)
             return
         # Rows recorded while this flush awaited are in memory only: keep them on top.

@@ -29,8 +29,8 @@ from prometheus_client import CollectorRegistry
 
 from llmgw.fleet.types import Demand
 from llmgw.metrics.instruments import UNKNOWN_MODEL, RouterMetrics
-from llmgw.router import errors, streams
-from llmgw.router.accounts import Accounts, Principal
+from llmgw.router import affinities, errors, streams
+from llmgw.router.accounts import NOTHING, Accounts, Principal, Reservation, estimate
 from llmgw.router.catalogs import Catalog, ModelEntry
 from llmgw.router.demands import Demands
 from llmgw.router.errors import ApiError
@@ -132,6 +132,7 @@ class Router:
     async def _proxied(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         label, entry_key, principal = UNKNOWN_MODEL, None, None
+        reservation = NOTHING
         stream = False
         outcome = Outcome()
         try:
@@ -144,16 +145,24 @@ class Router:
             self.metrics.started(label)
             try:
                 self.demands.touch(entry_key, time.time())
-                self.accounts.check_budget(principal)
+                if entry is not None and principal.project is not None:
+                    prompt, output = estimate(len(body), payload,
+                                              request.path == "/v1/embeddings")
+                    reservation = await self.accounts.reserve(principal,
+                                                              entry.cost(prompt, output))
                 stream = payload.get("stream") is True
                 strip = False
                 if stream and request.path in _ASK_FOR_USAGE:
                     body, asked = streams.ask_for_usage(body, payload)
                     strip = not asked
+                affinity = None
+                if entry is not None and entry.prefix_chars:
+                    affinity = affinities.key(payload, entry.prefix_chars, entry.min_prefix_chars)
                 await self._wait_for_replica(name, entry_key, entry)
                 response = await self.proxy.forward(
                     request, entry_key, body, stream=stream, strip_usage_chunk=strip,
                     outcome=outcome, on_retry=lambda: self.metrics.retries.labels(label).inc(),
+                    affinity=affinity, load_factor=entry.load_factor if entry else 1.25,
                 )
                 outcome.status = outcome.status or response.status
                 return response
@@ -171,7 +180,9 @@ class Router:
             outcome.status = CLIENT_CLOSED
             return web.Response(status=CLIENT_CLOSED)
         finally:
-            self._account(request.path, label, entry_key, principal, stream, outcome, started)
+            cost = self._account(request.path, label, entry_key, principal, stream, outcome,
+                                 started, reservation)
+            await self.accounts.settle(reservation, cost)
 
     def _resolve(self, name: str) -> tuple[ModelEntry | None, str]:
         entry = self.catalog.models.get(name)
@@ -213,23 +224,26 @@ class Router:
         stream: bool,
         outcome: Outcome,
         started: float,
-    ) -> None:
+        reservation: Reservation = NOTHING,
+    ) -> float:
+        """Metrics and the usage row of a finished request; returns what it cost."""
         ended = time.monotonic()
         status = outcome.status or 500
         self.metrics.finished(label, status, ended - started)
         if outcome.first_byte_at is not None:
             self.metrics.first_token(label, outcome.first_byte_at - started)
         if key is None or principal is None:
-            return  # no model resolved: nothing to charge, no row
+            return 0.0  # no model resolved: nothing to charge, no row
         prompt, completion = outcome.usage or (None, None)
         self.metrics.used_tokens(label, prompt, completion)
         entry = self.catalog.by_key(key)
+        cost = entry.cost(prompt, completion) if entry else 0.0
         self.accounts.record(UsageRow(
             ts=time.time(), project=principal.project, key_id=principal.key_id, model=key,
             endpoint=path, status=status, prompt_tokens=prompt, completion_tokens=completion,
-            latency_ms=round((ended - started) * 1000, 3),
-            cost_usd=entry.cost(prompt, completion) if entry else 0.0, stream=stream,
-        ))
+            latency_ms=round((ended - started) * 1000, 3), cost_usd=cost, stream=stream,
+        ), reservation)
+        return cost
 
     async def _models(self, request: web.Request) -> web.Response:
         await self.accounts.authenticate(request.headers.get("Authorization"))

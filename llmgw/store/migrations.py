@@ -169,6 +169,64 @@ CREATE TABLE router_signals (
 );
 """,
     ),
+    Migration(
+        5, "budget reservations shared by routers",
+        # project_spend: running totals, kept in the transaction that inserts usage rows, so
+        # admission reads one row instead of summing usage. reservations: what requests in
+        # flight on any router may still cost; a row leaves in the transaction that writes
+        # its request's usage row (no instant where the cost is in neither), or expires
+        # when its router died.
+        sqlite="""
+CREATE TABLE IF NOT EXISTS project_spend (
+    project  TEXT PRIMARY KEY,
+    spent    REAL NOT NULL
+);
+INSERT OR IGNORE INTO project_spend (project, spent)
+    SELECT project, SUM(cost_usd) FROM usage WHERE project IS NOT NULL GROUP BY project;
+CREATE TABLE IF NOT EXISTS reservations (
+    id          TEXT PRIMARY KEY,
+    project     TEXT NOT NULL,
+    amount      REAL NOT NULL,
+    expires_at  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reservations_project ON reservations (project, expires_at);
+""",
+        postgres="""
+CREATE TABLE project_spend (
+    project  TEXT PRIMARY KEY,
+    spent    DOUBLE PRECISION NOT NULL
+);
+INSERT INTO project_spend (project, spent)
+    SELECT project, SUM(cost_usd) FROM usage WHERE project IS NOT NULL GROUP BY project;
+CREATE TABLE reservations (
+    id          TEXT PRIMARY KEY,
+    project     TEXT NOT NULL,
+    amount      DOUBLE PRECISION NOT NULL,
+    expires_at  TIMESTAMPTZ NOT NULL
+);
+CREATE INDEX reservations_project ON reservations (project, expires_at);
+-- Admission in one round trip. Each statement of a VOLATILE function takes a fresh
+-- snapshot, so the sum below, read after the row lock is held, sees every reservation
+-- committed by the router that held the lock before us.
+CREATE FUNCTION llmgw_reserve(p_project TEXT, p_budget DOUBLE PRECISION,
+                              p_amount DOUBLE PRECISION, p_hold DOUBLE PRECISION,
+                              p_id TEXT, OUT spent DOUBLE PRECISION,
+                              OUT reserved DOUBLE PRECISION, OUT admitted BOOLEAN)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    INSERT INTO project_spend VALUES (p_project, 0) ON CONFLICT (project) DO NOTHING;
+    SELECT s.spent INTO spent FROM project_spend s WHERE s.project = p_project FOR UPDATE;
+    SELECT COALESCE(SUM(amount), 0) INTO reserved FROM reservations
+        WHERE project = p_project AND expires_at > now();
+    admitted := spent + reserved < p_budget;
+    IF admitted THEN
+        INSERT INTO reservations
+            VALUES (p_id, p_project, p_amount, now() + make_interval(secs => p_hold));
+    END IF;
+END;
+$$;
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

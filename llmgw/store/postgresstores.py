@@ -19,14 +19,15 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from typing import Literal
 
 import asyncpg
 
 from llmgw.store import migrations
-from llmgw.store.stores import Grant, KeyListing, KeyRow, Published, Store, StoreError
-from llmgw.store.usages import COLUMNS, UsageRow, from_record, to_record
+from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
+from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 
 _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
 _INSERT_USAGE = (f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES "
@@ -57,7 +58,8 @@ class PostgresStore(Store):
     async def open(cls, dsn: str, where: str) -> PostgresStore:
         try:
             pool = await asyncpg.create_pool(dsn, min_size=1, max_size=_POOL_SIZE,
-                                             timeout=10, command_timeout=30)
+                                             timeout=10, command_timeout=30,
+                                             reset=_no_session_state)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot connect to the store {where}: {exc}") from None
         store = cls(pool, where)
@@ -116,17 +118,40 @@ class PostgresStore(Store):
         return KeyRow(*found) if found else None
 
     # -- usage --------------------------------------------------------------------------
-    async def insert_usage(self, rows: Sequence[UsageRow]) -> None:
-        if not rows:
+    async def insert_usage(self, rows: Sequence[UsageRow], settled: Sequence[str] = ()) -> None:
+        if not rows and not settled:
             return
-        async with self._conn() as conn:
-            await conn.executemany(_INSERT_USAGE, [to_record(r) for r in rows])
+        async with self._conn() as conn, conn.transaction():
+            await _append_usage(conn, [to_record(r) for r in rows])
+            if settled:
+                await conn.execute("DELETE FROM reservations WHERE id = ANY($1::text[])",
+                                   list(settled))
 
     async def spend_by_project(self) -> dict[str, float]:
         async with self._conn() as conn:
-            rows = await conn.fetch("SELECT project, SUM(cost_usd) FROM usage "
-                                    "WHERE project IS NOT NULL GROUP BY project")
-        return {r[0]: float(r[1] or 0.0) for r in rows}
+            rows = await conn.fetch("SELECT project, spent FROM project_spend")
+        return {r[0]: float(r[1]) for r in rows}
+
+    async def reserve(self, project: str, budget: float, amount: float,
+                      hold: float) -> Admission:
+        # One round trip: llmgw_reserve (migration 5) locks the project's spend row, so
+        # every router's admission for this project waits its turn and none can see room
+        # for a request another has just taken.
+        reservation = secrets.token_hex(8)
+        async with self._conn() as conn:
+            found = await conn.fetchrow("SELECT spent, reserved, admitted FROM "
+                                        "llmgw_reserve($1, $2, $3, $4, $5)", project,
+                                        float(budget), float(amount), float(hold), reservation)
+        assert found is not None
+        spent, reserved = float(found[0]), float(found[1])
+        if not found[2]:
+            return Admission(None, spent, reserved)
+        return Admission(reservation, spent, reserved)
+
+    async def settle_reservation(self, reservation: str, cost: float) -> None:
+        async with self._conn() as conn:
+            await conn.execute("UPDATE reservations SET amount = $2 WHERE id = $1",
+                               reservation, cost)
 
     async def recent_usage(self, limit: int) -> list[UsageRow]:
         async with self._conn() as conn:
@@ -217,7 +242,7 @@ class PostgresStore(Store):
                     "COALESCE(keys.revoked_at, EXCLUDED.revoked_at)",
                     [_key_tuple(k) for k in keys])
             if usage:
-                await conn.executemany(_INSERT_USAGE, [to_record(r) for r in usage])
+                await _append_usage(conn, [to_record(r) for r in usage])
             await conn.execute(
                 "INSERT INTO store_copies VALUES ($1, $2, $3) ON CONFLICT (source) DO UPDATE "
                 "SET last_usage_id = EXCLUDED.last_usage_id, copied_at = EXCLUDED.copied_at",
@@ -225,6 +250,28 @@ class PostgresStore(Store):
 
     async def close(self) -> None:
         await self._pool.close()
+
+
+async def _append_usage(conn: asyncpg.pool.PoolConnectionProxy, records: list[Record]) -> None:
+    """Insert usage records and add their cost to project_spend (inside a transaction)."""
+    if not records:
+        return
+    await conn.executemany(_INSERT_USAGE, records)
+    totals: dict[str, float] = {}
+    for record in records:
+        project, cost = record[1], record[9]
+        if project is not None and cost:
+            totals[project] = totals.get(project, 0.0) + cost
+    if totals:
+        await conn.executemany(
+            "INSERT INTO project_spend VALUES ($1, $2) ON CONFLICT (project) DO UPDATE "
+            "SET spent = project_spend.spent + EXCLUDED.spent", list(totals.items()))
+
+
+async def _no_session_state(_: asyncpg.Connection) -> None:
+    """Skip asyncpg's reset query on every release (a round trip per store call): this
+    module sets no session variables, listens to nothing and takes advisory locks only
+    for a transaction; an open transaction is still rolled back by the pool."""
 
 
 def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None]:

@@ -17,6 +17,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -25,8 +26,8 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from llmgw.store import databases
-from llmgw.store.stores import Grant, KeyListing, KeyRow, Published, Store, StoreError
-from llmgw.store.usages import COLUMNS, UsageRow, from_record, to_record
+from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
+from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 
 T = TypeVar("T")
 _MARKS = ", ".join("?" * len(COLUMNS))
@@ -102,23 +103,48 @@ class SQLiteStore(Store):
         return await self._run(revoke)
 
     # -- usage --------------------------------------------------------------------------
-    async def insert_usage(self, rows: Sequence[UsageRow]) -> None:
-        if not rows:
+    async def insert_usage(self, rows: Sequence[UsageRow], settled: Sequence[str] = ()) -> None:
+        if not rows and not settled:
             return
         records = [to_record(r) for r in rows]
 
         def insert(conn: sqlite3.Connection) -> None:
             with conn:
                 conn.execute("BEGIN")
-                conn.executemany(_INSERT_USAGE, records)
+                _append_usage(conn, records)
+                conn.executemany("DELETE FROM reservations WHERE id = ?",
+                                 [(i,) for i in settled])
         await self._run(insert)
 
     async def spend_by_project(self) -> dict[str, float]:
         def select(conn: sqlite3.Connection) -> dict[str, float]:
-            rows = conn.execute("SELECT project, SUM(cost_usd) FROM usage "
-                                "WHERE project IS NOT NULL GROUP BY project").fetchall()
-            return {project: float(total or 0.0) for project, total in rows}
+            rows = conn.execute("SELECT project, spent FROM project_spend").fetchall()
+            return {project: float(total) for project, total in rows}
         return await self._run(select)
+
+    async def reserve(self, project: str, budget: float, amount: float,
+                      hold: float) -> Admission:
+        def reserve(conn: sqlite3.Connection) -> Admission:
+            now = time.time()
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")  # the write lock orders every router's check
+                spent = conn.execute("SELECT spent FROM project_spend WHERE project = ?",
+                                     (project,)).fetchone()
+                reserved = conn.execute(
+                    "SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = ? "
+                    "AND expires_at > ?", (project, now)).fetchone()[0]
+                spent_usd = float(spent[0]) if spent else 0.0
+                if spent_usd + reserved >= budget:
+                    return Admission(None, spent_usd, float(reserved))
+                reservation = secrets.token_hex(8)
+                conn.execute("INSERT INTO reservations VALUES (?, ?, ?, ?)",
+                             (reservation, project, amount, now + hold))
+            return Admission(reservation, spent_usd, float(reserved))
+        return await self._run(reserve)
+
+    async def settle_reservation(self, reservation: str, cost: float) -> None:
+        await self._run(lambda conn: conn.execute(
+            "UPDATE reservations SET amount = ? WHERE id = ?", (cost, reservation)))
 
     async def recent_usage(self, limit: int) -> list[UsageRow]:
         def select(conn: sqlite3.Connection) -> list[UsageRow]:
@@ -236,7 +262,7 @@ class SQLiteStore(Store):
                                  "ON CONFLICT (id) DO UPDATE SET revoked_at = "
                                  "COALESCE(keys.revoked_at, excluded.revoked_at)",
                                  [_key_tuple(k) for k in keys])
-                conn.executemany(_INSERT_USAGE, [to_record(r) for r in usage])
+                _append_usage(conn, [to_record(r) for r in usage])
                 conn.execute("INSERT INTO store_copies VALUES (?, ?, ?) ON CONFLICT (source) "
                              "DO UPDATE SET last_usage_id = excluded.last_usage_id, "
                              "copied_at = excluded.copied_at", (source, last_usage_id, now))
@@ -245,6 +271,18 @@ class SQLiteStore(Store):
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
         self._executor.shutdown(wait=True)
+
+
+def _append_usage(conn: sqlite3.Connection, records: list[Record]) -> None:
+    """Insert usage records and add their cost to project_spend (inside a transaction)."""
+    conn.executemany(_INSERT_USAGE, records)
+    totals: dict[str, float] = {}
+    for record in records:
+        project, cost = record[1], record[9]
+        if project is not None and cost:
+            totals[project] = totals.get(project, 0.0) + cost
+    conn.executemany("INSERT INTO project_spend VALUES (?, ?) ON CONFLICT (project) DO UPDATE "
+                     "SET spent = project_spend.spent + excluded.spent", totals.items())
 
 
 def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None]:

@@ -72,6 +72,15 @@ class Grant:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """The answer to a reservation: its id (None: refused) and the project's figures."""
+
+    id: str | None
+    spent: float
+    reserved: float
+
+
+@dataclass(frozen=True)
 class Published:
     """A routing table as the leader published it: ``seq`` grows with every publication."""
 
@@ -102,11 +111,22 @@ class Store(abc.ABC):
 
     # -- usage --------------------------------------------------------------------------
     @abc.abstractmethod
-    async def insert_usage(self, rows: Sequence[UsageRow]) -> None:
-        """Append ``rows`` in one transaction."""
+    async def insert_usage(self, rows: Sequence[UsageRow], settled: Sequence[str] = ()) -> None:
+        """Append ``rows`` and add their cost to the projects' spend, and drop the
+        reservations ``settled`` (their requests' rows are among ``rows``): one transaction,
+        so a request's cost is always counted once, as reserved or as spent."""
 
     @abc.abstractmethod
     async def spend_by_project(self) -> dict[str, float]: ...
+
+    # -- budgets ------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def reserve(self, project: str, budget: float, amount: float,
+                      hold: float) -> Admission:
+        """Reserve ``amount`` USD for a request of ``project`` unless what it has spent
+        plus what requests in flight on every router have reserved reaches ``budget``.
+        Atomic across routers. The reservation lapses after ``hold`` seconds if never
+        settled (its router died)."""
 
     @abc.abstractmethod
     async def recent_usage(self, limit: int) -> list[UsageRow]:
@@ -115,6 +135,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def usage_after(self, after_id: int, limit: int) -> list[tuple[int, UsageRow]]:
         """Rows with id above ``after_id`` in id order: a cursor for copying everything."""
+
+    @abc.abstractmethod
+    async def settle_reservation(self, reservation: str, cost: float) -> None:
+        """The request behind ``reservation`` ended costing ``cost``: hold that much, not
+        the estimate, until its usage row is written (which drops the reservation)."""
 
     # -- lease --------------------------------------------------------------------------
     @abc.abstractmethod

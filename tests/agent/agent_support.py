@@ -32,22 +32,42 @@ def unit_text(
     service: str = "",
     digest: str = "d1",
 ) -> str:
-    """A unit as the renderer writes it (INTERFACES.md), running the test engine."""
+    """A unit with exactly the keys llmgw's template writes (the agent refuses any other
+    shape), running the test engine.
+
+    ``service`` holds extra ``[Service]`` lines: a key the template writes once
+    (``TimeoutStopSec=0.3``) replaces its default; ``Environment=`` lines are added.
+    The start limit is on (``StartLimitIntervalSec=10s``) unless a test turns it off.
+    """
     name = f"llmgw-{model}-r{replica}-s{rank}.service"
     port_label = f"X-Llmgw-Port={port}\n" if port is not None else ""
     port_arg = f" --port {port}" if port is not None else ""
+    settings = {
+        "Type": "exec",
+        "ExecStart": f"{sys.executable} {ENGINE} serve {model}{port_arg} {args}",
+        "EnvironmentFile": f"-/etc/llmgw/env/{name}.env\n"
+                           f"EnvironmentFile=-/etc/llmgw/env/{name}.secret.env",
+        "KillMode": "control-group", "TimeoutStopSec": "5", "Restart": "on-failure",
+        "RestartSec": "0", "LimitNOFILE": "1048576", "LimitMEMLOCK": "infinity",
+    }
+    extra = []
+    for line in service.splitlines():
+        key, _, value = line.partition("=")
+        if key in settings:
+            settings[key] = value
+        elif line:
+            extra.append(line)
     return (
         "[Unit]\n"
-        f"Description=llmgw {model} replica {replica} rank {rank}\n"
+        f"Description=llmgw {model} replica {replica} shard {rank} (vllm)\n"
+        "After=network-online.target\nWants=network-online.target\n"
+        "StartLimitIntervalSec=10s\n"
         f"X-Llmgw-Model={model}\nX-Llmgw-Replica={replica}\nX-Llmgw-Rank={rank}\n"
         f"X-Llmgw-Digest={digest}\n{port_label}"
+        'X-Llmgw-Spec={"v":1}\n'
         "\n[Service]\n"
-        f"ExecStart={sys.executable} {ENGINE} serve {model}{port_arg} {args}\n"
-        f"EnvironmentFile=-/etc/llmgw/env/{name}.env\n"
-        f"EnvironmentFile=-/etc/llmgw/env/{name}.secret.env\n"
-        "KillMode=control-group\nRestart=on-failure\nTimeoutStopSec=5\n"
-        f"{service}"
-        "\n[Install]\nWantedBy=multi-user.target\n"
+        + "".join(f"{key}={value}\n" for key, value in settings.items())
+        + "".join(f"{line}\n" for line in extra)
     )
 
 

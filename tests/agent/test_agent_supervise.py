@@ -215,6 +215,20 @@ async def test_missing_secret_file_fails_that_unit_only(
         (unit_name("m2"), unit_text(), "its labels name it llmgw-m1-r0-s0.service"),
         (unit_name(), unit_text().replace("X-Llmgw-Digest=d1\n", ""), "no X-Llmgw-Digest"),
         (unit_name(), "[Unit]\nX-Llmgw-Model=m1\nnot an assignment\n", ":3: expected Key=value"),
+        # Only the keys the template writes, as often as it writes them.
+        (unit_name(), unit_text() + "ExecStartPre=/usr/bin/touch /tmp/p\n",
+         "refused: [Service] ExecStartPre= is not a key llmgw writes"),
+        (unit_name(), unit_text() + "User=root\n", "[Service] User= is not a key"),
+        (unit_name(), unit_text() + "\n[Install]\nWantedBy=multi-user.target\n",
+         "[Install] is not a section llmgw writes"),
+        (unit_name(), unit_text() + "ExecStart=/bin/sh -c id\n",
+         "[Service] ExecStart= is written 2 times; llmgw writes it at most 1"),
+        (unit_name(), unit_text().replace("KillMode=control-group\n", ""),
+         "[Service] has no KillMode="),
+        # systemd ends a line at CR: a CR in a label value starts a new key.
+        (unit_name(), unit_text().replace(
+            "X-Llmgw-Digest=d1\n", "X-Llmgw-Digest=d1\r[Service]\rExecStartPre=/bin/id\n"),
+         "ExecStartPre= is not a key"),
     ],
 )
 async def test_units_llmgw_cannot_read_are_refused(
@@ -272,7 +286,7 @@ async def test_start_limit_off_keeps_restarting_and_shows_why(tmp_path: Path) ->
 
     sup = Supervisor(tmp_path / "state", FAST)
     text = unit_text(port=free_port(), args="--exit-after 0.05 --exit-code 4").replace(
-        "[Unit]\n", "[Unit]\nStartLimitIntervalSec=0\n"
+        "StartLimitIntervalSec=10s\n", "StartLimitIntervalSec=0\n"
     )
     await sup.apply([UnitChange(unit_name(), text)])
     monitor = Monitor(sup)

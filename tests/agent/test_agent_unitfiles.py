@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import systemd_syntax
 
 from llmgw.agent import unitfiles
 from llmgw.agent.unitfiles import UnitFileError
@@ -92,15 +93,23 @@ def test_env_files_as_systemd_reads_them() -> None:
         'DQ="a \\"quoted\\" $word"\nMULTI="line one\nline two"\nEMPTY=\nnot an assignment\n'
     )
     assert unitfiles.parse_env_file(text) == {
-        "PLAIN": "value with spaces", "SQ": "it''s", "DQ": 'a "quoted" $word',
+        # Quotes are joined as in the shell: 'it''s' is "its".
+        "PLAIN": "value with spaces", "SQ": "its", "DQ": 'a "quoted" $word',
         "MULTI": "line one\nline two", "EMPTY": "",
     }
 
 
+def test_env_file_lines_end_only_where_systemd_ends_them() -> None:
+    text = 'A="one\rtwo\u2028three"\r\nB=x\\\ny\nC=\'lit\\n\'\n'
+    assert unitfiles.parse_env_file(text) == {"A": "one\rtwo\u2028three", "B": "xy",
+                                              "C": "lit\\n"}
+
+
 @given(st.dictionaries(
     st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True),
-    st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\r")
-            | st.just("\n"), max_size=30).map(str.strip),
+    # Any value a process can hold: control characters, CR, quotes, backslashes.
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+            max_size=30),
     max_size=5,
 ))
 def test_rendered_env_files_read_back_unchanged(env: dict[str, str]) -> None:
@@ -119,3 +128,24 @@ def test_timespans(text: str, seconds: float | None) -> None:
 def test_bad_timespan() -> None:
     with pytest.raises(UnitFileError, match="invalid time span 'soon'"):
         unitfiles.parse_timespan("soon")
+
+
+@pytest.mark.parametrize(
+    ("text", "argv"),
+    [
+        ("[Service]\nExecStart=/bin/a \\\n  b\n", ["/bin/a", "b"]),
+        # A comment line inside a continuation is skipped, not joined.
+        ("[Service]\nExecStart=/bin/a \\\n# not an argument\n  b\n", ["/bin/a", "b"]),
+        # CR and CRLF end lines as LF does; U+2028 and form feed do not.
+        ("[Service]\r\nExecStart=/bin/a\u2028b\x0cc\r", ["/bin/a\u2028b\x0cc"]),
+        ("[Service]\rExecStart=/bin/a\rExecStart=/bin/b\n", ["/bin/b"]),
+        ('[Service]\nExecStart=/bin/a "x\\ny\\t\\x1b\\u2028" \\; 100%% $$HOME\n',
+         ["/bin/a", "x\ny\t\x1b\u2028", ";", "100%", "$HOME"]),
+    ],
+)
+def test_the_agent_reads_units_as_systemd_does(text: str, argv: list[str]) -> None:
+    """The agent's reader and the independent one in tests/support agree on systemd's rules."""
+    mine = unitfiles.parse("u.service", text)
+    assert unitfiles.expand(mine.value("Service", "ExecStart") or "", {}, "u.service") == argv
+    theirs = systemd_syntax.parse_unit(text)
+    assert systemd_syntax.exec_argv(theirs.values("Service", "ExecStart")[-1]) == argv

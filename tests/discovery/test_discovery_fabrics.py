@@ -95,3 +95,29 @@ def test_found_adapters_are_listed_in_natural_order(tmp_path: Path) -> None:
                              adapters.read(tmp_path))
     assert status.reasons[0] == ("adapter mlx5_3 is declared but not present "
                                  "(found: mlx5_1, mlx5_2, mlx5_10)")
+
+
+def _roce_port(gids: list[tuple[str, str]]) -> Adapter:
+    port = Port(number=1, state="ACTIVE", phys_state="LinkUp", link_layer="Ethernet",
+                gids=[g for g, _ in gids], gid_types=[t for _, t in gids])
+    return Adapter(name="mlx5_0", ports=[port])
+
+
+LINK_LOCAL = "fe80:0000:0000:0000:0a00:00ff:fe00:0001"
+IPV4 = "0000:0000:0000:0000:0000:ffff:0a00:0001"
+
+
+def test_an_undeclared_roce_gid_index_is_the_one_nccl_would_pick() -> None:
+    # A card whose RoCE v2 IPv4 GID is at 5, not at the 3 once assumed.
+    adapter = _roce_port([(LINK_LOCAL, "IB/RoCE v1"), (LINK_LOCAL, "RoCE v2"),
+                          (adapters.EMPTY_GID, ""), (adapters.EMPTY_GID, ""),
+                          (IPV4, "IB/RoCE v1"), (IPV4, "RoCE v2")])
+    [status] = fabrics.check([DeclaredFabric("r", "roce", ("mlx5_0",))], [adapter])
+    assert (status.advertised, status.gid_index) == (True, 5)
+
+
+def test_no_roce_v2_ipv4_gid_means_no_index_and_no_fabric() -> None:
+    adapter = _roce_port([(LINK_LOCAL, "IB/RoCE v1"), (LINK_LOCAL, "RoCE v2")])
+    [status] = fabrics.check([DeclaredFabric("r", "roce", ("mlx5_0",))], [adapter])
+    assert (status.advertised, status.gid_index) == (False, None)
+    assert status.reasons[0].startswith("mlx5_0 has no RoCE v2 GID with an IPv4 address")

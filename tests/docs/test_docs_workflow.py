@@ -153,6 +153,46 @@ def test_plan_step_fails_with_the_error_in_the_comment(tmp_path: Path) -> None:
     assert "models.yaml:" in text and "min 3 is greater than max 2" in text
 
 
+def test_plan_step_fails_when_replicas_cannot_be_placed_and_keeps_the_plan(
+    tmp_path: Path,
+) -> None:
+    """Exit 3: the job goes red, and the comment is the plan itself, saying why."""
+    cluster = tmp_path / "cluster"
+    shutil.copytree(EXAMPLE, cluster)
+    (cluster / "huge.yaml").write_text(
+        "models:\n  huge-cpu:\n    source: /models/huge.gguf\n    profiles:\n"
+        "      - {engine: llama.cpp, cpu: true, min_memory_gb: 60000}\n"
+    )
+    status, stderr, plan_md = run_plan_step(tmp_path, cluster, SNAPSHOT)
+    assert status != 0
+    assert step_outputs(tmp_path)["exitcode"] == "3"
+    lines = plan_md.read_text().splitlines()
+    assert lines[0] == "### llmgw plan for `lab`"
+    assert lines[2].endswith(" 1 replica cannot be placed.**")
+    assert "| `!` | huge-cpu | r0 | cannot be placed |" in plan_md.read_text()
+    assert (tmp_path / "step_summary").read_text() == plan_md.read_text()
+
+
+def test_plan_step_refuses_an_alias_bomb_from_a_pull_request_with_its_place(
+    tmp_path: Path,
+) -> None:
+    """A stranger's pull request adds nine levels of nine aliases (9⁹ values): the
+    preview stops at the alias that crosses the bound and says where."""
+    cluster = tmp_path / "cluster"
+    shutil.copytree(EXAMPLE, cluster)
+    bomb = ROOT / "tests" / "spec" / "broken" / "bound-alias-bomb" / "cluster.yaml"
+    (cluster / "zz-bomb.yaml").write_text(
+        bomb.read_text().replace("cluster:\n  name: lab\n  x:\n", "x:\n")
+    )
+    status, _, plan_md = run_plan_step(tmp_path, cluster, SNAPSHOT)
+    assert status != 0
+    assert step_outputs(tmp_path)["exitcode"] == "1"
+    text = plan_md.read_text()
+    assert text.startswith("### llmgw plan failed")
+    assert "zz-bomb.yaml:8:14: alias *l4 (66,430 values) expands the file past 100,000 " \
+        "values" in text
+
+
 COMMENT_HARNESS = r"""
 const script = require('fs').readFileSync(process.argv[2], 'utf8');
 const existing = JSON.parse(process.argv[3]);

@@ -25,6 +25,7 @@ from support.engines import MODELS, alive, recording, running
 from support.plugin import SimClusterFactory
 
 from llmgw.fleet.types import Fleet
+from llmgw.rendering import units
 from llmgw.transport.agent_client import AgentClient, UnitChange
 
 Check = Callable[[dict[str, Any]], bool]
@@ -222,14 +223,14 @@ def test_the_applied_git_revision_is_recorded(
 
 
 def stranger_unit(records: Path) -> UnitChange:
-    text = (
-        "[Unit]\nDescription=not from any plan\nX-Llmgw-Model=ghost\nX-Llmgw-Replica=0\n"
-        "X-Llmgw-Rank=0\nX-Llmgw-Digest=0000000000000000\n\n[Service]\n"
-        f"Environment=TESTENGINE_RECORD_DIR={records}\n"
-        "ExecStart=/usr/bin/env llama-server --alias ghost --port 29999\n"
-        "KillMode=control-group\n"
-    )
-    return UnitChange("llmgw-ghost-r0-s0.service", text, "", {}, "start")
+    """A well-formed llmgw unit that no plan asked for."""
+    files = units.render(units.UnitSpec(
+        name="llmgw-ghost-r0-s0.service", model="ghost", replica=0, rank=0, ranks=1,
+        node="stranger", engine="llama.cpp", digest="0000000000000000", spec_json="{}",
+        argv=("/usr/bin/env", "llama-server", "--alias", "ghost", "--port", "29999"),
+        env=(("TESTENGINE_RECORD_DIR", str(records)),),
+    ))
+    return UnitChange(files.name, files.unit_text, "", {}, "start")
 
 
 async def units_on(node: nodes.SimNode) -> str:

@@ -47,7 +47,8 @@ def test_json_is_versioned_and_complete(scenario: tuple[Plan, Cluster, Fleet, fl
     assert data["summary"] == {"create": 3, "replace": 2, "destroy": 2, "restart": 1,
                                "unplaceable": 4, "unknown": 1,
                                "text": "Plan: 3 to create, 2 to replace, 2 to destroy, "
-                                       "1 to restart."}
+                                       "1 to restart. 4 replicas cannot be placed. "
+                                       "1 replica unknown (node not reachable)."}
     create = next(c for c in data["changes"] if c["model"] == "llama-3.1-70b")
     assert [s["node"] for s in create["shards"]] == ["gpu-a-01", "gpu-a-02"]
     assert "X-Llmgw-Digest=" in create["shards"][0]["unit_text"]
@@ -139,3 +140,33 @@ def test_reasons_fold_per_node() -> None:
     assert outputs.group_reasons(reasons) == [
         "fabric ib-a: 1 node fits, needs 2", "a, b, c (+1 more): cordoned", "e: no GPUs",
     ]
+
+
+HOSTILE_VALUE = "\x1b[2J\x1b]52;c;cHduZWQ=\x07\rok\n```\n![pwned](https://example.invalid/x.png)"
+
+
+def test_control_characters_in_reasons_are_shown_escaped() -> None:
+    """An engine argument from a pull request cannot clear the operator's terminal, write
+    their clipboard, hide a line behind a CR, or close a Markdown fence in the comment."""
+    cluster = cluster_from({
+        "nodes": {"cpu-01": {"address": "10.0.0.1", "memory": "64GiB"}},
+        "models": {"m": {"source": "/models/m.gguf", "profiles": [
+            {"engine": "llama.cpp", "cpu": True, "args": {"chat-template": HOSTILE_VALUE}}]}},
+    })
+    now = 1_700_000_000.0
+    fleet = fleet_from(cluster, {}, [{"model": "m", "replica": 0, "on": {"cpu-01": []},
+                                      "applied": {"profiles.0.args.chat-template": "old"}}], now)
+    plan = plans.plan(cluster, fleet, now)
+    assert any(HOSTILE_VALUE in r for c in plan.changes for r in c.reasons)
+    text = outputs.text(plan)
+    markdown = outputs.markdown(plan)
+    for rendered in (text, markdown):
+        assert "\x1b" not in rendered and "\r" not in rendered and "\x07" not in rendered
+    assert "\\x1b[2J\\x1b]52;c;cHduZWQ=\\x07\\rok\\n```\\n![pwned](https://" in text
+    # In the comment: no line of the value's own, no image, and the fences are llmgw's.
+    [row] = [line for line in markdown.splitlines() if line.startswith("| `+/-` | m |")]
+    assert "\\x07\\rok \\`\\`\\` !\\[pwned\\](https://" in row
+    fences = [line for line in markdown.splitlines() if line.lstrip().startswith("```")]
+    assert fences == ["```text", "```"] * (len(fences) // 2)
+    # JSON keeps the value exactly (escaped by JSON itself).
+    assert HOSTILE_VALUE in json.loads(outputs.json_text(plan))["changes"][0]["reasons"][0]

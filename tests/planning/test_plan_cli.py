@@ -81,6 +81,49 @@ def test_detailed_exitcode(tmp_path: Path) -> None:
     assert broken.returncode == 1
 
 
+def test_unplaceable_replicas_are_in_every_summary_and_exit_3(tmp_path: Path) -> None:
+    """A model that fits nowhere never reads as "No changes" with a green exit code."""
+    cluster_dir = tmp_path / "cluster"
+    cluster_dir.mkdir()
+    for path in EXAMPLE.glob("*.yaml"):
+        (cluster_dir / path.name).write_text(path.read_text())
+    (cluster_dir / "known_hosts").write_text((EXAMPLE / "known_hosts").read_text())
+    (cluster_dir / "huge.yaml").write_text(
+        "models:\n  huge-cpu:\n    source: /models/huge.gguf\n    profiles:\n"
+        "      - {engine: llama.cpp, cpu: true, min_memory_gb: 60000}\n"
+    )
+    cluster = loading.load(cluster_dir)
+    fleet = plan_cmd.read_snapshot(SNAPSHOT)
+    now = plan_cmd.snapshot_time(fleet)
+    settled_path = tmp_path / "settled.json"
+    settled_path.write_text(apply(fleet, plans.plan(cluster, fleet, now), now)
+                            .model_dump_json(indent=2))
+    summary = "Plan: 0 to create, 0 to replace, 0 to destroy. 1 replica cannot be placed."
+
+    text = llmgw("plan", "--cluster", str(cluster_dir), "--observed", str(settled_path),
+                 "--detailed-exitcode")
+    assert text.returncode == 3, text.stdout + text.stderr
+    assert text.stdout.rstrip().endswith(summary)
+    assert "No changes: the fleet matches the cluster." not in text.stdout
+    assert "No changes can be made, and the fleet does not match the cluster" in text.stdout
+    markdown = llmgw("plan", "--cluster", str(cluster_dir), "--observed", str(settled_path),
+                     "--format", "markdown", "--detailed-exitcode")
+    assert markdown.returncode == 3
+    assert markdown.stdout.splitlines()[2] == f"**{summary}**"
+    as_json = llmgw("plan", "--cluster", str(cluster_dir), "--observed", str(settled_path),
+                    "--format", "json", "--detailed-exitcode")
+    assert as_json.returncode == 3
+    data = json.loads(as_json.stdout)["summary"]
+    assert data["text"] == summary and data["unplaceable"] == 1
+    # Changes as well: still 3, so CI never shows green while a replica has no home.
+    both = llmgw("plan", "--cluster", str(cluster_dir), "--observed", str(SNAPSHOT),
+                 "--detailed-exitcode")
+    assert both.returncode == 3
+    assert both.stdout.rstrip().endswith(
+        "Plan: 0 to create, 2 to replace, 1 to destroy, 1 to restart. "
+        "1 replica cannot be placed.")
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

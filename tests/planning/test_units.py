@@ -67,8 +67,9 @@ CLUSTER: dict[str, Any] = {
                 "engine": "vllm", "gpu_class": "l40s-45g",
                 # Words systemd would otherwise split, expand or treat as specifiers.
                 "args": {"chat-template": "${HOME}/templates/100% \"chat\".jinja",
-                         "override-generation-config": '{"temperature": 0.5}',
-                         "served-model-name-suffix": ";"},
+                         "override-generation-config": '{"temperature": 0.5}'},
+                # Not a vLLM flag: only unchecked_args may carry it.
+                "unchecked_args": {"served-model-name-suffix": ";"},
                 "env": {"VLLM_LOGGING_PREFIX": 'a "quoted" $VALUE with \\ and `ticks`',
                         "EMPTY": ""},
             }],
@@ -219,6 +220,13 @@ def test_secret_env_is_paths_only(plan: Plan) -> None:
         ("back\\slash", '"back\\\\slash"'),
         (";", "\\;"),
         ("", '""'),
+        # systemd ends a unit line at LF, CR and CRLF: none may appear raw.
+        ("a\nExecStartPre=/bin/x", '"a\\nExecStartPre=/bin/x"'),
+        ("tab\there", '"tab\\there"'),
+        ("cr\rlf", '"cr\\rlf"'),
+        ("esc\x1b[0m del\x7f", '"esc\\x1b[0m del\\x7f"'),
+        ("nel\x85 ls\u2028 ps\u2029", '"nel\\u0085 ls\\u2028 ps\\u2029"'),
+        ("ünïcode", '"ünïcode"'),
     ],
 )
 def test_exec_quoting(word: str, quoted: str) -> None:
@@ -227,6 +235,20 @@ def test_exec_quoting(word: str, quoted: str) -> None:
 
 def test_environment_and_env_file_quoting() -> None:
     assert quoting.systemd_env('A=50% "x" \\') == '"A=50%% \\"x\\" \\\\"'
+    assert quoting.systemd_env("A=1\nB=2\r\t") == '"A=1\\nB=2\\r\\t"'
     assert quoting.env_file_value('$X "y" `z` \\') == '"\\$X \\"y\\" \\`z\\` \\\\"'
-    with pytest.raises(ValueError, match="span lines"):
-        quoting.env_file_value("a\nb")
+    # Inside double quotes an env file value may span lines; systemd keeps it whole.
+    assert quoting.env_file_value("a\nb\\") == '"a\nb\\\\"'
+
+
+@pytest.mark.parametrize("write", [quoting.exec_word, quoting.systemd_env,
+                                   quoting.env_file_value, quoting.label])
+def test_nul_never_reaches_a_unit(write: Any) -> None:
+    with pytest.raises(ValueError):
+        write("a\x00b")
+
+
+@pytest.mark.parametrize("text", ["two\nlines", "cr\r", " padded", "tail\\", "ü", ""])
+def test_labels_refuse_anything_but_one_printable_line(text: str) -> None:
+    with pytest.raises(ValueError, match="cannot be a unit label"):
+        quoting.label(text)

@@ -188,3 +188,38 @@ def test_the_password_comes_from_its_file(tmp_path: Path) -> None:
     assert target.dsn == "postgresql://llmgw:p%40ss%3A%2Fword@db:5432/llmgw"
     with pytest.raises(ValueError, match="cannot read store.password_file"):
         stores.target_of("postgresql://llmgw@db/llmgw", "", str(tmp_path / "missing"))
+
+
+async def test_reservations_admit_exactly_up_to_the_budget_across_stores(
+        store_settings: dict[str, str]) -> None:
+    """Two routers' stores race 40 reservations of $1 against a $10 budget: exactly ten
+    get in (each admitted while spent + reserved < budget), whoever wins the races."""
+    first, second = await open_(store_settings), await open_(store_settings)
+    try:
+        admissions = await asyncio.gather(*[
+            (first if i % 2 else second).reserve("research", 10.0, 1.0, 60) for i in range(40)])
+        admitted = [a for a in admissions if a.id is not None]
+        assert len(admitted) == 10
+        refused = [a for a in admissions if a.id is None]
+        assert all(a.spent + a.reserved >= 10.0 for a in refused)
+        # Settling with the usage rows moves the cost from reserved to spent, all at once.
+        await first.settle_reservation(admitted[0].id or "", 0.25)
+        await first.insert_usage([row(cost=0.25)], [admitted[0].id or ""])
+        assert (await first.spend_by_project())["research"] == 0.25
+        again = await second.reserve("research", 10.0, 1.0, 60)
+        assert again.id is not None and again.spent == 0.25 and again.reserved == 9.0
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_dead_routers_reservation_lapses(store_settings: dict[str, str]) -> None:
+    store = await open_(store_settings)
+    try:
+        held = await store.reserve("research", 1.0, 5.0, 1)  # more than the whole budget
+        assert held.id is not None
+        assert (await store.reserve("research", 1.0, 0.1, 60)).id is None
+        while (await store.reserve("research", 1.0, 0.1, 60)).id is None:
+            await asyncio.sleep(0.1)  # lapses by the database's clock, nobody settles it
+    finally:
+        await store.close()

@@ -18,7 +18,7 @@ STUBS = Path(__file__).parent / "bin"
 
 MODELS: dict[str, Any] = {
     "chat": {
-        "source": "org/chat-8b",
+        "source": "/models/chat-8b",  # a node path: sim nodes reach no hub
         "profiles": [{"engine": "vllm", "gpu_class": "h100-80g", "tensor_parallel": 2,
                       "args": {"max-model-len": 8192}}],
     },

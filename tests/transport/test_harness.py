@@ -11,6 +11,7 @@ from pathlib import Path
 from support import nodes
 
 from llmgw.proto.conversions import UnitChange
+from llmgw.rendering import units
 from llmgw.spec import loading
 from llmgw.transport import pools
 
@@ -18,14 +19,13 @@ ENGINE = Path(__file__).resolve().parents[1] / "support" / "testengine.py"
 
 
 def engine_unit(port: int) -> UnitChange:
-    name = "llmgw-m-r0-s0.service"
-    text = (
-        "[Unit]\nX-Llmgw-Model=m\nX-Llmgw-Replica=0\nX-Llmgw-Rank=0\nX-Llmgw-Digest=d\n"
-        f"X-Llmgw-Port={port}\n\n[Service]\n"
-        f"ExecStart={sys.executable} {ENGINE} serve m --port {port} --fork-worker\n"
-        "KillMode=control-group\nRestart=on-failure\nTimeoutStopSec=5\n"
+    spec = units.UnitSpec(
+        name="llmgw-m-r0-s0.service", model="m", replica=0, rank=0, ranks=1, node="node-01",
+        engine="vllm", digest="d", spec_json="{}", port=port,
+        argv=(sys.executable, str(ENGINE), "serve", "m", "--port", str(port), "--fork-worker"),
     )
-    return UnitChange(name, text)
+    files = units.render(spec, stop_timeout="5")
+    return UnitChange(files.name, files.unit_text)
 
 
 def refuses(port: int) -> bool:

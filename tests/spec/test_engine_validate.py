@@ -1,0 +1,52 @@
+"""`llmgw validate` reports what an engine version would refuse, at file:line:col."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmgw.cli.main import main
+
+CLUSTER = """\
+cluster: {name: lab}
+nodes:
+  gpu-01: {address: 10.0.0.11, gpus: [{class: l40s-45g, count: 4}]}
+models:
+  bge-m3:
+    source: BAAI/bge-m3
+    profiles:
+      - engine: vllm
+        engine_version: "0.31.0"
+        gpu_class: l40s-45g
+        args: {task: embed, max-model-len: 8192}
+  qwen:
+    source: Qwen/Qwen2.5-7B-Instruct
+    profiles:
+      - engine: sglang
+        engine_version: "0.5.1"
+        gpu_class: l40s-45g
+        unchecked_args: {brand-new-flag: 1}
+"""
+
+
+def test_removed_and_unknown_versions_are_located_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    assert main(["validate", "--cluster", str(tmp_path)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith(
+        "cluster.yaml:11:22: models.bge-m3.profiles[0]: args.task: `task` was removed in "
+        "vLLM 0.13; use `runner: pooling` (embeddings, scores) or `runner: generate`")
+    assert lines[1].endswith(
+        "cluster.yaml:16:25: models.qwen.profiles[0]: SGLang 0.5.1 is older than every flag "
+        "table llmgw has (0.5.10.post1, 0.5.21, 0.5.22, 0.5.23); use a newer engine, or "
+        "generate its table with `make engine-flags`")
+    assert "error: 2 errors" in lines[-1]
+
+
+def test_the_fixed_profile_validates(tmp_path: Path) -> None:
+    fixed = CLUSTER.replace("task: embed", "runner: pooling").replace('"0.5.1"', '"0.5.22"')
+    (tmp_path / "cluster.yaml").write_text(fixed)
+    assert main(["validate", "--cluster", str(tmp_path)]) == 0
