@@ -111,7 +111,10 @@ class Local:
         raise AssertionError(f"timed out waiting for {what}\n{self.tail()}")
 
     def status(self) -> dict[str, Any]:
-        reply = httpx.get(f"http://127.0.0.1:{self.ports['admin']}/api/v1/status", timeout=5)
+        # The admin API's bearer token, which the daemon writes next to its store.
+        token = (self.state / "admin.token").read_text().strip()
+        reply = httpx.get(f"http://127.0.0.1:{self.ports['admin']}/api/v1/status", timeout=5,
+                          headers={"Authorization": f"Bearer {token}"})
         return reply.json()  # type: ignore[no-any-return]
 
     def tail(self) -> str:
