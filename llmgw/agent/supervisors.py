@@ -19,7 +19,13 @@ or CI job expects of PATH, HF_HOME and the like. It mirrors what llmgw's units a
   never signalled.
 
 State directory layout, per unit: ``units/<name>/{unit,env,secret.env,
-wanted,pid,log}``.
+wanted,pid,log}``. A state file that cannot be read back (not UTF-8, not
+the format this module writes: a disk error, a hand edit, a crash mid-write
+on a filesystem without atomic rename) is moved aside with a warning rather
+than taking the agent down: a bad pid or ``wanted`` file is renamed to
+``<file>.corrupt-<time>`` and the unit carries on without it (the daemon
+re-applies what it wants); a bad unit file moves the whole unit directory
+to ``corrupt/<name>-<time>``, since nothing can run without it.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +51,7 @@ log = logging.getLogger(__name__)
 
 # What systemd gives a service, when the agent's environment is not inherited.
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "USER", "LOGNAME", "TMPDIR")
+WANTED = ("running", "stopped")  # what a unit's ``wanted`` file may say
 # Exits systemd counts as clean for Restart=on-failure.
 _CLEAN = ("exited with status 0",) + tuple(
     f"killed by {sig}" for sig in ("SIGHUP", "SIGINT", "SIGTERM", "SIGPIPE")
@@ -113,33 +120,69 @@ class Supervisor:
             if not (directory / "unit").exists():
                 continue
             slot = _Slot(directory.name, directory)
-            slot.wanted = _read(directory / "wanted") == "running"
+            try:
+                unitfiles.labels(self._unit(slot))
+            except UnitFileError as exc:
+                self._set_aside_unit(slot, str(exc))
+                continue
+            except OSError:
+                pass  # unreadable now is not corrupt: observe() reports it
+            wanted = self._state_file(slot, "wanted", lambda text: text in WANTED)
             slot.run = self._adopt(slot)
+            slot.wanted = wanted == "running" if wanted is not None else slot.run is not None
             if slot.run is not None:
                 slot.since = slot.run.started_at
             self._slots[slot.name] = slot
 
-    def _adopt(self, slot: _Slot) -> _Run | None:
-        raw = _read(slot.pid_file)
-        if not raw:
-            return None
+    def _state_file(self, slot: _Slot, name: str, valid: Callable[[str], bool]) -> str | None:
+        """A state file's text; None when absent, or when corrupt (then moved aside)."""
+        path = slot.directory / name
         try:
-            data = json.loads(raw)
-            recorded = processes.Fingerprint(
-                int(data["pid"]), int(data["start_ticks"]), str(data["boot_id"]),
-                str(data["cmdline_sha256"]),
-            )
-            started_at = float(data.get("started_at", time.time()))
-        except (ValueError, KeyError, TypeError):
-            recorded = None
-        if recorded is not None and processes.matches(recorded):
+            text = path.read_bytes().decode().strip()
+        except FileNotFoundError:
+            return None
+        except UnicodeDecodeError:
+            text = None
+        except OSError as exc:
+            log.warning("%s: cannot read %s: %s", slot.name, path, exc.strerror or exc)
+            return None
+        if text is not None and (not text or valid(text)):
+            return text or None
+        if not self.readonly:
+            aside = path.with_name(f"{name}.corrupt-{int(time.time())}")
+            path.rename(aside)
+            log.warning("%s: %s is not a %s file llmgw wrote; moved aside to %s",
+                        slot.name, path, name, aside.name)
+        return None
+
+    def _set_aside_unit(self, slot: _Slot, why: str) -> None:
+        """Move a unit whose unit file is unusable out of the way, with a warning."""
+        if self.readonly:
+            return
+        pid = self._state_file(slot, "pid", _valid_pid_file)
+        left = f"; its last engine (pid {json.loads(pid)['pid']}) may still run" if pid else ""
+        aside = self.state_dir / "corrupt" / f"{slot.name}-{int(time.time())}"
+        aside.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        slot.directory.rename(aside)
+        log.warning("%s: %s; moved its state aside to %s%s", slot.name, why, aside, left)
+
+    def _adopt(self, slot: _Slot) -> _Run | None:
+        raw = self._state_file(slot, "pid", _valid_pid_file)
+        if raw is None:
+            return None
+        data = json.loads(raw)
+        recorded = processes.Fingerprint(
+            int(data["pid"]), int(data["start_ticks"]), str(data["boot_id"]),
+            str(data["cmdline_sha256"]),
+        )
+        started_at = float(data.get("started_at", time.time()))
+        if processes.matches(recorded):
             log.info("%s: adopted running pid %d", slot.name, recorded.pid)
             return _Run(recorded, None, started_at)
-        if recorded is not None:
-            log.warning(
-                "%s: pid %d from the pid file is gone or is another process now; not adopted",
-                slot.name, recorded.pid,
-            )
+        log.warning(
+            "%s: pid %d from the pid file is gone or is another process now; not adopted",
+            slot.name, recorded.pid,
+        )
         if not self.readonly:
             slot.pid_file.unlink(missing_ok=True)
         return None
@@ -256,7 +299,13 @@ class Supervisor:
     # ---- processes ----------------------------------------------------------
 
     def _unit(self, slot: _Slot) -> UnitFile:
-        return unitfiles.parse(slot.name, (slot.directory / "unit").read_text())
+        raw = (slot.directory / "unit").read_bytes()
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError as exc:
+            raise UnitFileError(f"{slot.name}: the unit file is not UTF-8 "
+                                f"(byte {exc.start})") from None
+        return unitfiles.parse(slot.name, text)
 
     def _environment(self, slot: _Slot, unit: UnitFile) -> dict[str, str]:
         if self.settings.inherit_environment:
@@ -350,7 +399,11 @@ class Supervisor:
             output.write(f"-- llmgw: main process {how}\n".encode())
         if not slot.wanted:
             return
-        unit = self._unit(slot)
+        try:
+            unit = self._unit(slot)
+        except (UnitFileError, OSError) as exc:
+            slot.given_up, slot.last_exit = True, f"{how}; not restarted: {exc}"
+            return
         policy = unit.value("Service", "Restart") or "no"
         clean = how in _CLEAN
         if policy == "always" or (policy == "on-failure" and not clean):
@@ -427,8 +480,11 @@ class Supervisor:
             handle.truncate(len(keep))
 
 
-def _read(path: Path) -> str:
+def _valid_pid_file(text: str) -> bool:
+    """Whether ``text`` is a pid file as :meth:`Supervisor._write_pid` writes it."""
     try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
+        data = json.loads(text)
+        int(data["pid"]), int(data["start_ticks"]), float(data.get("started_at", 0))
+    except (ValueError, KeyError, TypeError):
+        return False
+    return isinstance(data.get("boot_id"), str) and isinstance(data.get("cmdline_sha256"), str)

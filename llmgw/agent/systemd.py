@@ -237,6 +237,8 @@ class SystemdBackend:
                 text = (self.unit_dir / name).read_text()
                 labels = unitfiles.labels(unitfiles.parse(name, text))
                 detail = ""
+            except UnicodeDecodeError:
+                labels, detail = None, f"{self.unit_dir / name} is not UTF-8"
             except (UnitFileError, OSError) as exc:
                 labels, detail = None, str(exc)
             info = shown.get(name)

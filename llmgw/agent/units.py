@@ -130,7 +130,7 @@ def write(path: Path, text: str, mode: int = 0o644) -> bool:
     try:
         if path.read_text() == text and (path.stat().st_mode & 0o777) == mode:
             return False
-    except OSError:
+    except (OSError, ValueError):  # absent, unreadable or not UTF-8: write it afresh
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

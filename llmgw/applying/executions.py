@@ -31,6 +31,7 @@ import grpc
 
 from llmgw.fleet.types import Unit
 from llmgw.planning.types import Change, Plan, Shard, UnitOp
+from llmgw.spec.quantities import count
 from llmgw.transport.agent_client import AgentClient, UnitChange
 from llmgw.transport.failures import NodeUnreachable
 
@@ -98,7 +99,7 @@ class Outcome:
 
     def summary(self) -> str:
         done = sum(1 for c in self.changes if c.ok)
-        text = f"Apply: {done} of {len(self.changes)} changes done in {self.elapsed:.1f}s"
+        text = f"Apply: {done} of {count(len(self.changes), 'change')} done in {self.elapsed:.1f}s"
         if self.failed:
             text += f", {len(self.failed)} failed"
         return text + "."

@@ -164,7 +164,10 @@ def _fabrics(cluster: Cluster, fleet: Fleet) -> list[str]:
                 continue
             status = next((f for f in report.fabrics if f.name == name), None)
             if status is not None and status.advertised:
-                up.append(f"{node} ({len(status.adapters)} adapters)")
+                whole = len(status.adapters) >= status.declared_adapters
+                up.append(f"{node} ("
+                          + (_count(len(status.adapters), "adapter") if whole else status.active)
+                          + ")")
             else:
                 why = "; ".join(status.reasons) if status and status.reasons else "not reported"
                 out.append(f"{node}: {why}")

@@ -21,14 +21,16 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import watchfiles
 from aiohttp import web
@@ -47,7 +49,7 @@ from llmgw.router import catalogs, connections
 from llmgw.router.apps import Router, Settings
 from llmgw.spec import loading
 from llmgw.spec.models import Cluster, Listeners
-from llmgw.spec.quantities import parse_duration
+from llmgw.spec.quantities import count, parse_duration
 from llmgw.store import databases, migrations, stores
 from llmgw.store.stores import Store, StoreError
 from llmgw.web import AdminView, Pages
@@ -55,6 +57,7 @@ from llmgw.web import AdminView, Pages
 log = logging.getLogger("llmgw.serve")
 ROLES = ("all", "router", "reconciler")
 MAX_WORKERS = 64
+T = TypeVar("T")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -79,7 +82,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="how long a replica may take to become Ready (default: 15m)")
     parser.add_argument("--wait-timeout", default="10s", metavar="DURATION",
                         help="how long a request waits for an on-demand model (default: 10s)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"],
+                        help="how much the daemon logs to stderr: debug adds every "
+                        "reconcile's reasons and each agent call (default: info)")
     parser.add_argument("--worker-of", type=int, help=argparse.SUPPRESS)
     parser.set_defaults(handler=run)
 
@@ -120,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
                       args.worker_of)
     try:
         return asyncio.run(_serve(cluster, args.cluster, options, args))
-    except OSError as exc:
-        raise UserError(f"cannot listen: {exc}") from None
+    except _ListenerError as exc:
+        raise UserError(_listener_problem(args, options, exc)) from None
 
 
 def split(listen: str) -> tuple[str, int]:
@@ -129,8 +134,49 @@ def split(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class _ListenerError(Exception):
+    def __init__(self, key: str, error: OSError) -> None:
+        super().__init__(key)
+        self.key, self.error = key, error
+
+
+async def _listen(key: str, start: Coroutine[Any, Any, T]) -> T:
+    """Await a listener's start; a refusal to bind becomes a _ListenerError naming ``key``."""
+    try:
+        return await start
+    except OSError as exc:
+        raise _ListenerError(key, exc) from None
+
+
+def _listener_problem(args: argparse.Namespace, options: Options, problem: _ListenerError,
+                      ) -> str:
+    """``cannot listen on …`` with the key and the file (and line), or flag, to change."""
+    address = getattr(options.listeners, problem.key)
+    dotted = f"cluster.listeners.{problem.key}"
+    reason = problem.error.strerror or str(problem.error)
+    if problem.error.errno == errno.EADDRINUSE:
+        reason = "the port is in use (another llmgw serve, or another program)"
+    if getattr(args, f"{problem.key}_listen", None):
+        return f"cannot listen on {address} (--{problem.key}-listen): {reason}"
+    try:
+        _, sources = loading.load_with_sources(args.cluster)
+        declared = sources.keys.get(("cluster", "listeners", problem.key))
+        section = sources.locate(("cluster",), prefer_key=True)
+    except loading.SpecErrors:
+        declared = section = None
+    where = (f"change {dotted} at {declared}" if declared is not None else
+             f"{address} is the default; set {dotted} in the `cluster:` section"
+             + (f" at {section}" if section is not None else f" of a file in {args.cluster}"))
+    return f"cannot listen on {address} ({dotted}): {reason}; {where}"
+
+
 async def _serve(cluster: Cluster, directory: Path, options: Options,
                  args: argparse.Namespace) -> int:
+    """Open the store, bind every listener, then start the local agent and the loop.
+
+    Everything that can refuse (a damaged store, a port in use) is tried
+    before the local agent starts, so a refusal leaves nothing running.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -160,11 +206,6 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
     pages: Pages | None = None
     daemon: Daemon | None = None
     try:
-        if reconciling:
-            try:
-                agent = await localagents.ensure(cluster)
-            except RuntimeError as exc:
-                raise UserError(str(exc)) from None
         leadership = Leadership(store, cluster.cluster.lease_ttl, holder=holder) \
             if reconciling else None
         if routing_here:
@@ -174,9 +215,9 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
             router = Router(catalogs.from_cluster(cluster), store=store, registry=registry,
                             settings=settings)
             pages = _pages(store, router, cluster, lambda: daemon)
-            runners.append(await router.start(*split(options.listeners.router),
-                                              reuse_port=options.worker_of is not None,
-                                              extend=pages.install if pages else None))
+            runners.append(await _listen("router", router.start(
+                *split(options.listeners.router), reuse_port=options.worker_of is not None,
+                extend=pages.install if pages else None)))
             follower = Follower(store, router, holder,
                                 leading=leadership.is_leader if leadership else lambda: False)
             tasks.append(asyncio.create_task(follower.run(stop), name="follow-routes"))
@@ -185,7 +226,8 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
         if options.worker_of is not None:
             tasks.append(asyncio.create_task(_orphaned(options.worker_of, stop)))
         if options.worker_of is None:
-            runners.append(await servers.start(registry, *split(options.listeners.metrics)))
+            runners.append(await _listen(
+                "metrics", servers.start(registry, *split(options.listeners.metrics))))
         if reconciling:
             assert leadership is not None
             collector = FleetCollector()
@@ -200,8 +242,14 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
                 admin.create_app(daemon, token, pages.gate if pages else None),
                 access_log=None)
             await admin_runner.setup()
-            await web.TCPSite(admin_runner, *split(options.listeners.admin)).start()
             runners.append(admin_runner)
+            await _listen("admin",
+                          web.TCPSite(admin_runner, *split(options.listeners.admin)).start())
+            # Last, once nothing else can refuse: a refusal then leaves no agent behind.
+            try:
+                agent = await localagents.ensure(cluster)
+            except localagents.LocalAgentError as exc:
+                raise UserError(str(exc)) from None
         _log_listeners(options, holder, store)
         if router is not None and options.role == "all":
             tasks.append(asyncio.create_task(_announce(router, cluster, options.listeners)))
@@ -299,8 +347,8 @@ async def _watch_files(directory: Path, router: Router, stop: asyncio.Event) -> 
         try:
             cluster = await asyncio.to_thread(loading.load, directory)
         except loading.SpecErrors as exc:
-            log.error("cluster directory has %d errors; keeping the last valid cluster",
-                      len(exc.errors))
+            log.error("cluster directory has %s; keeping the last valid cluster",
+                      count(len(exc.errors), "error"))
             continue
         router.configure(catalogs.from_cluster(cluster))
         log.info("cluster directory changed: models, prices and budgets reloaded")

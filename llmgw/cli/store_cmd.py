@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.spec.models import StoreSettings
+from llmgw.spec.quantities import count
 from llmgw.store import copies, migrations, stores
 from llmgw.store.stores import StoreError, Target
 
@@ -94,7 +95,7 @@ def run_migrate(args: argparse.Namespace) -> int:
     except (StoreError, migrations.SchemaTooNew) as exc:
         raise UserError(str(exc)) from None
     what = "topped up" if report.top_up else "copied"
-    print(f"{what} {report.keys} keys and {report.usage_rows} usage rows from "
+    print(f"{what} {count(report.keys, 'key')} and {count(report.usage_rows, 'usage row')} from "
           f"{source_target.display} to {target.display}")
     if not report.top_up:
         print("next: set `store: {url: " + target.display + ", password_file: ...}` in the "

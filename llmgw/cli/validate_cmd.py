@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from llmgw.cli import clusters
 from llmgw.spec import checks, gpus
 from llmgw.spec.models import Cluster, Profile
-from llmgw.spec.quantities import format_duration, format_size
+from llmgw.spec.quantities import count, format_duration, format_size
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,9 +66,10 @@ def summary(cluster: Cluster) -> str:
             nodes_with[decl.gpu_class].add(name)
     total_gpus = sum(declared.values())
     lines = [
-        f"Cluster {settings.name} is valid: {len(cluster.nodes)} nodes, {total_gpus} GPUs "
-        f"declared, {len(cluster.fabrics)} fabrics, {len(cluster.models)} models, "
-        f"{len(cluster.projects)} projects (sync: {settings.sync}, auth: {settings.auth})",
+        f"Cluster {settings.name} is valid: {count(len(cluster.nodes), 'node')}, "
+        f"{count(total_gpus, 'GPU')} declared, {count(len(cluster.fabrics), 'fabric')}, "
+        f"{count(len(cluster.models), 'model')}, {count(len(cluster.projects), 'project')} "
+        f"(sync: {settings.sync}, auth: {settings.auth})",
         "",
         "Nodes",
     ]
@@ -82,16 +83,16 @@ def summary(cluster: Cluster) -> str:
     if declared:
         lines += ["", "GPUs by class (declared)"]
         table = checks.known_classes(cluster)
-        for cls, count in sorted(declared.items()):
+        for cls, number in sorted(declared.items()):
             info = table.get(cls)
             cc = ".".join(map(str, info.compute_capability)) if info else "?"
-            lines.append(f"  {cls:<14} {count:>4} on {len(nodes_with[cls])} nodes "
+            lines.append(f"  {cls:<14} {number:>4} on {count(len(nodes_with[cls]), 'node')} "
                          f"(compute capability {cc})")
     if cluster.fabrics:
         lines += ["", "Fabrics"]
         for name, fabric in cluster.fabrics.items():
             members = [n for n, node in cluster.nodes.items() if name in node.fabrics]
-            lines.append(f"  {name:<10} {fabric.kind:<10} {len(members)} nodes")
+            lines.append(f"  {name:<10} {fabric.kind:<10} {count(len(members), 'node')}")
     if cluster.models:
         lines += ["", "Models"]
         for name, model in cluster.models.items():
@@ -111,5 +112,5 @@ def summary(cluster: Cluster) -> str:
     memory = [n for n in cluster.nodes.values() if n.memory]
     if memory:
         lines += ["", f"Declared memory: {format_size(sum(n.memory or 0 for n in memory))} "
-                  f"on {len(memory)} nodes"]
+                  f"on {count(len(memory), 'node')}"]
     return "\n".join(lines)

@@ -2,10 +2,18 @@
 
 ``make run`` and a laptop need no agent installed: ``llmgw serve`` starts one
 with the supervise backend for the node at ``address: local``. The daemon
-owns that agent: when it exits it stops the agent, and the agent (with
-``stop_on_exit``) stops every engine it started — nothing is left running.
+owns that agent:
+
+* when the agent dies (a crash, an OOM kill, ``kill -9``) the daemon starts
+  it again, with doubling backoff (1 s up to 30 s; back to 1 s once an agent
+  has stayed up for a minute). The new agent re-adopts the engines the old
+  one left running (their pid files are fingerprinted), so requests recover
+  without a daemon restart and without restarting any engine;
+* when the daemon exits it stops the agent, and the agent (with
+  ``stop_on_exit``) stops every engine it started — nothing is left running.
+
 An agent that was already running (a systemd service in production) is
-used as it is and left alone.
+used as it is and left alone: its own supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ruamel.yaml import YAML
@@ -25,27 +33,116 @@ from llmgw.spec.models import Cluster
 
 log = logging.getLogger(__name__)
 START_TIMEOUT = 60.0
+RESTART_BACKOFF = 1.0  # first delay before restarting a dead agent; doubles per failure
+RESTART_BACKOFF_MAX = 30.0
+STABLE_AFTER = 60.0  # an agent up this long has its earlier failures forgiven
+
+
+class LocalAgentError(RuntimeError):
+    """The local agent could not be started; the message says where its log is."""
 
 
 @dataclass
 class LocalAgent:
+    """The agent process this daemon started, kept alive until :meth:`stop`."""
+
     node: str
     socket: Path
-    process: asyncio.subprocess.Process
+    config: Path
     log_path: Path
+    process: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    _started_at: float = 0.0
+    _stopping: bool = False
+    _keeper: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    async def start(self) -> None:
+        """Start the agent and wait until its socket answers; raise LocalAgentError if not."""
+        loop = asyncio.get_running_loop()
+        with open(self.log_path, "ab") as output:
+            # Its own session: a Ctrl-C in the terminal reaches the daemon, which
+            # then stops the agent in order (engines first) rather than all at once.
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "llmgw", "agent", "serve", "--config", str(self.config),
+                stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
+                start_new_session=True,
+            )
+        self.process, self._started_at = process, loop.time()
+        deadline = loop.time() + START_TIMEOUT
+        while not await answers(self.socket):
+            if process.returncode is not None:
+                raise LocalAgentError(
+                    f"the local agent exited ({_how(process.returncode)}); its log "
+                    f"({self.log_path}) ends:\n" + "\n".join(self.tail()))
+            if loop.time() > deadline:
+                await self._terminate(process, timeout=10.0)
+                raise LocalAgentError(f"the local agent did not open {self.socket} in "
+                                      f"{START_TIMEOUT:.0f}s; see {self.log_path}")
+            await asyncio.sleep(0.1)
+
+    def keep_alive(self) -> None:
+        """Restart the agent whenever it dies, until :meth:`stop` (runs as a task)."""
+        if self._keeper is None:
+            self._keeper = asyncio.create_task(self._keep_alive(), name="local-agent")
+
+    async def _keep_alive(self) -> None:
+        loop = asyncio.get_running_loop()
+        delay = RESTART_BACKOFF
+        while not self._stopping:
+            assert self.process is not None
+            code = await self.process.wait()
+            if self._stopping:
+                return
+            if loop.time() - self._started_at >= STABLE_AFTER:
+                delay = RESTART_BACKOFF
+            log.warning("the local agent (pid %d) %s; restarting it in %.0fs (log: %s)",
+                        self.process.pid, _how(code), delay, self.log_path)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RESTART_BACKOFF_MAX)
+            try:
+                await self.start()
+            except LocalAgentError as exc:
+                log.error("%s", exc)
+                continue
+            self.restarts += 1
+            log.info("local node %s: agent restarted (pid %d, restart %d)", self.node,
+                     self.process.pid, self.restarts)
+
+    def tail(self, lines: int = 10) -> list[str]:
+        try:
+            return self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return []
 
     async def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM the agent (it stops its engines), SIGKILL if it does not exit in time."""
-        if self.process.returncode is not None:
+        """Stop restarting; SIGTERM the agent (it stops its engines), SIGKILL if it lingers."""
+        self._stopping = True
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+        if self.process is not None:
+            await self._terminate(self.process, timeout)
+
+    @staticmethod
+    async def _terminate(process: asyncio.subprocess.Process, timeout: float) -> None:
+        if process.returncode is not None:
             return
-        self.process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(self.process.wait(), timeout)
+            await asyncio.wait_for(process.wait(), timeout)
         except TimeoutError:
             log.warning("local agent did not stop in %.0fs; killing it", timeout)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            await self.process.wait()
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+
+
+def _how(code: int) -> str:
+    """An exit status in words: ``killed by SIGKILL``, ``exited with status 1``."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with status {code}"
 
 
 def local_node(cluster: Cluster) -> tuple[str, Path] | None:
@@ -69,7 +166,11 @@ async def answers(socket: Path) -> bool:
 
 
 async def ensure(cluster: Cluster) -> LocalAgent | None:
-    """Start the local node's agent unless one already answers; None when not needed."""
+    """Start the local node's agent unless one already answers; None when not needed.
+
+    The agent returned is kept alive (restarted when it dies) until its
+    :meth:`LocalAgent.stop`. Raises :class:`LocalAgentError` when it cannot start.
+    """
     found = local_node(cluster)
     if found is None:
         return None
@@ -82,28 +183,11 @@ async def ensure(cluster: Cluster) -> LocalAgent | None:
     config = home / "agent.yaml"
     weights = list(cluster.nodes[node].weights_dirs)
     _write_config(config, node, socket, home / "agent-state", weights)
-    log_path = home / "agent.log"
-    with open(log_path, "ab") as output:
-        # Its own session: a Ctrl-C in the terminal reaches the daemon, which
-        # then stops the agent in order (engines first) rather than all at once.
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "llmgw", "agent", "serve", "--config", str(config),
-            stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
-            start_new_session=True,
-        )
-    agent = LocalAgent(node, socket, process, log_path)
-    deadline = asyncio.get_running_loop().time() + START_TIMEOUT
-    while not await answers(socket):
-        if process.returncode is not None:
-            tail = log_path.read_text(errors="replace").splitlines()[-10:]
-            raise RuntimeError(f"the local agent exited ({process.returncode}); its log "
-                               f"({log_path}) ends:\n" + "\n".join(tail))
-        if asyncio.get_running_loop().time() > deadline:
-            await agent.stop()
-            raise RuntimeError(f"the local agent did not open {socket} in {START_TIMEOUT:.0f}s; "
-                               f"see {log_path}")
-        await asyncio.sleep(0.1)
-    log.info("local node %s: started an agent (pid %d) on %s", node, process.pid, socket)
+    agent = LocalAgent(node, socket, config, home / "agent.log")
+    await agent.start()
+    assert agent.process is not None
+    log.info("local node %s: started an agent (pid %d) on %s", node, agent.process.pid, socket)
+    agent.keep_alive()
     return agent
 
 

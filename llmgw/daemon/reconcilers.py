@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import stat
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from llmgw.router.apps import Router
 from llmgw.router.routes import Endpoint
 from llmgw.spec import loading
 from llmgw.spec.models import Cluster
+from llmgw.spec.quantities import count
 from llmgw.store.stores import Store, StoreError
 from llmgw.transport import pools
 from llmgw.transport.failures import NodeUnreachable
@@ -58,6 +60,7 @@ from llmgw.transport.failures import NodeUnreachable
 log = logging.getLogger("llmgw.daemon")
 
 RevisionOf = Callable[[Path], str | None]
+WATCH_RECHECK = 1.0  # seconds between checks that the watched directory is still the one
 
 
 @dataclass
@@ -297,8 +300,8 @@ class Daemon:
                                               [profiles.check])
         except loading.SpecErrors as exc:
             self.state.refused = [str(e) for e in exc.errors]
-            log.error("cluster directory has %d errors; keeping the last valid cluster:",
-                      len(exc.errors))
+            log.error("cluster directory has %s; keeping the last valid cluster:",
+                      count(len(exc.errors), "error"))
             for error in exc.errors:
                 log.error("  %s", error)
             return
@@ -317,14 +320,46 @@ class Daemon:
             self.router.configure(catalogs.from_cluster(cluster))
 
     async def _watch_files(self, stop: asyncio.Event) -> None:
-        directory = self.state.directory
-        async for changes in watchfiles.awatch(directory, stop_event=stop, recursive=False,
-                                               debounce=300, step=100):
-            names = sorted({Path(path).name for _, path in changes})
-            if any(n.endswith((".yaml", ".yml")) or n == "known_hosts" for n in names):
-                # known_hosts too: re-pinned keys take effect without a restart.
-                self._reload = True
-                self.wake(f"files changed: {', '.join(names)}")
+        """Wake the loop when a cluster file changes, whatever happens to the directory.
+
+        Deploys replace the directory rather than edit it: ``rm -rf`` and a fresh
+        copy, a rename swap, a new checkout behind a symlink swapped atomically
+        (git-sync). A watch stays on the directory it started on, so the parent
+        is watched too, for events on the directory's own name, and the path is
+        checked once a second for naming another directory (device and inode,
+        symlinks followed); either restarts the watch on what the path names
+        now. While it names nothing, the last valid cluster stays in force.
+        """
+        directory = self.state.directory.absolute()
+        reread = False  # after a replacement: reload once the new watch is up
+        while not stop.is_set():
+            watched = _identity(directory)
+            if watched is None:
+                await asyncio.sleep(WATCH_RECHECK)
+                continue
+            replaced = False
+            async for changes in watchfiles.awatch(
+                directory, directory.parent, stop_event=stop, recursive=False, debounce=300,
+                step=100, rust_timeout=int(WATCH_RECHECK * 1000), yield_on_timeout=True,
+            ):
+                paths = {Path(path) for _, path in changes}
+                names = sorted(p.name for p in paths if p.parent == directory)
+                if reread:
+                    # Files written before this watch began raised no event: read them all.
+                    reread = False
+                    self._reload = True
+                    self.wake("cluster directory replaced")
+                if any(n.endswith((".yaml", ".yml")) or n == "known_hosts" for n in names):
+                    # known_hosts too: re-pinned keys take effect without a restart.
+                    self._reload = True
+                    self.wake(f"files changed: {', '.join(names)}")
+                replaced = directory in paths or _identity(directory) != watched
+                if replaced:
+                    break
+            if not replaced:
+                return  # stopped
+            log.info("the cluster directory %s was replaced; watching the new one", directory)
+            reread = True
 
     async def _watch_demand(self, stop: asyncio.Event) -> None:
         """Requests waiting for a model no replica serves: plan now, not at the next tick."""
@@ -362,6 +397,15 @@ class Daemon:
                 pass
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
+
+
+def _identity(directory: Path) -> tuple[int, int] | None:
+    """The directory a path names now (device, inode; symlinks followed), None if none."""
+    try:
+        info = directory.stat()
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISDIR(info.st_mode) else None
 
 
 def endpoints(cluster: Cluster, fleet: Fleet) -> dict[str, list[Endpoint]]:

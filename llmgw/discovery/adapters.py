@@ -44,6 +44,16 @@ def parse_gid(text: str) -> str:
     return text.strip().lower()
 
 
+def natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders numbers by value: ``mlx5_2`` before ``mlx5_10``.
+
+    >>> sorted(["mlx5_10", "mlx5_2", "ibp3s0"], key=natural)
+    ['ibp3s0', 'mlx5_2', 'mlx5_10']
+    """
+    return tuple((0, int(part)) if part.isdigit() else (1, part)
+                 for part in re.split(r"(\d+)", name) if part)
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text(errors="replace").strip()
@@ -86,7 +96,7 @@ def read_port(port_dir: Path) -> Port:
 
 
 def read(sysfs_root: Path | str = "/sys") -> list[Adapter]:
-    """Every RDMA adapter under ``<sysfs_root>/class/infiniband``, sorted by name.
+    """Every RDMA adapter under ``<sysfs_root>/class/infiniband``, in natural name order.
 
     A node without the directory has no RDMA adapters: a single-node island,
     which is not an error.
@@ -95,7 +105,7 @@ def read(sysfs_root: Path | str = "/sys") -> list[Adapter]:
     if not base.is_dir():
         return []
     adapters = []
-    for device in sorted(base.iterdir(), key=lambda p: p.name):
+    for device in sorted(base.iterdir(), key=lambda p: natural(p.name)):
         ports_dir = device / "ports"
         ports = []
         if ports_dir.is_dir():

@@ -2,7 +2,10 @@
 
 A fabric the cluster declares for a node is advertised to the planner only
 when every declared adapter is present and at least one of them has an
-ACTIVE port of the right link layer. Otherwise the planner must not place a
+ACTIVE port of the right link layer. A fabric with some adapters down is
+advertised with the usable ones and says so ("2 of 4 adapters ACTIVE"); a
+fabric that needs more (``fabrics.<name>.min_adapters``) is refused by the
+planner, which knows the cluster. Otherwise the planner must not place a
 multi-node replica over it: NCCL would pick whatever it finds and the job
 would hang on its first all-reduce. Each refusal and each degraded adapter
 is reported with a reason an operator can act on.
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmgw.discovery import adapters as adapters_
 from llmgw.discovery.adapters import EMPTY_GID
 from llmgw.fleet.types import Adapter, FabricStatus, Port
 
@@ -118,7 +122,7 @@ def check_one(fabric: DeclaredFabric, adapters: Sequence[Adapter]) -> FabricStat
         adapter = present.get(name)
         if adapter is None:
             verdict.missing = True
-            found = ", ".join(sorted(present)) or "none"
+            found = ", ".join(sorted(present, key=adapters_.natural)) or "none"
             verdict.reasons.append(
                 f"adapter {name} is declared but not present (found: {found})"
             )
@@ -127,6 +131,10 @@ def check_one(fabric: DeclaredFabric, adapters: Sequence[Adapter]) -> FabricStat
     advertised = bool(verdict.usable) and not verdict.missing
     if not advertised and fabric.adapters and not verdict.missing:
         verdict.reasons.append(f"no declared adapter of {fabric.name} is usable")
+    declared = len(fabric.adapters)
+    if advertised and len(verdict.usable) < declared:
+        # Advertised, but not whole: the count first, then which adapters and why.
+        verdict.reasons.insert(0, f"{len(verdict.usable)} of {declared} adapters ACTIVE")
     return FabricStatus(
         name=fabric.name,
         kind=fabric.kind,
@@ -134,6 +142,7 @@ def check_one(fabric: DeclaredFabric, adapters: Sequence[Adapter]) -> FabricStat
         advertised=advertised,
         reasons=verdict.reasons,
         gid_index=_gid_index(fabric, verdict),
+        declared_adapters=len(fabric.adapters),
     )
 
 

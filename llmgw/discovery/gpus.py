@@ -1,9 +1,14 @@
 """GPUs from nvidia-smi: the commands to run and pure parsers for their CSV.
 
-Two halves, as for every discovery source: :func:`query_command` and
-:func:`processes_command` build the argv (the agent runs it, with a timeout),
-:func:`parse_query` and :func:`parse_processes` turn its stdout into records,
-and :func:`build` turns records into :class:`llmgw.fleet.Gpu`.
+Two halves, as for every discovery source: :func:`query_command`,
+:func:`identity_command` and :func:`processes_command` build the argv (the
+agent runs it, with a timeout), :func:`parse_query`, :func:`parse_identity`
+and :func:`parse_processes` turn its stdout into records, and :func:`build`
+turns records into :class:`llmgw.fleet.Gpu`.
+
+The PCI device id and MIG mode are a query of their own, read by column
+name: a driver that does not know ``mig.mode.current`` (before R450)
+refuses the whole query, and then only those two facts are missing.
 
 Absent stays absent: ``[N/A]``, ``[Not Supported]`` and a column an older
 driver does not print become ``None``, never ``0``.
@@ -14,7 +19,7 @@ from __future__ import annotations
 import csv
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmgw.fleet.types import Gpu, GpuProcess
 from llmgw.spec import gpus as gpu_classes
@@ -33,6 +38,7 @@ QUERY_FIELDS = (
     "utilization.gpu",
 )
 REQUIRED_COLUMNS = len(QUERY_FIELDS) - 1
+IDENTITY_FIELDS = ("uuid", "pci.device_id", "mig.mode.current")
 PROCESS_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
 FORMAT = "--format=csv,noheader,nounits"
 
@@ -57,6 +63,16 @@ class GpuRecord:
     ecc_uncorrected: int | None = None
     utilization_pct: int | None = None
     nvlink_peers: tuple[int, ...] | None = None
+    pci_device_id: str | None = None  # "2330": the device half of 0x233010DE
+    mig_mode: str | None = None  # "Enabled" | "Disabled"; None: no MIG on this GPU
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What :func:`identity_command` adds to a GPU: its PCI device id and MIG mode."""
+
+    pci_device_id: str | None = None
+    mig_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,11 @@ def query_command(nvidia_smi: str = "nvidia-smi") -> list[str]:
     ['--query-gpu=index', 'uuid']
     """
     return [nvidia_smi, "--query-gpu=" + ",".join(QUERY_FIELDS), FORMAT]
+
+
+def identity_command(nvidia_smi: str = "nvidia-smi") -> list[str]:
+    """argv of the identity query: PCI device id and MIG mode, with a header row."""
+    return [nvidia_smi, "--query-gpu=" + ",".join(IDENTITY_FIELDS), "--format=csv,nounits"]
 
 
 def processes_command(nvidia_smi: str = "nvidia-smi") -> list[str]:
@@ -151,6 +172,69 @@ def parse_query(stdout: str) -> Parsed:
     return parsed
 
 
+def device_id(text: str | None) -> str | None:
+    """The device half of nvidia-smi's ``pci.device_id`` (``0x233010DE`` → ``2330``).
+
+    The value is the 32-bit PCI id with the vendor (``10DE``, NVIDIA) in the
+    low half, as NVML's ``pciDeviceId``; a plain 4-digit device id is kept.
+    """
+    cell = None if text is None else value(text)
+    if cell is None:
+        return None
+    digits = cell.lower().removeprefix("0x")
+    if not re.fullmatch(r"[0-9a-f]{1,8}", digits):
+        return None
+    return digits.zfill(8)[:4] if len(digits) > 4 else digits.zfill(4)
+
+
+def parse_identity(stdout: str) -> dict[str, Identity]:
+    """PCI device id and MIG mode by GPU UUID, from CSV with a header row.
+
+    Columns are found by their header name, so a recorded
+    ``--query-gpu=uuid,mig.mode.current,mig.mode.pending`` reads the same
+    way. ``[N/A]`` (a GPU without MIG) is None.
+    """
+    rows = list(_rows(stdout))
+    if not rows:
+        return {}
+    header = [cell.split(" [")[0].strip().lower() for cell in rows[0]]
+    if "uuid" not in header:
+        return {}
+    column = {name: header.index(name) for name in header}
+    found = {}
+    for row in rows[1:]:
+        if len(row) != len(header):
+            continue
+
+        def cell(name: str, row: list[str] = row) -> str | None:
+            return value(row[column[name]]) if name in column else None
+
+        uuid = cell("uuid")
+        if uuid:
+            found[uuid] = Identity(device_id(cell("pci.device_id")), cell("mig.mode.current"))
+    return found
+
+
+def with_identity(records: Sequence[GpuRecord], found: dict[str, Identity]) -> list[GpuRecord]:
+    """``records`` with the device id and MIG mode :func:`parse_identity` found."""
+    out = []
+    for record in records:
+        extra = found.get(record.uuid)
+        out.append(record if extra is None else replace(
+            record, pci_device_id=extra.pci_device_id or record.pci_device_id,
+            mig_mode=extra.mig_mode or record.mig_mode))
+    return out
+
+
+def with_peers(records: Sequence[GpuRecord], peers: dict[int, tuple[int, ...]] | None,
+               ) -> list[GpuRecord]:
+    """``records`` with NVLink peers from ``nvidia-smi topo -m`` where none are known."""
+    if peers is None:
+        return list(records)
+    return [record if record.nvlink_peers is not None or record.index not in peers
+            else replace(record, nvlink_peers=peers[record.index]) for record in records]
+
+
 def parse_processes(stdout: str) -> list[ProcessRecord]:
     """Records from the output of :func:`processes_command`.
 
@@ -177,10 +261,8 @@ def parse_processes(stdout: str) -> list[ProcessRecord]:
 
 
 def class_of(record: GpuRecord) -> str:
-    """The GPU class from the driver's own name and memory (see :mod:`llmgw.spec.gpus`)."""
-    if record.memory_total_mib is None:
-        return "unknown"
-    return gpu_classes.class_for(record.name, record.memory_total_mib)
+    """The GPU class from PCI device id, name and memory (see :mod:`llmgw.spec.gpus`)."""
+    return gpu_classes.classify(record.name, record.memory_total_mib, record.pci_device_id)
 
 
 def build(
@@ -217,6 +299,8 @@ def build(
             ecc_uncorrected=record.ecc_uncorrected,
             utilization_pct=record.utilization_pct,
             nvlink_peers=None if record.nvlink_peers is None else list(record.nvlink_peers),
+            pci_device_id=record.pci_device_id,
+            mig_mode=record.mig_mode,
             processes=by_uuid.get(record.uuid, []),
         )
         for record in sorted(records, key=lambda r: r.index)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from llmgw.discovery.gpus import GpuRecord, ProcessRecord
+from llmgw.discovery.gpus import GpuRecord, ProcessRecord, device_id
 
 _MIB = 1024 * 1024
 
@@ -97,6 +97,9 @@ def _snapshot(
         )
         utilization = optional(nvml.nvmlDeviceGetUtilizationRates, handle)
         pci = optional(nvml.nvmlDeviceGetPciInfo, handle)
+        mig_call = getattr(nvml, "nvmlDeviceGetMigMode", None)  # bindings before R450 lack it
+        mig = None if mig_call is None else optional(mig_call, handle)  # [current, pending]
+        pci_id = getattr(pci, "pciDeviceId", None)
         snap.gpus.append(
             GpuRecord(
                 index=index,
@@ -109,6 +112,9 @@ def _snapshot(
                 ecc_uncorrected=None if ecc is None else int(ecc),
                 utilization_pct=None if utilization is None else int(utilization.gpu),
                 nvlink_peers=peers[index],
+                pci_device_id=None if pci_id is None else device_id(hex(int(pci_id))),
+                mig_mode=None if not mig else
+                ("Enabled" if mig[0] == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1) else "Disabled"),
             )
         )
         for proc in optional(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []:

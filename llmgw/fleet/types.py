@@ -45,11 +45,20 @@ class Gpu(Observed):
         None, description="Indices of GPUs reached over NVLink; None when the topology is unknown."
     )
     processes: list[GpuProcess] = Field(default_factory=list)
+    pci_device_id: str | None = Field(
+        None, description="PCI device id (vendor 10de), 4 hex digits: `2330` is an H100 SXM5."
+    )
+    mig_mode: str | None = Field(
+        None, description="`Enabled` or `Disabled` (mig.mode.current); None: the GPU has no MIG."
+    )
 
     @property
     def faults(self) -> list[str]:
         """Why this GPU must not get new work; empty when it is healthy."""
         reasons = []
+        if self.mig_mode == "Enabled":
+            reasons.append(f"GPU {self.index} is in MIG mode (split into instances); "
+                           "engines here take whole GPUs")
         if self.ecc_uncorrected:
             reasons.append(f"GPU {self.index} has uncorrected ECC errors")
         foreign = [p for p in self.processes if not p.owned_by_llmgw]
@@ -105,6 +114,14 @@ class FabricStatus(Observed):
     advertised: bool
     reasons: list[str] = Field(default_factory=list, description="Why not advertised, or warnings.")
     gid_index: int | None = None
+    declared_adapters: int = Field(
+        0, description="How many adapters the cluster declares for this node on the fabric.")
+
+    @property
+    def active(self) -> str:
+        """``2 of 4 adapters ACTIVE``: how much of the fabric this node can use."""
+        declared = max(self.declared_adapters, len(self.adapters))
+        return f"{len(self.adapters)} of {declared} adapter{'' if declared == 1 else 's'} ACTIVE"
 
 
 class Disk(Observed):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw.discovery import gpus
 from llmgw.onboarding.simnodes import HARDWARE, fixture_settings
+from llmgw.spec.quantities import count
 
 if TYPE_CHECKING:
     from llmgw.onboarding.labs import LabNode
@@ -39,7 +40,7 @@ def declared_fabrics(hardware: str) -> dict[str, dict[str, Any]]:
 def describe(hardware: str) -> str:
     """``8× h100-80g, ib-a (4 adapters)`` for a fixture kind."""
     parts = [", ".join(f"{n}× {c}" for c, n in declared_gpus(hardware)) or "CPU only"]
-    parts += [f"{name} ({len(f.get('adapters') or [])} adapters)"
+    parts += [f"{name} ({count(len(f.get('adapters') or []), 'adapter')})"
               for name, f in declared_fabrics(hardware).items()]
     return ", ".join(parts)
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from llmgw.onboarding import labfiles, processes
 from llmgw.onboarding.simnodes import SimNode, agent_config, keygen
+from llmgw.spec import quantities
 
 RUNTIME = ".llmgw-lab"
 STATE = "lab.json"
@@ -167,8 +168,8 @@ def up(
     lab = Lab(directory.resolve())
     nodes = lab.nodes()
     if nodes and count is not None and count != len(nodes):
-        raise LabError(f"the lab in {directory} has {len(nodes)} nodes, not {count}: run "
-                       f"`llmgw lab down --purge` first to start a different one")
+        raise LabError(f"the lab in {directory} has {quantities.count(len(nodes), 'node')}, "
+                       f"not {count}: run `llmgw lab down --purge` first to start a different one")
     fresh = not nodes
     if fresh:
         nodes = layout(count or 3, ssh_port_from)
@@ -301,7 +302,8 @@ def _start(lab: Lab, nodes: list[LabNode], engine_dir: str | None, say: Say) -> 
         say(f"  {node.name:<7} {what:<32} ssh 127.0.0.1:{node.port}  {state}")
     fresh = sum(1 for _n, _s, a, b in sims if not (a and b))
     if fresh:
-        say(f"{fresh} of {len(nodes)} nodes started in {time.monotonic() - begun:.1f}s; "
+        say(f"{fresh} of {quantities.count(len(nodes), 'node')} started in "
+            f"{time.monotonic() - begun:.1f}s; "
             f"their files and logs are in {RUNTIME}/.")
     return result
 

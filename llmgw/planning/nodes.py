@@ -151,7 +151,8 @@ class Capacity:
         # placement asks every node, and most nodes have not changed since.
         self.reasons: dict[tuple[str, tuple[str, ...], int], tuple[int, str]] = {}
         for name in sorted(cluster.nodes):
-            node = _node_state(name, cluster.nodes[name], fleet.nodes.get(name))
+            node = _node_state(name, cluster.nodes[name], fleet.nodes.get(name),
+                               {f: spec.min_adapters for f, spec in cluster.fabrics.items()})
             self.nodes[name] = node
             for key in node.weights:
                 self._weights.setdefault(key, set()).add(name)
@@ -261,7 +262,9 @@ class Capacity:
         bisect.insort(bucket, state.name)
 
 
-def _node_state(name: str, spec: Node, report: NodeReport | None) -> NodeState:
+def _node_state(name: str, spec: Node, report: NodeReport | None,
+                needs: dict[str, int | None] | None = None) -> NodeState:
+    """What ``name`` can take; ``needs``: each fabric's ``min_adapters``, if it sets one."""
     node = NodeState(name=name, spec=spec, report=report)
     if report is None:
         return node
@@ -284,6 +287,10 @@ def _node_state(name: str, spec: Node, report: NodeReport | None) -> NodeState:
         elif not status.advertised or not status.adapters:
             why = "; ".join(status.reasons) or "no ACTIVE adapter"
             node.fabric_problems[fabric] = f"fabric {fabric} not advertised: {why}"
+        elif len(status.adapters) < ((needs or {}).get(fabric) or 0):
+            node.fabric_problems[fabric] = (
+                f"fabric {fabric}: {status.active}, needs {(needs or {})[fabric]} "
+                f"(fabrics.{fabric}.min_adapters)")
         else:
             node.fabrics[fabric] = status
     keys: set[str] = set()
@@ -313,3 +320,4 @@ def gib(size: int) -> str:
     """``25769803776`` → ``24``; ``1.5 GiB`` keeps one decimal."""
     value = size / GIB
     return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"
+

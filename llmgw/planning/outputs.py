@@ -29,6 +29,7 @@ from llmgw.planning.types import (
     Shard,
     Unplaceable,
 )
+from llmgw.spec.quantities import count
 
 MARKDOWN_LIMIT = 60_000
 _NODES_SHOWN = 3  # nodes named per identical reason before "+N more"
@@ -161,7 +162,7 @@ def _no_changes(plan: Plan) -> str:
 def _title(plan: Plan) -> str:
     reachable = sum(1 for n in plan.nodes if n.reachable)
     down = len(plan.nodes) - reachable
-    nodes = f"{len(plan.nodes)} nodes" + (f" ({down} not reachable)" if down else "")
+    nodes = count(len(plan.nodes), "node") + (f" ({down} not reachable)" if down else "")
     revision = f" · revision {plan.revision}" if plan.revision else ""
     return f"llmgw plan · cluster {plan.cluster}{revision} · {nodes} · at {_time(plan.now)}"
 
@@ -232,7 +233,7 @@ def markdown(plan: Plan, limit: int = MARKDOWN_LIMIT) -> str:
         "",
         f"<sub>Observed {_time(plan.now)}"
         + (f" · revision `{plan.revision}`" if plan.revision else "")
-        + f" · {len(plan.nodes)} nodes · plan format {FORMAT_VERSION}</sub>",
+        + f" · {count(len(plan.nodes), 'node')} · plan format {FORMAT_VERSION}</sub>",
     ]
     budget = limit - len("\n".join(head + footer)) - 400
     table = ["| | model | replica | change | where | why |", "|:-:|---|---|---|---|---|"]

@@ -43,6 +43,7 @@ from llmgw.planning.types import (
     Unplaceable,
 )
 from llmgw.spec.models import Cluster
+from llmgw.spec.quantities import count
 
 __all__ = ["Policy", "plan"]
 
@@ -151,6 +152,11 @@ class _Planner:
                     f"{name}: unreachable and no earlier report of its units; replicas there, "
                     "if any, cannot be seen"
                 )
+            elif report.reachable:
+                for status in report.fabrics:
+                    if status.advertised and len(status.adapters) < status.declared_adapters:
+                        self.warnings.append(f"{name}: fabric {status.name} has "
+                                             f"{status.active}")
 
     def _destroy_orphans(self) -> None:
         groups: dict[Key, list[replicas.Orphan]] = {}
@@ -240,7 +246,7 @@ class _Planner:
             if len(alive) > model.scaling.max:
                 extra = len(alive) - model.scaling.max
                 ordered = sorted(known, key=lambda r: (not self._troubled(r), -r.replica))
-                reason = f"over max: {len(alive)} replicas, max {model.scaling.max}"
+                reason = f"over max: {count(len(alive), 'replica')}, max {model.scaling.max}"
                 victims = [(r, reason) for r in ordered[:extra]]
             elif len(alive) > want.count:
                 idle = []

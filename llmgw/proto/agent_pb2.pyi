@@ -188,6 +188,8 @@ class Gpu(_message.Message):
     UTILIZATION_PCT_FIELD_NUMBER: _builtins.int
     NVLINK_PEERS_FIELD_NUMBER: _builtins.int
     PROCESSES_FIELD_NUMBER: _builtins.int
+    PCI_DEVICE_ID_FIELD_NUMBER: _builtins.int
+    MIG_MODE_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     name: _builtins.str
@@ -198,6 +200,9 @@ class Gpu(_message.Message):
     compute_capability: _builtins.str
     ecc_uncorrected: _builtins.int
     utilization_pct: _builtins.int
+    pci_device_id: _builtins.str
+    mig_mode: _builtins.str
+    """Enabled | Disabled; unset: no MIG"""
     @_builtins.property
     def nvlink_peers(self) -> Global___IndexList:
         """unset: topology unknown (no NVML)"""
@@ -219,10 +224,12 @@ class Gpu(_message.Message):
         utilization_pct: _builtins.int | None = ...,
         nvlink_peers: Global___IndexList | None = ...,
         processes: _abc.Iterable[Global___GpuProcess] | None = ...,
+        pci_device_id: _builtins.str | None = ...,
+        mig_mode: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_pci_bus_id", b"_pci_bus_id", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "utilization_pct", b"utilization_pct"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_mig_mode", b"_mig_mode", "_pci_bus_id", b"_pci_bus_id", "_pci_device_id", b"_pci_device_id", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "mig_mode", b"mig_mode", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pci_device_id", b"pci_device_id", "utilization_pct", b"utilization_pct"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_pci_bus_id", b"_pci_bus_id", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "gpu_class", b"gpu_class", "index", b"index", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "name", b"name", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "processes", b"processes", "utilization_pct", b"utilization_pct", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_mig_mode", b"_mig_mode", "_pci_bus_id", b"_pci_bus_id", "_pci_device_id", b"_pci_device_id", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "gpu_class", b"gpu_class", "index", b"index", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "mig_mode", b"mig_mode", "name", b"name", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pci_device_id", b"pci_device_id", "processes", b"processes", "utilization_pct", b"utilization_pct", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__compute_capability: _TypeAlias = _typing.Literal["compute_capability"]  # noqa: Y015
     _WhichOneofArgType__compute_capability: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability"]  # noqa: Y015
@@ -232,8 +239,12 @@ class Gpu(_message.Message):
     _WhichOneofArgType__memory_total_mib: _TypeAlias = _typing.Literal["_memory_total_mib", b"_memory_total_mib"]  # noqa: Y015
     _WhichOneofReturnType__memory_used_mib: _TypeAlias = _typing.Literal["memory_used_mib"]  # noqa: Y015
     _WhichOneofArgType__memory_used_mib: _TypeAlias = _typing.Literal["_memory_used_mib", b"_memory_used_mib"]  # noqa: Y015
+    _WhichOneofReturnType__mig_mode: _TypeAlias = _typing.Literal["mig_mode"]  # noqa: Y015
+    _WhichOneofArgType__mig_mode: _TypeAlias = _typing.Literal["_mig_mode", b"_mig_mode"]  # noqa: Y015
     _WhichOneofReturnType__pci_bus_id: _TypeAlias = _typing.Literal["pci_bus_id"]  # noqa: Y015
     _WhichOneofArgType__pci_bus_id: _TypeAlias = _typing.Literal["_pci_bus_id", b"_pci_bus_id"]  # noqa: Y015
+    _WhichOneofReturnType__pci_device_id: _TypeAlias = _typing.Literal["pci_device_id"]  # noqa: Y015
+    _WhichOneofArgType__pci_device_id: _TypeAlias = _typing.Literal["_pci_device_id", b"_pci_device_id"]  # noqa: Y015
     _WhichOneofReturnType__utilization_pct: _TypeAlias = _typing.Literal["utilization_pct"]  # noqa: Y015
     _WhichOneofArgType__utilization_pct: _TypeAlias = _typing.Literal["_utilization_pct", b"_utilization_pct"]  # noqa: Y015
     @_typing.overload
@@ -245,7 +256,11 @@ class Gpu(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_used_mib) -> _WhichOneofReturnType__memory_used_mib | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mig_mode) -> _WhichOneofReturnType__mig_mode | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pci_bus_id) -> _WhichOneofReturnType__pci_bus_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pci_device_id) -> _WhichOneofReturnType__pci_device_id | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__utilization_pct) -> _WhichOneofReturnType__utilization_pct | None: ...
 
@@ -345,10 +360,12 @@ class FabricStatus(_message.Message):
     ADVERTISED_FIELD_NUMBER: _builtins.int
     REASONS_FIELD_NUMBER: _builtins.int
     GID_INDEX_FIELD_NUMBER: _builtins.int
+    DECLARED_ADAPTERS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     kind: _builtins.str
     advertised: _builtins.bool
     gid_index: _builtins.int
+    declared_adapters: _builtins.int
     @_builtins.property
     def adapters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -362,10 +379,11 @@ class FabricStatus(_message.Message):
         advertised: _builtins.bool = ...,
         reasons: _abc.Iterable[_builtins.str] | None = ...,
         gid_index: _builtins.int | None = ...,
+        declared_adapters: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gid_index", b"_gid_index", "gid_index", b"gid_index"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gid_index", b"_gid_index", "adapters", b"adapters", "advertised", b"advertised", "gid_index", b"gid_index", "kind", b"kind", "name", b"name", "reasons", b"reasons"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gid_index", b"_gid_index", "adapters", b"adapters", "advertised", b"advertised", "declared_adapters", b"declared_adapters", "gid_index", b"gid_index", "kind", b"kind", "name", b"name", "reasons", b"reasons"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gid_index: _TypeAlias = _typing.Literal["gid_index"]  # noqa: Y015
     _WhichOneofArgType__gid_index: _TypeAlias = _typing.Literal["_gid_index", b"_gid_index"]  # noqa: Y015

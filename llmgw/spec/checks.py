@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from llmgw.spec import gpus
 from llmgw.spec.models import Cluster, Profile
+from llmgw.spec.quantities import count
 
 Path = tuple[str | int, ...]
 
@@ -100,6 +101,12 @@ def _node_problems(
                 yield Problem((*base, "fabrics", fabric),
                               f"nodes.{name}.fabrics.{fabric}: list the node's adapters on "
                               "this fabric, e.g. [mlx5_0, mlx5_1]")
+            need = cluster.fabrics[fabric].min_adapters if fabric in cluster.fabrics else None
+            if adapters and need is not None and len(adapters) < need:
+                yield Problem((*base, "fabrics", fabric),
+                              f"nodes.{name}.fabrics.{fabric}: "
+                              f"{count(len(adapters), 'adapter')} declared, but fabric "
+                              f"'{fabric}' has min_adapters: {need}")
         for index, path in enumerate(node.weights_dirs):
             if not path.startswith("/") and not (node.is_local and is_relative_path(path)):
                 yield Problem((*base, "weights_dirs", index),

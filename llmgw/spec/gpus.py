@@ -85,6 +85,44 @@ _KNOWN: tuple[tuple[str, int, str], ...] = (
 
 _CAPABILITY = {family: cc for _, family, cc in _FAMILIES}
 
+# PCI device ids (vendor 10de) of data-centre boards: device id → (family,
+# GiB as the driver reports it, the board's name in the PCI ID Repository).
+# Ids and names are from pci.ids (https://pci-ids.ucw.cz, as shipped by
+# Debian's `pci.ids` package in /usr/share/misc/pci.ids, and the pciutils/
+# pciids repository for boards newer than Debian 12's copy: H200, L40S,
+# B200, H100 NVL). A board that only has a codename there (PG500-216) is
+# matched here, where its driver name would not be. GiB is what the driver
+# reports for that board (see _KNOWN), so a GPU whose memory is not
+# reported still gets its class.
+DEVICES: dict[str, tuple[str, int, str]] = {
+    "1db1": ("v100", 16, "GV100GL [Tesla V100 SXM2 16GB]"),
+    "1db4": ("v100", 16, "GV100GL [Tesla V100 PCIe 16GB]"),
+    "1db5": ("v100", 32, "GV100GL [Tesla V100 SXM2 32GB]"),
+    "1db6": ("v100", 32, "GV100GL [Tesla V100 PCIe 32GB]"),
+    "1db8": ("v100", 32, "GV100GL [Tesla V100 SXM3 32GB]"),
+    "1df0": ("v100", 32, "GV100GL [Tesla PG500-216]"),  # a V100 PCIe 32GB board
+    "1df5": ("v100", 16, "GV100GL [Tesla V100 SXM2 16GB]"),
+    "1df6": ("v100", 32, "GV100GL [Tesla V100S PCIe 32GB]"),
+    "1eb8": ("t4", 15, "TU104GL [Tesla T4]"),
+    "20b0": ("a100", 40, "GA100 [A100 SXM4 40GB]"),
+    "20b1": ("a100", 40, "GA100 [A100 PCIe 40GB]"),
+    "20b2": ("a100", 80, "GA100 [A100 SXM4 80GB]"),
+    "20b5": ("a100", 80, "GA100 [A100 PCIe 80GB]"),
+    "20f1": ("a100", 40, "GA100 [A100 PCIe 40GB]"),
+    "20b7": ("a30", 24, "GA100GL [A30 PCIe]"),
+    "2236": ("a10", 22, "GA102GL [A10]"),
+    "2237": ("a10g", 22, "GA102GL [A10G]"),
+    "2330": ("h100", 80, "GH100 [H100 SXM5 80GB]"),
+    "2331": ("h100", 80, "GH100 [H100 PCIe]"),
+    "2321": ("h100nvl", 94, "GH100 [H100L 94GB]"),  # sold as H100 NVL
+    "2324": ("h800", 80, "GH100 [H800]"),
+    "2335": ("h200", 140, "GH100 [H200 SXM 141GB]"),
+    "26b5": ("l40", 45, "AD102GL [L40]"),
+    "26b9": ("l40s", 45, "AD102GL [L40S]"),
+    "27b8": ("l4", 22, "AD104GL [L4]"),
+    "2901": ("b200", 179, "GB100 [B200]"),
+}
+
 
 def gib_from_mib(memory_mib: float) -> int:
     """Whole GiB as a class name uses them: 46068 MiB → 45."""
@@ -112,6 +150,33 @@ def class_for(driver_name: str, memory_mib: float) -> str:
     if family is None:
         family = re.sub(r"[^a-z0-9]+", "", driver_name.lower().replace("nvidia", "")) or "gpu"
     return f"{family}-{gib_from_mib(memory_mib)}g"
+
+
+def classify(driver_name: str, memory_mib: float | None, device_id: str | None = None) -> str:
+    """The class of one GPU: family by PCI device id, else by name; GiB as reported.
+
+    >>> classify("Tesla PG500-216", 32768, "1df0")
+    'v100-32g'
+    >>> classify("NVIDIA H100 80GB HBM3", None, "2330")
+    'h100-80g'
+    >>> classify("NVIDIA A10", None)
+    'a10-22g'
+
+    Memory not reported: the device table's GiB, else the one size the
+    family comes in, else ``unknown`` (an A100 could be 40 or 80 GiB).
+    """
+    known = DEVICES.get((device_id or "").lower())
+    if memory_mib is not None:
+        if known is not None:
+            return f"{known[0]}-{gib_from_mib(memory_mib)}g"
+        return class_for(driver_name, memory_mib)
+    if known is not None:
+        return f"{known[0]}-{known[1]}g"
+    family = family_for(driver_name)
+    sizes = {c.memory_gib for c in BUILTIN.values() if c.family == family}
+    if family is not None and len(sizes) == 1:
+        return f"{family}-{sizes.pop()}g"
+    return "unknown"
 
 
 def _build_table() -> dict[str, GpuClass]:

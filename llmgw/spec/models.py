@@ -240,6 +240,12 @@ class Fabric(Strict):
         "index the agent reports for the node's adapters, else unset so that NCCL picks one "
         "itself (RoCE v2 over IPv4 on NCCL 2.21+).",
     )
+    min_adapters: int | None = Field(
+        None, ge=1, le=64,
+        description="How many of a node's declared adapters must be ACTIVE for a multi-node "
+        "replica to use the fabric there (default: one; a node with fewer still serves "
+        "single-node replicas). Each node on the fabric must declare at least this many.",
+    )
     description: str = Field("", description="Free text for people.")
 
     @model_validator(mode="after")

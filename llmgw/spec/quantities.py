@@ -128,3 +128,12 @@ Size = Annotated[
         }
     ),
 ]
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun, in the singular for one: ``1 node``, ``2 nodes``, ``0 errors``.
+
+    >>> count(1, "node"), count(3, "replica"), count(2, "GPU")
+    ('1 node', '3 replicas', '2 GPUs')
+    """
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

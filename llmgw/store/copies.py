@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from llmgw.spec.quantities import count
 from llmgw.store.stores import Store, StoreError
 
 BATCH = 5000
@@ -52,8 +53,8 @@ async def copy(
     top_up = after is not None
     start = after or 0
     key_rows = [listing.row for listing in await source.list_keys()]
-    progress(f"{len(key_rows)} keys to copy" if not top_up else
-             f"topping up: {len(key_rows)} keys checked, usage rows after id {start}")
+    progress(f"{count(len(key_rows), 'key')} to copy" if not top_up else
+             f"topping up: {count(len(key_rows), 'key')} checked, usage rows after id {start}")
     copied, first = 0, True
     while True:
         page = await source.usage_after(start, BATCH)

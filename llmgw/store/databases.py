@@ -17,16 +17,36 @@ import sqlite3
 from pathlib import Path
 
 from llmgw.store import migrations
+from llmgw.store.stores import StoreError
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
     """An open connection to the database at ``path``, schema migrated.
+
+    A file that is not an SQLite database, is damaged, cannot be opened or
+    has a newer schema raises :class:`StoreError` naming it, so a command
+    refuses before it starts anything.
 
     WAL mode lets ``llmgw keys`` write while the daemon's router reads, and
     ``synchronous=NORMAL`` keeps a usage flush from waiting on fsync each time
     (WAL stays consistent; the last instant of rows can be lost on power loss).
     """
     path = Path(path)
+    if path.is_dir():
+        raise StoreError(f"{path}: cannot open the store: it is a directory")
+    try:
+        return _connect(path)
+    except sqlite3.OperationalError as exc:
+        raise StoreError(f"{path}: cannot open the store: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path}: the store is damaged or not an llmgw database ({exc}); "
+                         "restore it from a backup, or move it aside to start an empty one"
+                         ) from None
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot open the store: {exc.strerror or exc}") from None
+
+
+def _connect(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Key hashes and spend are nobody else's business: owner-only, WAL files included.
     path.touch(mode=0o600, exist_ok=True)

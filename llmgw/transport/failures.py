@@ -93,12 +93,33 @@ def from_rpc(node: str, exc: grpc.aio.AioRpcError) -> NodeUnreachable:
     return NodeUnreachable(node, "agent error", f"{name}: {exc.details() or 'no details'}")
 
 
-def agent_not_running(node: str, socket: str, how: str) -> NodeUnreachable:
+def agent_not_running(node: str, socket: str, how: str, *, local: bool = False
+                      ) -> NodeUnreachable:
+    """Nothing answers on the agent's socket; ``local``: the node at ``address: local``."""
+    start = (
+        "`llmgw serve` starts this machine's agent itself when nothing answers there; "
+        "for `llmgw plan`/`apply` alone, run `llmgw agent serve --config FILE` with an "
+        "agent settings file whose socket.path is this agent_socket (docs/agent.md)"
+        if local else
+        "start the agent there (`llmgw agent serve --config /etc/llmgw/agent.yaml`, or its "
+        "systemd unit, docs/agent.md)"
+    )
     return NodeUnreachable(
         node, "agent not running",
-        f"nothing accepts connections on {socket} ({how}); start the agent there "
-        "(`llmgw agent serve`), check the node's agent_socket, and that the SSH user may "
-        "open the socket (group of the socket, mode 0660)",
+        f"nothing accepts connections on {socket} ({how}); {start}; check the node's "
+        "agent_socket, and that the user may open the socket (group of the socket, mode 0660)",
+    )
+
+
+def missing_key(node: str, path: str, exc: OSError) -> NodeUnreachable:
+    """The SSH private key named by ``cluster.ssh.identity_file`` cannot be read here."""
+    what = "does not exist" if isinstance(exc, FileNotFoundError) else \
+        f"cannot be read ({_oserror(exc)})"
+    return NodeUnreachable(
+        node, "auth",
+        f"the SSH key {path} (cluster.ssh.identity_file) {what}; create it "
+        f"(ssh-keygen -t ed25519 -f {path}) and add its .pub to the nodes' authorized_keys, "
+        "or point identity_file at the key you use",
     )
 
 

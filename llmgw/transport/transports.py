@@ -89,7 +89,7 @@ class LocalTransport:
             _, writer = await asyncio.open_unix_connection(self.socket_path)
         except OSError as exc:
             return failures.agent_not_running(
-                self.node, self.socket_path, exc.strerror or type(exc).__name__
+                self.node, self.socket_path, exc.strerror or type(exc).__name__, local=True
             )
         writer.close()
         await writer.wait_closed()

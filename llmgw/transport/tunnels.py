@@ -194,6 +194,11 @@ class SSHTransport:
         if target.identity_file is not None:
             # An explicit key means exactly that key: not whatever an ssh-agent
             # of the operator's session happens to hold.
+            try:
+                with open(target.identity_file, "rb"):
+                    pass
+            except OSError as exc:
+                raise failures.missing_key(self.node, str(target.identity_file), exc) from None
             keys = {"client_keys": [str(target.identity_file)], "agent_path": None}
         try:
             conn, _ = await asyncssh.create_connection(

@@ -230,3 +230,24 @@ async def test_an_unknown_fabric_kind_is_invalid_argument(h100: Served) -> None:
         await stub.Report(request)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "unknown kind 'ethernet'" in (error.value.details() or "")
+
+
+async def test_a_node_with_garbage_state_files_stays_reachable(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One bad byte in the state directory must not take the node out."""
+    bad = root / "state" / "units" / unit_name("bad")
+    bad.mkdir(parents=True)
+    (bad / "unit").write_bytes(b"\xff\xfe\x00[Unit]\n")
+    (bad / "pid").write_bytes(b"\x80\x81")
+    odd = root / "state" / "units" / unit_name("odd")
+    odd.mkdir(parents=True)
+    (odd / "unit").write_text(unit_text("odd", port=free_port()))
+    (odd / "pid").write_bytes(b"{\"pid\": \xff}")
+    async with serving(node_settings("cpu-only", root), root) as served:
+        report = await served.client.report()
+        assert [u.name for u in report.units] == [unit_name("odd")]
+        [unit] = report.units
+        assert unit.state == "stopped"
+    assert (root / "state" / "corrupt").is_dir()
+    assert "moved its state aside" in caplog.text and "moved aside to pid.corrupt-" in caplog.text

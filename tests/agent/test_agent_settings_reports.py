@@ -107,7 +107,7 @@ async def test_process_query_failing_is_said(tmp_path: Path) -> None:
                  ";; *) echo 'Unable to determine the device handle' >&2; exit 15;; esac\n")
     facts = await gpus_with(smi, tmp_path)
     assert len(facts.records) == 4 and facts.source == "nvidia-smi"
-    assert "GPU processes unknown" in facts.warnings[0]
+    assert any("GPU processes unknown" in w for w in facts.warnings), facts.warnings
 
 
 async def test_nvml_auto_falls_back_to_nvidia_smi_here(tmp_path: Path) -> None:
@@ -128,3 +128,22 @@ async def test_absent_stays_absent_through_the_report(tmp_path: Path) -> None:
     dumped = report.model_dump()
     first = dumped["gpus"][0]
     assert first["utilization_pct"] is None and first["nvlink_peers"] is None
+
+
+async def test_without_nvml_nvlink_peers_and_mig_come_from_nvidia_smi(tmp_path: Path) -> None:
+    """The agent runs the identity query and ``topo -m`` (recorded, ANSI colour and all)."""
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
+    rows = ("0, GPU-ec845691-fb46-e16d-abfb-b135308cb39f, NVIDIA A100-SXM4-80GB, "
+            "00000000:07:00.0, 81920, 0, 8.0, 0, 0\n"
+            "1, GPU-91672fbd-4bc1-0434-a653-77a9501c84de, NVIDIA A100-SXM4-80GB, "
+            "00000000:0F:00.0, 81920, 0, 8.0, 0, 0\n")
+    smi = script(tmp_path / "nvidia-smi",
+                 'case "$*" in\n'
+                 f"--query-gpu=index*) cat <<'EOF'\n{rows}EOF\n;;\n"
+                 f"--query-gpu=uuid*) cat {fixtures / 'mig-mode-one-enabled.csv'};;\n"
+                 f"'topo -m') cat {fixtures / 'topo-2x-nv12-tty-colour.txt'};;\n"
+                 "*) echo 'No running processes found';;\nesac\n")
+    facts = await gpus_with(smi, tmp_path)
+    assert [(r.mig_mode, r.nvlink_peers) for r in facts.records] == [
+        ("Enabled", (1,)), ("Disabled", (0,))]
+    assert facts.warnings == []

@@ -330,3 +330,65 @@ async def test_engines_inherit_the_agents_environment_unless_told_not_to(
         assert ("LLMGW_FROM_AGENT" in data["env"]) is inherit
     finally:
         await sup.apply([UnitChange(unit_name(), "", action="remove")])
+
+
+GARBAGE = b"\xff\xfe\x00pid \xc3\x28 not json"
+
+
+@ABANDONED
+async def test_garbage_pid_and_wanted_files_are_moved_aside_and_the_unit_carries_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = Supervisor(tmp_path / "state", FAST)
+    text = unit_text(port=free_port())
+    await first.apply([UnitChange(unit_name(), text)])
+    pid = running_pid(await first.observe(), unit_name())
+    assert pid is not None
+    directory = first.units_dir / unit_name()
+    (directory / "pid").write_bytes(GARBAGE)
+    (directory / "wanted").write_bytes(b"runn\xffing")
+    try:
+        second = Supervisor(tmp_path / "state", FAST)  # the agent restarts over bad state
+        [obs] = await second.observe()
+        assert obs.name == unit_name() and obs.labels is not None
+        assert obs.process == "stopped"  # nothing adopted from a pid file it cannot read
+        assert [p.name.split("-")[0] for p in sorted(directory.glob("*.corrupt-*"))] == [
+            "pid.corrupt", "wanted.corrupt"]
+        assert "pid is not a pid file llmgw wrote; moved aside" in caplog.text
+        # The daemon re-applies what it wants, and the unit runs again.
+        [result] = await second.apply([UnitChange(unit_name(), text)])
+        assert result.ok, result.error
+        assert running_pid(await second.observe(), unit_name()) is not None
+        await second.apply([UnitChange(unit_name(), text, action="remove")])
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+@ABANDONED
+async def test_a_unit_file_that_is_not_utf8_moves_the_unit_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = Supervisor(tmp_path / "state", FAST)
+    await first.apply([UnitChange(unit_name(), unit_text(port=free_port()))])
+    pid = running_pid(await first.observe(), unit_name())
+    assert pid is not None
+    (first.units_dir / unit_name() / "unit").write_bytes(b"[Unit]\nDescription=\xff\xfe\n")
+    try:
+        second = Supervisor(tmp_path / "state", FAST)
+        assert await second.observe() == []
+        [aside] = (tmp_path / "state" / "corrupt").iterdir()
+        assert aside.name.startswith(unit_name() + "-") and (aside / "unit").exists()
+        assert "the unit file is not UTF-8" in caplog.text
+        assert f"its last engine (pid {pid}) may still run" in caplog.text
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_unit_file_garbled_while_running_is_reported_not_fatal(
+    supervisor: Supervisor,
+) -> None:
+    await supervisor.apply([UnitChange(unit_name(), unit_text(port=free_port()))])
+    (supervisor.units_dir / unit_name() / "unit").write_bytes(GARBAGE)
+    await supervisor.tick()
+    [obs] = await supervisor.observe()
+    assert obs.labels is None and "not UTF-8" in obs.detail

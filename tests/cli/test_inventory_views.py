@@ -113,3 +113,12 @@ def test_status_is_one_line_per_node_and_replica() -> None:
     assert lines[-2:] == ["GPUs: h100-80g 3 used, 1 free, 2 faulty", "free whole nodes on ib-a: 0"]
     assert "gpu-b-01  DOWN  refused: llmgw@10.0.0.21 refused the connection\n" in text
     assert "gpu-a-02  up    2× h100-80g (1 faulty), 2 units" in text
+
+
+def test_a_fabric_with_adapters_down_says_how_many_are_active() -> None:
+    reports = dict(fleet().nodes)
+    reports["gpu-a-01"] = reports["gpu-a-01"].model_copy(update={"fabrics": [FabricStatus(
+        name="ib-a", kind="infiniband", adapters=["mlx5_0"], advertised=True,
+        declared_adapters=2, reasons=["1 of 2 adapters ACTIVE", "mlx5_1 has no ACTIVE port"])]})
+    text = inventories.render_inventory(CLUSTER, Fleet(nodes=reports), NOW)
+    assert "ib-a (infiniband): advertised by gpu-a-01 (1 of 2 adapters ACTIVE)" in text

@@ -78,3 +78,11 @@ def test_unreadable_attributes_are_absent(tmp_path: Path) -> None:
     [adapter] = adapters.read(tmp_path)
     assert adapter.ports[0].state == "DOWN" and adapter.ports[0].rate is None
     assert adapter.ports[0].link_layer is None and not adapter.active
+
+
+def test_adapters_sort_naturally(tmp_path: Path) -> None:
+    """mlx5_2 before mlx5_10, as an operator counts, not as strings sort."""
+    for name in ("mlx5_10", "mlx5_2", "mlx5_0", "mlx5_1", "mlx5_11"):
+        (tmp_path / "class/infiniband" / name / "ports/1").mkdir(parents=True)
+    assert [a.name for a in adapters.read(tmp_path)] == [
+        "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_10", "mlx5_11"]

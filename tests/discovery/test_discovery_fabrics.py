@@ -25,7 +25,8 @@ def on(node: str) -> list[Adapter]:
                      id="all-active"),
         pytest.param("faulty", DeclaredFabric("ib-a", "infiniband", IB4), True,
                      ["mlx5_0", "mlx5_1", "mlx5_3"],
-                     ["mlx5_2 has no ACTIVE port (port 1: INIT, LinkUp)"], id="one-port-init"),
+                     ["3 of 4 adapters ACTIVE", "mlx5_2 has no ACTIVE port (port 1: INIT, LinkUp)"],
+                     id="one-port-init"),
         pytest.param("h100-ib", DeclaredFabric("ib-a", "infiniband", (*IB4, "mlx5_4")), False,
                      list(IB4), ["adapter mlx5_4 is declared but not present "
                                  "(found: mlx5_0, mlx5_1, mlx5_2, mlx5_3)"], id="missing-adapter"),
@@ -73,6 +74,27 @@ def test_a_fabric_declared_without_adapters_is_not_advertised() -> None:
     assert not status.advertised and status.reasons == [
         "no adapters declared for ib-a on this node"
     ]
+
+
+def test_a_fabric_with_adapters_down_says_how_many_are_active() -> None:
+    """Two of four HCAs down: advertised with the two, and the count is in the report."""
+    found = on("faulty")
+    for adapter in found:
+        if adapter.name in ("mlx5_1", "mlx5_2"):
+            adapter.ports[0] = adapter.ports[0].model_copy(update={"state": "DOWN"})
+    [status] = fabrics.check([DeclaredFabric("ib-a", "infiniband", IB4)], found)
+    assert status.advertised and status.adapters == ["mlx5_0", "mlx5_3"]
+    assert status.declared_adapters == 4 and status.active == "2 of 4 adapters ACTIVE"
+    assert status.reasons[0] == "2 of 4 adapters ACTIVE"
+
+
+def test_found_adapters_are_listed_in_natural_order(tmp_path: Path) -> None:
+    for name in ("mlx5_10", "mlx5_2", "mlx5_1"):
+        (tmp_path / "class/infiniband" / name / "ports/1").mkdir(parents=True)
+    [status] = fabrics.check([DeclaredFabric("ib-a", "infiniband", ("mlx5_3",))],
+                             adapters.read(tmp_path))
+    assert status.reasons[0] == ("adapter mlx5_3 is declared but not present "
+                                 "(found: mlx5_1, mlx5_2, mlx5_10)")
 
 
 def _roce_port(gids: list[tuple[str, str]]) -> Adapter:

@@ -111,6 +111,60 @@ def test_processes_mark_their_gpu_unless_llmgw_owns_them() -> None:
     assert built[1].faults == ["GPU 1 has memory held by pid 90117, not started by llmgw"]
 
 
-def test_unknown_memory_means_unknown_class() -> None:
+def test_unknown_memory_still_gets_a_class_from_the_name() -> None:
     [record] = gpus.parse_query("0, GPU-1, NVIDIA H100 80GB HBM3, [N/A], [N/A], 0, 9.0, 0\n").gpus
-    assert record.memory_total_mib is None and gpus.class_of(record) == "unknown"
+    assert record.memory_total_mib is None and gpus.class_of(record) == "h100-80g"
+
+
+def test_identity_query() -> None:
+    assert gpus.identity_command() == [
+        "nvidia-smi", "--query-gpu=uuid,pci.device_id,mig.mode.current", "--format=csv,nounits"]
+
+
+def test_mig_mode_from_a_recorded_query_read_by_column_name() -> None:
+    found = gpus.parse_identity(recorded("mig-mode-one-enabled.csv"))
+    assert [(uuid[:12], i.mig_mode) for uuid, i in found.items()] == [
+        ("GPU-ec845691", "Enabled"), ("GPU-91672fbd", "Disabled"),
+        ("GPU-b4199570", "Disabled"), ("GPU-1a4dff29", "Disabled")]
+
+
+def test_a_gpu_without_mig_says_na_which_is_none() -> None:
+    text = "uuid, mig.mode.current\nGPU-3f9a2c1e-7b45-4d2e-9a61-0c8e5f2b7d13, [N/A]\n"
+    assert gpus.parse_identity(text)["GPU-3f9a2c1e-7b45-4d2e-9a61-0c8e5f2b7d13"].mig_mode is None
+    assert recorded("mig-mode-geforce-na.csv").splitlines()[1] == "[N/A]"  # as recorded
+
+
+@pytest.mark.parametrize(("cell", "device"), [
+    ("0x1DF010DE", "1df0"), ("0x233510DE", "2335"), ("0x26B9", "26b9"),
+    ("[N/A]", None), ("garbage", None),
+])
+def test_pci_device_ids_as_nvidia_smi_prints_them(cell: str, device: str | None) -> None:
+    assert gpus.device_id(cell) == device
+
+
+@pytest.mark.parametrize(("name", "memory", "device", "expected"), [
+    ("Tesla PG500-216", 32768, "1df0", "v100-32g"),  # a codename: the id knows better
+    ("Tesla PG500-216", 32494, "1df0", "v100-32g"),
+    ("Tesla PG500-216", 32768, None, "teslapg500216-32g"),  # no id: the name is all there is
+    ("NVIDIA H100 80GB HBM3", None, "2330", "h100-80g"),  # memory not reported
+    ("NVIDIA L40S", None, None, "l40s-45g"),  # one size in the family
+    ("NVIDIA A100-SXM4-80GB", None, None, "unknown"),  # 40 or 80: cannot tell
+    ("NVIDIA A100-SXM4-80GB", 81920, "20b2", "a100-80g"),
+    ("NVIDIA H200", 143771, "2335", "h200-140g"),
+    ("NVIDIA B200", None, "2901", "b200-179g"),
+])
+def test_class_by_device_id_then_name(name: str, memory: int | None, device: str | None,
+                                      expected: str) -> None:
+    record = gpus.GpuRecord(0, "GPU-x", name, memory_total_mib=memory, pci_device_id=device)
+    assert gpus.class_of(record) == expected
+
+
+def test_a_mig_gpu_is_reported_and_is_a_fault() -> None:
+    records = gpus.with_identity(
+        [gpus.GpuRecord(0, "GPU-ec845691-fb46-e16d-abfb-b135308cb39f", "NVIDIA A100-SXM4-80GB",
+                        memory_total_mib=81920)],
+        gpus.parse_identity(recorded("mig-mode-one-enabled.csv")))
+    [gpu] = gpus.build(records)
+    assert gpu.mig_mode == "Enabled"
+    assert gpu.faults == ["GPU 0 is in MIG mode (split into instances); engines here take "
+                          "whole GPUs"]

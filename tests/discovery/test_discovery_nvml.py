@@ -116,3 +116,33 @@ def test_the_real_pynvml_on_a_machine_without_a_gpu() -> None:
         assert snapshot.gpus
         return
     assert why.startswith("NVML did not initialise")
+
+
+class MigNvml(FakeNvml):
+    """An A100 board on bindings with MIG: GPU 1 has MIG on; device ids as NVML packs them."""
+
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_DEVICE_MIG_DISABLE = 0
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return b"NVIDIA A100-SXM4-80GB"
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        return SimpleNamespace(busId=f"00000000:{0x18 + h:02X}:00.0", pciDeviceId=0x20B210DE)
+
+    def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
+        on = self.NVML_DEVICE_MIG_ENABLE if h == 1 else self.NVML_DEVICE_MIG_DISABLE
+        return [on, on]
+
+
+def test_mig_mode_and_the_pci_device_id_come_from_nvml() -> None:
+    snapshot, _ = nvml.read(MigNvml(count=2))
+    assert snapshot is not None
+    assert [(g.pci_device_id, g.mig_mode) for g in snapshot.gpus] == [
+        ("20b2", "Disabled"), ("20b2", "Enabled")]
+
+
+def test_bindings_without_mig_leave_it_unknown() -> None:
+    snapshot, _ = nvml.read(FakeNvml(count=1))
+    assert snapshot is not None
+    assert (snapshot.gpus[0].mig_mode, snapshot.gpus[0].pci_device_id) == (None, None)

@@ -10,9 +10,11 @@ adapters ACTIVE. ``fleet:`` overrides that per node::
         gpus: 8 h100-80g        # or a list: ["4 h100-80g", "4 a100-80g"]
         nvlink: pairs           # all (default) | pairs | none | unknown
         ecc: [3]                # GPU 3 has uncorrected ECC errors
+        mig: [5]                # GPU 5 is in MIG mode (mig.mode.current Enabled)
         foreign: {2: python}    # GPU 2 has memory held by a process llmgw did not start
         memory: 8GiB
         fabrics_down: {ib-a: "mlx5_2: no ACTIVE port"}
+        adapters_down: {ib-a: [mlx5_2, mlx5_3]}   # advertised with the others
         weights: [/models/meta-llama/Llama-3.1-8B-Instruct]
         disk_free: 80GB         # free bytes in the node's first weights_dirs entry
         fetched: [org/name]     # sources llmgw already fetched there
@@ -134,10 +136,12 @@ def _report(cluster: Cluster, name: str, extra: dict[str, Any], now: float) -> N
             gpu_list.append(_gpu(name, len(gpu_list), gpu_class))
     gpu_list = _topology(gpu_list, str(extra.get("nvlink", "all")))
     ecc = set(extra.get("ecc", []))
+    mig = set(extra.get("mig", []))
     foreign = {int(k): str(v) for k, v in (extra.get("foreign") or {}).items()}
     gpu_list = [
         g.model_copy(update={
             "ecc_uncorrected": 4 if g.index in ecc else 0,
+            "mig_mode": "Enabled" if g.index in mig else "Disabled",
             "processes": [GpuProcess(pid=7000 + g.index, name=foreign[g.index],
                                      used_memory_mib=2048)] if g.index in foreign else [],
         })
@@ -153,8 +157,10 @@ def _report(cluster: Cluster, name: str, extra: dict[str, Any], now: float) -> N
             fabrics.append(FabricStatus(name=fabric, kind=kind, adapters=[], advertised=False,
                                         reasons=[str(down[fabric])]))
         else:
-            fabrics.append(FabricStatus(name=fabric, kind=kind, adapters=list(adapters),
-                                        advertised=True,
+            gone = set((extra.get("adapters_down") or {}).get(fabric, []))
+            fabrics.append(FabricStatus(name=fabric, kind=kind,
+                                        adapters=[a for a in adapters if a not in gone],
+                                        advertised=True, declared_adapters=len(adapters),
                                         gid_index=cluster.fabrics[fabric].gid_index))
     weights = [
         Weights(path=str(p), format="gguf" if str(p).endswith(".gguf") else "safetensors",

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from llmgw.spec import quantities
 from llmgw.spec.quantities import format_duration, format_size, parse_duration, parse_size
 
 
@@ -70,3 +73,33 @@ def test_durations_round_trip(seconds: float) -> None:
 def test_sizes_format_readably(size: int) -> None:
     text = format_size(size)
     assert abs(parse_size(text) - size) / size < 0.001
+
+
+@pytest.mark.parametrize(("n", "noun", "text"), [
+    (0, "error", "0 errors"), (1, "error", "1 error"), (2, "node", "2 nodes"),
+    (1, "GPU", "1 GPU"), (1, "usage row", "1 usage row"),
+])
+def test_counts_agree_with_their_noun(n: int, noun: str, text: str) -> None:
+    assert quantities.count(n, noun) == text
+
+
+def test_a_one_of_everything_cluster_is_described_in_the_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmgw.cli.main import main
+
+    (tmp_path / "cluster.yaml").write_text(
+        "cluster: {name: one}\nfabrics: {ib-a: {kind: infiniband}}\n"
+        "nodes:\n  gpu-01: {address: 10.0.0.1, gpus: [{class: h100-80g, count: 1}], "
+        "fabrics: {ib-a: [mlx5_0]}}\n"
+        "models:\n  m: {source: org/m, profiles: [{engine: vllm, gpu_class: h100-80g}]}\n"
+        "projects: {p: {}}\n")
+    (tmp_path / "broken.yaml").write_text("models:\n  m2: {profiles: oops}\n")
+    assert main(["validate", "--cluster", str(tmp_path)]) == 1
+    assert "error: 1 error in" in capsys.readouterr().err
+    (tmp_path / "broken.yaml").unlink()
+    assert main(["validate", "--cluster", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "is valid: 1 node, 1 GPU declared, 1 fabric, 1 model, 1 project" in out
+    assert "h100-80g          1 on 1 node (compute" in out
+    assert "ib-a       infiniband 1 node\n" in out

@@ -51,9 +51,7 @@ def alive(records: Path) -> list[tuple[str, dict[str, Any]]]:
     found: list[tuple[str, dict[str, Any]]] = []
     for path in sorted(records.glob("*.json")):
         data = json.loads(path.read_text())
-        try:
-            os.kill(data["pid"], 0)
-        except ProcessLookupError:
+        if not _alive(data["pid"]):
             continue
         argv = data["argv"]
         for flag in ("--served-model-name", "--alias"):
@@ -64,3 +62,12 @@ def alive(records: Path) -> list[tuple[str, dict[str, Any]]]:
 
 def pids(records: Path) -> dict[str, int]:
     return {name: data["pid"] for name, data in running(records).items()}
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie does not (an orphan's parent may never reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")

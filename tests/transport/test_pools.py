@@ -199,6 +199,19 @@ async def test_local_address_reaches_the_socket_directly(sim_cluster: SimCluster
     assert sim.nodes["node-02"].accepted_logins() == 0
 
 
+async def test_the_local_node_without_an_agent_says_how_to_start_one(
+    sim_cluster: SimClusterFactory,
+) -> None:
+    sim = sim_cluster(1, agents=False)
+    data = sim.cluster_data()
+    data["nodes"]["node-01"] = {"address": "local", "agent_socket": str(sim.root / "none.sock")}
+    async with pools.Pool(Cluster.model_validate(data), sim.cluster_dir) as pool:
+        error = (await pool.fleet()).nodes["node-01"].error or ""
+    assert error.startswith("agent not running: nothing accepts connections on ")
+    assert "`llmgw serve` starts this machine's agent itself" in error
+    assert "`llmgw agent serve --config FILE`" in error
+
+
 async def test_fan_out_never_exceeds_max_parallel(sim_cluster: SimClusterFactory) -> None:
     sim = sim_cluster(6, agents=False)  # the bound is the pool's: no agent needed
     cluster = loading.load(sim.write_cluster(max_parallel=2))

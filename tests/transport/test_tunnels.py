@@ -148,3 +148,14 @@ async def test_reconnects_after_sshd_restart(sim_cluster: SimClusterFactory) -> 
     assert transport.connects == 2
     assert node.accepted_logins() == 2
     await transport.aclose()
+
+
+async def test_a_missing_identity_file_is_named(sim_cluster: SimClusterFactory) -> None:
+    sim = sim_cluster(1, agents=False)
+    missing = sim.root / "keys" / "llmgw_ed25519"
+    failure = await failure_of(transport_for(sim, "node-01", key=missing))
+    assert failure.reason == "auth"
+    assert failure.detail.startswith(
+        f"the SSH key {missing} (cluster.ssh.identity_file) does not exist; create it "
+        f"(ssh-keygen -t ed25519 -f {missing})")
+    assert sim.nodes["node-01"].accepted_logins() == 0
