@@ -26,6 +26,7 @@ from typing import Literal
 import asyncpg
 
 from llmgw.store import migrations
+from llmgw.store.postgrespages import PostgresPages
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
 from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 
@@ -47,7 +48,7 @@ RETURNING epoch, EXTRACT(EPOCH FROM expires_at - now())::float8
 """
 
 
-class PostgresStore(Store):
+class PostgresStore(PostgresPages, Store):
     kind: Literal["sqlite", "postgresql"] = "postgresql"
 
     def __init__(self, pool: asyncpg.Pool, where: str) -> None:

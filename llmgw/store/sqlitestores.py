@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from llmgw.store import databases
+from llmgw.store.sqlitepages import SQLitePages
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
 from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 
@@ -35,7 +36,7 @@ _INSERT_USAGE = f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES ({_MARKS})"
 _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLitePages, Store):
     kind: Literal["sqlite", "postgresql"] = "sqlite"
 
     def __init__(self, path: Path, executor: ThreadPoolExecutor,
