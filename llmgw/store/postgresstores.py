@@ -6,6 +6,9 @@ pool and prepared-statement cache, and is the faster of the two on the
 router's hot path — a primary-key probe per request. Its type stubs
 (``asyncpg-stubs``) keep this module under ``mypy --strict``.
 
+The pages' records (users, sessions, conversations, usage charts) are in the
+:class:`~llmgw.store.postgrespages.PostgresPages` mixin.
+
 Migrations run in one transaction under an advisory lock, so reconcilers and
 routers starting together migrate once; a schema newer than this llmgw is
 refused. The lease compares ``expires_at`` with the database's ``now()``,

@@ -6,6 +6,9 @@ wait lands on that thread, not on requests) and statements never interleave.
 Several processes may share the file (``llmgw keys`` beside ``serve``, or
 ``--workers``): SQLite's own locking orders their writes.
 
+The pages' records (users, sessions, conversations, usage charts) are in the
+:class:`~llmgw.store.sqlitepages.SQLitePages` mixin, on the same thread.
+
 The lease uses the same table as PostgreSQL with this machine's clock: on one
 machine that is the only clock there is.
 
