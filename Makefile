@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Debian packages the tests drive for real: sshd as simulated nodes,
-# promtool for metrics, nginx and wrk for benchmarks and the shipped proxy config,
+# promtool for metrics, nginx and wrk for benchmarks and the shipped proxy config, curl
+# for the fetch benchmark,
 # PostgreSQL as the HA store (a fixture runs initdb/pg_ctl in a temporary directory;
 # no service is started), chromium for the pages (driven by Playwright; never
 # `playwright install`), caddy to validate the shipped Caddyfile, openssl for a
@@ -36,6 +37,7 @@ $(SYSDEPS_STAMP):
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	command -v curl >/dev/null || missing="$$missing curl"; \
 	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	test -x /usr/bin/chromium || missing="$$missing chromium"; \
 	command -v caddy >/dev/null || missing="$$missing caddy"; \

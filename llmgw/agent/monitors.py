@@ -39,8 +39,10 @@ class Event:
 
 
 def _key(unit: Unit) -> tuple[object, ...]:
-    # The detail is left out: it carries countdowns that change every tick.
-    return (unit.state, unit.pid, unit.digest, unit.port)
+    # The detail is left out: it carries countdowns that change every tick. A
+    # fetch's progress is the exception: watchers (apply's live table) show it.
+    progress = unit.detail if unit.state == "fetching" else ""
+    return (unit.state, unit.pid, unit.digest, unit.port, progress)
 
 
 class Monitor:

@@ -10,20 +10,26 @@ source that cannot be read leaves its facts absent and says why in
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import socket
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from llmgw import __version__
 from llmgw.agent import commands, processes
 from llmgw.agent.settings import Settings
-from llmgw.discovery import adapters, disks, fabrics, gpus, hosts, nvml, weights
+from llmgw.discovery import adapters, disks, fabrics, gpus, hosts, limits, nvml, weights
 from llmgw.discovery.fabrics import Declaration
-from llmgw.fleet.types import Adapter, Disk, NodeReport, Unit
+from llmgw.fleet.types import Adapter, Disk, EngineBinary, HostFacts, NodeReport, Unit
 
 # nvidia-smi says this, with a non-zero status, on a machine without NVIDIA GPUs.
 _NO_DEVICES = "No devices were found"
+# Engine programs looked up on the agent's PATH (the engines' units run with it).
+ENGINE_PROGRAMS = ("llama-server", "vllm", "sglang")
 
 
 @dataclass
@@ -89,13 +95,37 @@ class Collector:
         found_weights = weights.find(declaration.weights_dirs, self._weights_cache)
         return host, found_adapters, found_disks, found_weights, disk_warnings
 
+    def host_facts(self) -> HostFacts:
+        """Limits (under ``proc_root``), engines on PATH, listening ports (this machine's)."""
+        def read(path: Path) -> str | None:
+            try:
+                return path.read_text()
+            except OSError:
+                return None
+
+        limits_text = read(Path(self.settings.hardware.proc_root) / "self" / "limits")
+        memlock, unlimited = limits.parse_memlock(limits_text or "")
+        tables = [read(Path("/proc/net") / name) for name in ("tcp", "tcp6")]
+        ports = (sorted(set().union(*(limits.parse_listening(t) for t in tables if t)))
+                 if any(t is not None for t in tables) else None)
+        engines = []
+        for name in ENGINE_PROGRAMS:
+            found = shutil.which(name)
+            if found:
+                engines.append(EngineBinary(name=name, path=found,
+                                            executable=os.access(found, os.X_OK)))
+        return HostFacts(python_version=".".join(map(str, sys.version_info[:3])),
+                         memlock_bytes=memlock, memlock_unlimited=unlimited,
+                         engines=engines, listening_ports=ports)
+
     async def collect(
         self, declaration: Declaration, units: Sequence[Unit] = (),
         owned: Callable[[int], bool] = lambda pid: False,
     ) -> NodeReport:
         """The report for ``declaration`` (what the cluster expects of this node)."""
-        facts, files = await asyncio.gather(
-            self.gpus(), asyncio.to_thread(self._files, declaration)
+        facts, files, host_facts = await asyncio.gather(
+            self.gpus(), asyncio.to_thread(self._files, declaration),
+            asyncio.to_thread(self.host_facts),
         )
         host, found_adapters, found_disks, found_weights, disk_warnings = files
         warnings = [*facts.warnings, *host.warnings, *disk_warnings, *found_weights.notes]
@@ -116,4 +146,5 @@ class Collector:
             units=list(units),
             collected_at=time.time(),
             warnings=warnings,
+            host=host_facts,
         )

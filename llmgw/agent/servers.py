@@ -78,7 +78,14 @@ class Agent:
         declaration = self.declaration(asked)
         report = await self.collector.collect(declaration, units, self.backend.owns)
         specs = [(u.name, fetchers.spec_label(u.labels)) for u in units]
-        cached = await asyncio.to_thread(fetchers.cached, declaration.weights_dirs, specs)
+        # The declared directories, and any a unit's weights were fetched into.
+        dirs = list(declaration.weights_dirs)
+        for _, spec in specs:
+            weights = spec.get("weights")
+            if isinstance(weights, dict) and isinstance(weights.get("dir"), str) \
+                    and weights["dir"] not in dirs:
+                dirs.append(weights["dir"])
+        cached = await asyncio.to_thread(fetchers.cached, dirs, specs)
         return report.model_copy(update={
             "fetches": self.fetcher.reports(), "cached_weights": cached,
         })

@@ -226,7 +226,12 @@ async def _wait_ready(
     timeout: float,
     emit: Callable[[Change, str, str, str, str], None],
 ) -> dict[tuple[str, str], tuple[str, str, list[str]]]:
-    """Final (state, detail, log tail) of every started unit, watching each node's stream."""
+    """Final (state, detail, log tail) of every started unit, watching each node's stream.
+
+    While a unit fetches its weights, each progress report restarts the clock:
+    a 140 GB download that moves is not a timeout; one that stops moving is.
+    """
+    deadline = asyncio.timeout(timeout)
     by_node: dict[str, dict[str, tuple[Change, str]]] = defaultdict(dict)
     for change, shard in waiting:
         by_node[shard.node][shard.unit] = (change, shard.digest)
@@ -242,8 +247,12 @@ async def _wait_ready(
                 # reported as ready: only the new spec's states count.
                 if unit.name not in pending or unit.digest != units[unit.name][1]:
                     continue
-                if last.get(unit.name) != unit.state:
+                moved = unit.state == "fetching" and unit.detail != last.get(unit.name + "/")
+                if moved:
+                    deadline.reschedule(asyncio.get_running_loop().time() + timeout)
+                if last.get(unit.name) != unit.state or moved:
                     last[unit.name] = unit.state
+                    last[unit.name + "/"] = unit.detail
                     emit(units[unit.name][0], node, unit.name, unit.state, unit.detail)
                 if unit.state in TERMINAL:
                     final[(node, unit.name)] = _final(unit)
@@ -262,7 +271,7 @@ async def _wait_ready(
         await asyncio.gather(*(watch(node, units) for node, units in by_node.items()))
 
     try:
-        async with asyncio.timeout(timeout):
+        async with deadline:
             await bounded()
     except TimeoutError:
         for node, units in by_node.items():

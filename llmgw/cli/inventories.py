@@ -79,6 +79,8 @@ def render_inventory(cluster: Cluster, fleet: Fleet, now: float) -> str:
                 if shard.unit.state == "failed":
                     lines += _failure(shard)
 
+    lines += _fetches(fleet)
+
     if down:
         lines += ["", "Unreachable nodes"]
         lines += [f"  {r.node}: {r.error}" for r in sorted(down, key=lambda r: r.node)]
@@ -127,7 +129,23 @@ def render_status(cluster: Cluster, fleet: Fleet, now: float,
         since = "never used" if idle.unused_for is None else f"unused {_age(idle.unused_for)}"
         lines.append(f"idle: {idle.replica.model} r{idle.replica.replica} holds "
                      f"{_count(idle.replica.gpu_count, 'GPU')}, {since}")
+    lines += _fetches(fleet)
     return "\n".join(lines) + "\n"
+
+
+def _fetches(fleet: Fleet) -> list[str]:
+    """Downloads under way or failed, per node: enough to tell a slow fetch from a wedged one."""
+    lines = []
+    for name, report in sorted(fleet.nodes.items()):
+        for fetch in report.fetches:
+            if fetch.state == "done":
+                continue
+            total = _bytes(fetch.bytes_total)
+            rate = f" at {_bytes(int(fetch.rate_bps))}/s" if fetch.rate_bps else ""
+            why = f": {fetch.error}" if fetch.error else ""
+            lines.append(f"  {name}: {fetch.kind} {fetch.target} {fetch.state}, "
+                         f"{_bytes(fetch.bytes_done)} of {total}{rate}{why}")
+    return ["", "Fetches", *lines] if lines else []
 
 
 def _state_key(item: tuple[str, int]) -> int:

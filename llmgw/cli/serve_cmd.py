@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ from llmgw.daemon.reconcilers import Daemon
 from llmgw.daemon.routetables import Follower
 from llmgw.metrics import servers
 from llmgw.metrics.collectors import FleetCollector, LeaseCollector
-from llmgw.router import catalogs
+from llmgw.router import catalogs, connections
 from llmgw.router.apps import Router, Settings
 from llmgw.spec import loading
 from llmgw.spec.models import Cluster, Listeners
@@ -136,6 +137,10 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
         loop.add_signal_handler(signum, stop.set)
     reconciling = options.role in ("all", "reconciler")
     routing_here = options.role in ("all", "router") and options.workers == 1
+    # Every client connection is a descriptor: take what the hard limit allows (workers
+    # inherit it), and keep the router's connection limit below it, so a flood gets 503s
+    # instead of accept() failing for everyone.
+    open_files = connections.raise_open_files_limit()
     pool = None
     if options.workers > 1:
         metrics_path = workers.metrics_dir()
@@ -163,8 +168,11 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
         leadership = Leadership(store, cluster.cluster.lease_ttl, holder=holder) \
             if reconciling else None
         if routing_here:
+            settings = Settings(wait_timeout=options.wait_timeout)
+            settings = dataclasses.replace(settings, max_connections=connections.connection_limit(
+                settings.max_connections, open_files))
             router = Router(catalogs.from_cluster(cluster), store=store, registry=registry,
-                            settings=Settings(wait_timeout=options.wait_timeout))
+                            settings=settings)
             pages = _pages(store, router, cluster, lambda: daemon)
             runners.append(await router.start(*split(options.listeners.router),
                                               reuse_port=options.worker_of is not None,

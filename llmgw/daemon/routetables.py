@@ -61,18 +61,26 @@ def decode(doc: str) -> dict[str, list[Endpoint]]:
 
 
 def merge(demands: Iterable[Demand]) -> Demand:
-    """Several routers' demand as one: waits add up, the latest use and largest want win."""
+    """Several routers' demand as one: waits add up, the latest use and largest want win.
+
+    Watching counts from the router that started last: before it, requests sent to it
+    are unknown. A demand with no router behind it (``watched_since`` None) adds nothing.
+    """
     waiting: dict[str, int] = {}
     last_used: dict[str, float] = {}
     wanted: dict[str, int] = {}
+    watched: list[float] = []
     for d in demands:
+        if d.watched_since is not None:
+            watched.append(d.watched_since)
         for model, n in d.waiting.items():
             waiting[model] = waiting.get(model, 0) + n
         for model, at in d.last_used.items():
             last_used[model] = max(at, last_used.get(model, at))
         for model, n in d.wanted.items():
             wanted[model] = max(n, wanted.get(model, n))
-    return Demand(waiting=waiting, last_used=last_used, wanted=wanted)
+    return Demand(waiting=waiting, last_used=last_used, wanted=wanted,
+                  watched_since=max(watched) if watched else None)
 
 
 async def read_signals(store: Store, skip: str | None = None) -> Demand:

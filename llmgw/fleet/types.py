@@ -169,6 +169,25 @@ class Unit(Observed):
     )
 
 
+class EngineBinary(Observed):
+    name: str  # llama-server, vllm, sglang
+    path: str = ""
+    executable: bool = False
+
+
+class HostFacts(Observed):
+    """What ``llmgw doctor`` checks beyond placement: limits, engines, ports, Python."""
+
+    python_version: str | None = None
+    memlock_bytes: int | None = Field(
+        None, description="RLIMIT_MEMLOCK (soft) of the agent; None when unknown or unlimited.")
+    memlock_unlimited: bool = False
+    engines: list[EngineBinary] = Field(
+        default_factory=list, description="Engine programs found on the agent's PATH.")
+    listening_ports: list[int] | None = Field(
+        None, description="TCP ports in LISTEN state on the node; None when unknown.")
+
+
 class NodeReport(Observed):
     node: str
     reachable: bool = True
@@ -190,6 +209,7 @@ class NodeReport(Observed):
     warnings: list[str] = Field(default_factory=list)
     fetches: list[Fetch] = Field(default_factory=list)
     cached_weights: list[CachedWeights] = Field(default_factory=list)
+    host: HostFacts | None = None
 
     @property
     def is_cpu_only(self) -> bool:
@@ -235,4 +255,8 @@ class Demand(Observed):
     )
     wanted: dict[str, int] = Field(
         default_factory=dict, description="Model → replicas the load asks for (≤ max)."
+    )
+    watched_since: float | None = Field(
+        None, description="Unix time since which the router has seen every request; None "
+        "when no router watched (a plan made outside the daemon).",
     )

@@ -190,8 +190,11 @@ async def _resolve_file(request: web.Request) -> web.StreamResponse:
         await response.prepare(request)
         return response
     await response.prepare(request)
-    await _send(request, response, found.blob, start, end)
-    await response.write_eof()
+    try:
+        await _send(request, response, found.blob, start, end)
+        await response.write_eof()
+    except ConnectionResetError:
+        log.info("%s: the client went away mid-file", request.path)  # it resumes with Range
     return response
 
 

@@ -25,9 +25,11 @@ from prometheus_client.registry import Collector
 from llmgw.fleet.types import Fleet, Gpu, NodeReport, Unit
 
 GPU_STATES = ("used", "free", "faulty")
-REPLICA_STATES = ("starting", "loading", "ready", "failed", "stopped", "unknown")
+REPLICA_STATES = ("fetching", "starting", "loading", "ready", "failed", "stopped", "unknown")
 # When shards of one replica disagree, the replica is as far along as its slowest shard.
-_STATE_ORDER = {"failed": 0, "unknown": 1, "stopped": 2, "starting": 3, "loading": 4, "ready": 5}
+_STATE_ORDER = {
+    "failed": 0, "unknown": 1, "stopped": 2, "fetching": 3, "starting": 4, "loading": 5, "ready": 6,
+}
 
 
 def gpu_state(gpu: Gpu) -> str:
@@ -91,7 +93,27 @@ def _families(fleet: Fleet | None) -> Iterator[Metric]:
         "shard; shards on unreachable nodes are unknown).",
         labels=["model", "state"],
     )
+    fetch_done = GaugeMetricFamily(
+        "llmgw_fetch_bytes_done", "Bytes a node's fetch (weights, engines) has in place.",
+        labels=["node", "kind", "target", "state"],
+    )
+    fetch_total = GaugeMetricFamily(
+        "llmgw_fetch_bytes_total", "Bytes a node's fetch needs in all; absent until known.",
+        labels=["node", "kind", "target", "state"],
+    )
+    fetch_rate = GaugeMetricFamily(
+        "llmgw_fetch_rate_bytes_per_second", "A fetch's transfer rate over its current attempt.",
+        labels=["node", "kind", "target", "state"],
+    )
     if fleet is not None:
+        for name, report in sorted(fleet.nodes.items()):
+            for fetch in report.fetches:
+                labels = [name, fetch.kind, fetch.target, fetch.state]
+                fetch_done.add_metric(labels, fetch.bytes_done)
+                if fetch.bytes_total is not None:
+                    fetch_total.add_metric(labels, fetch.bytes_total)
+                if fetch.rate_bps is not None:
+                    fetch_rate.add_metric(labels, fetch.rate_bps)
         counts: Counter[tuple[str, str]] = Counter()
         for name, report in sorted(fleet.nodes.items()):
             reachable.add_metric([name], 1.0 if report.reachable else 0.0)
@@ -104,7 +126,8 @@ def _families(fleet: Fleet | None) -> Iterator[Metric]:
         )
         for (model, state), count in sorted(per_state.items()):
             replicas.add_metric([model, state], count)
-    yield from (gpus, reachable, utilization, memory_used, replicas)
+    yield from (gpus, reachable, utilization, memory_used, replicas, fetch_done, fetch_total,
+                fetch_rate)
 
 
 def _gpu_samples(

@@ -73,6 +73,8 @@ StreamLocalBindUnlink yes
 # sshd grants streamlocal opens only while local TCP forwarding is allowed.
 AllowTcpForwarding local
 X11Forwarding no
+# As on any stock sshd: `llmgw node add` ships wheels over SFTP.
+Subsystem sftp internal-sftp
 PrintMotd no
 LogLevel INFO
 MaxStartups 100:30:200

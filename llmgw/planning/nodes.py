@@ -50,6 +50,9 @@ class NodeState:
     weights: frozenset[str] = frozenset()
     fully_connected: bool = False  # every GPU an NVLink peer of every other (NVSwitch)
     version: int = 0  # bumped whenever something is taken or given back here
+    # Set by placements.place() for one profile's node_selector, cleared after:
+    # why this node is not a candidate for that profile.
+    excluded: str | None = None
     class_counts: Counter[str] = field(default_factory=Counter)
 
     @property
@@ -59,7 +62,7 @@ class NodeState:
     @property
     def placeable(self) -> bool:
         """New replicas may land here."""
-        return self.reachable and not self.spec.cordoned
+        return self.reachable and not self.spec.cordoned and self.excluded is None
 
     @property
     def memory_total(self) -> int | None:
@@ -75,7 +78,7 @@ class NodeState:
             return f"unreachable: {self.report.error or 'no answer'}"
         if self.spec.cordoned:
             return "cordoned"
-        return None
+        return self.excluded
 
     def free(self, gpu_class: str) -> list[int]:
         return [
@@ -198,7 +201,8 @@ class Capacity:
         buckets = self._buckets.get(gpu_class, {})
         for free in sorted(count for count in buckets if count >= at_least):
             for name in list(buckets[free]):
-                yield self.nodes[name]
+                if self.nodes[name].excluded is None:
+                    yield self.nodes[name]
 
     def gpu_classes(self) -> list[str]:
         return sorted({g.gpu_class for n in self.nodes.values() for g in n.gpus.values()})

@@ -178,11 +178,15 @@ def _text_change(change: Change) -> list[str]:
         out.append(f"      {_describe(first)}")
     if change.action == "replace":
         out += [f"      was {_shard_line(s)}" for s in change.removes]
-        out += [f"      now {_shard_line(s)}" for s in change.shards]
+        for shard in change.shards:
+            out.append(f"      now {_shard_line(shard)}")
+            out += [f"          weights: {shard.weights}"] if shard.weights else []
     elif change.action == "destroy":
         out += [f"      {_shard_line(s)}" for s in change.removes]
     else:
-        out += [f"      {_shard_line(s)}" for s in change.shards]
+        for shard in change.shards:
+            out.append(f"      {_shard_line(shard)}")
+            out += [f"          weights: {shard.weights}"] if shard.weights else []
     return out
 
 
@@ -397,7 +401,7 @@ def _change_dict(change: Change) -> dict[str, Any]:
             {
                 "node": s.node, "unit": s.unit, "rank": s.rank, "engine": s.engine,
                 "gpu_class": s.gpu_class, "gpus": list(s.gpus), "port": s.port,
-                "digest": s.digest, "spec": dict(s.spec),
+                "digest": s.digest, "spec": dict(s.spec), "weights": s.weights or None,
                 "unit_text": s.files.unit_text if s.files else None,
                 "env_text": s.files.env_text if s.files else None,
                 "secret_env": dict(s.files.secret_env) if s.files else {},

@@ -3,6 +3,7 @@
 :func:`place` tries one profile and returns either a :class:`Placement` or
 the per-node reasons it did not fit (an :class:`~.types.Attempt`). Rules:
 
+* Only nodes whose labels match the profile's ``node_selector``.
 * GPUs of the profile's class, healthy (no uncorrected ECC errors, no memory
   held by processes llmgw did not start), not held by another replica; nodes
   reachable and not cordoned.
@@ -88,6 +89,30 @@ def label(profile: Profile) -> str:
 
 def place(capacity: Capacity, request: Request) -> Placement | Attempt:
     """The best place for one replica of ``request``, or why there is none."""
+    selector = request.profile.node_selector
+    if not selector:
+        return _place(capacity, request)
+    for node in capacity.nodes.values():
+        node.excluded = selector_mismatch(node.spec.labels, selector)
+    try:
+        return _place(capacity, request)
+    finally:
+        for node in capacity.nodes.values():
+            node.excluded = None
+
+
+def selector_mismatch(labels: dict[str, str], selector: dict[str, str]) -> str | None:
+    """Why a node with ``labels`` is left out by ``selector``; None when it matches."""
+    wrong = [f"{key}={value}" for key, value in sorted(selector.items())
+             if labels.get(key) != value]
+    if not wrong:
+        return None
+    has = [f"{key}={labels[key]}" for key in sorted(selector) if key in labels]
+    return (f"node_selector wants {', '.join(wrong)}; the node has "
+            + (", ".join(has) if has else "no such label"))
+
+
+def _place(capacity: Capacity, request: Request) -> Placement | Attempt:
     profile = request.profile
     if profile.cpu:
         return _place_cpu(capacity, request)
@@ -297,6 +322,12 @@ def current(capacity: Capacity, replica: ObservedReplica) -> Placement | None:
 def misfits(capacity: Capacity, placement: Placement, profile: Profile) -> list[str]:
     """Why a running replica's place does not suit ``profile``; empty when it does."""
     problems: list[str] = []
+    for slot in placement.slots:
+        wrong = selector_mismatch(capacity.nodes[slot.node].spec.labels, profile.node_selector)
+        if wrong:
+            problems.append(f"{slot.node}: {wrong}")
+    if problems:
+        return problems
     if profile.cpu:
         if any(slot.gpus for slot in placement.slots) or len(placement.slots) != 1:
             return ["the profile runs on CPU"]
@@ -346,6 +377,8 @@ def _why_not_single(
 def _why_not_gpus_cached(
     capacity: Capacity, node: NodeState, classes: tuple[str, ...], count: int,
 ) -> str:
+    if node.excluded is not None:
+        return node.excluded  # one profile's selector: not for the cache
     key = (node.name, classes, count)
     known = capacity.reasons.get(key)
     if known is not None and known[0] == node.version:

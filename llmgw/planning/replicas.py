@@ -21,7 +21,7 @@ from llmgw.fleet.types import Fleet, Unit
 from llmgw.planning import shards
 from llmgw.spec.models import Cluster
 
-HEALTHY_STATES = frozenset({"starting", "loading", "ready", "unknown"})
+HEALTHY_STATES = frozenset({"fetching", "starting", "loading", "ready", "unknown"})
 
 
 @dataclass

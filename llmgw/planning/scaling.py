@@ -6,7 +6,10 @@ Decisions are made here from the cluster's scaling settings, the router's
 * ``min`` replicas are always wanted; up to ``max`` when demand asks
   (requests waiting, or the router's wanted count).
 * Replicas above the wanted count stop when the model has been idle for its
-  ``idle_timeout``; without an ``idle_timeout`` they stay.
+  ``idle_timeout``; without an ``idle_timeout`` they stay. Unknown is not idle:
+  unless the replica's agent reports its last use, the router must have watched
+  requests for a whole ``idle_timeout`` (``Demand.watched_since``) — a restarted
+  daemon, or a plan made outside it, cannot tell a busy replica from an idle one.
 * Eviction, when an on-demand model has requests waiting and nowhere to go:
   only single-node replicas of other on-demand (``min: 0``) models, never one
   younger than ``Policy.min_lifetime`` (two on-demand models must not evict
@@ -69,11 +72,14 @@ def idle_reason(
     if timeout is None or demand.waiting.get(name, 0):
         return None
     used = last_use(name, replica, demand)
-    if used is not None:
-        if now - used >= timeout:
-            return (f"idle: no requests for {_ago(now - used)} "
-                    f"(idle_timeout {format_duration(timeout)})")
+    if used is not None and now - used < timeout:
         return None
+    watched = demand.watched_since
+    if replica.last_used() is None and (watched is None or now - watched < timeout):
+        return None  # requests before the router watched are unknown: not idle
+    if used is not None:
+        return (f"idle: no requests for {_ago(now - used)} "
+                f"(idle_timeout {format_duration(timeout)})")
     since = replica.since()
     if since is not None and now - since >= timeout:
         return (f"idle: no requests since it started {_ago(now - since)} ago "

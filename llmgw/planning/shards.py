@@ -21,7 +21,8 @@ from typing import Any
 
 from llmgw.engines import flags, launches
 from llmgw.engines.launches import EngineError, FabricUse, Launch
-from llmgw.fleet.types import NodeReport
+from llmgw.fleet.types import NodeReport, SourceFacts
+from llmgw.planning.nodes import human_bytes
 from llmgw.planning.placements import Placement
 from llmgw.planning.types import Shard
 from llmgw.rendering import units
@@ -88,11 +89,12 @@ def build(
         fabric = _fabric(cluster, reports.get(slot.node), slot.node, placement.fabric)
         # A repo or URL is fetched by the node's agent into its first weights
         # directory; the engine opens the local copy and never downloads.
-        weights_dir = node.weights_dirs[0] if fetched and node.weights_dirs else None
+        local = _placed(reports.get(slot.node), source) if fetched else None
+        weights_dir = node.weights_dirs[0] if fetched and node.weights_dirs and not local else None
         launch = Launch(
             model=model_name,
             served_name=model.served_name or model_name,
-            source=flags.WEIGHTS if weights_dir else source,
+            source=flags.WEIGHTS if weights_dir else (local or source),
             profile=profile,
             rank=rank,
             bind_host="127.0.0.1" if node.is_local else "0.0.0.0",
@@ -150,6 +152,45 @@ def build(
         )
         shards.append(with_files(shard) if render else shard)
     return tuple(shards)
+
+
+def _placed(report: NodeReport | None, source: str) -> str | None:
+    """Complete weights an operator put at ``<weights dir>/org/name`` for a plain repo id.
+
+    Only for ``org/name`` as written (no revision, no file selection): those
+    are the bytes such a directory is known by. Anything more precise is
+    fetched, so the revision asked for is the one served.
+    """
+    if report is None or "@" in source or ":" in source:
+        return None
+    for found in sorted(report.weights, key=lambda w: w.path):
+        if found.format == "safetensors" and found.path.rstrip("/").endswith("/" + source):
+            return found.path
+    return None
+
+
+def weights_noted(
+    built: tuple[Shard, ...], reports: Mapping[str, NodeReport],
+    facts: Mapping[str, SourceFacts],
+) -> tuple[Shard, ...]:
+    """The shards, each saying whether its node has the weights or what it will fetch."""
+    return tuple(replace(s, weights=weights_note(s, reports.get(s.node), facts)) for s in built)
+
+
+def weights_note(shard: Shard, report: NodeReport | None,
+                 facts: Mapping[str, SourceFacts]) -> str:
+    weights = shard.spec.get("weights")
+    if not isinstance(weights, dict):
+        return ""
+    source, directory = str(weights.get("source")), str(weights.get("dir"))
+    if report is not None and any(c.source == source for c in report.cached_weights):
+        return f"present in {directory}"
+    known = facts.get(source)
+    if known is None:
+        return f"will fetch {source} into {directory}"
+    if known.size_bytes is None:
+        return f"will fetch {source} into {directory} (size unknown: {known.error})"
+    return f"will fetch {human_bytes(known.size_bytes)} into {directory}"
 
 
 def files(shard: Shard) -> units.UnitFiles:

@@ -29,7 +29,7 @@ from llmgw.planning import replicas as observed
 from llmgw.spec.models import Cluster
 
 # Worst first: a replica is as far along as its least advanced shard.
-STATE_ORDER = ("failed", "unknown", "stopped", "starting", "loading", "ready")
+STATE_ORDER = ("failed", "unknown", "stopped", "fetching", "starting", "loading", "ready")
 IDLE_AFTER = 3600.0  # seconds without a request before a GPU replica counts as idle
 _HOLDING = ("starting", "loading", "ready", "unknown")
 

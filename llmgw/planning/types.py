@@ -39,6 +39,9 @@ class Shard:
     digest: str
     spec: Mapping[str, Any] = field(compare=False)
     files: UnitFiles | None = field(default=None, compare=False)
+    # What the node does about the weights before the engine starts ("present in
+    # /models", "will fetch 141 GB into /models"); empty for a path on the node.
+    weights: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)

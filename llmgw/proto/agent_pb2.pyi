@@ -671,6 +671,7 @@ class NodeReport(_message.Message):
     WARNINGS_FIELD_NUMBER: _builtins.int
     FETCHES_FIELD_NUMBER: _builtins.int
     CACHED_WEIGHTS_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     reachable: _builtins.bool
     error: _builtins.str
@@ -701,6 +702,10 @@ class NodeReport(_message.Message):
     def fetches(self) -> _containers.RepeatedCompositeFieldContainer[Global___Fetch]: ...
     @_builtins.property
     def cached_weights(self) -> _containers.RepeatedCompositeFieldContainer[Global___CachedWeights]: ...
+    @_builtins.property
+    def host(self) -> Global___HostFacts:
+        """Numbered apart from the fields placement reads, so both can grow."""
+
     def __init__(
         self,
         *,
@@ -724,10 +729,11 @@ class NodeReport(_message.Message):
         warnings: _abc.Iterable[_builtins.str] | None = ...,
         fetches: _abc.Iterable[Global___Fetch] | None = ...,
         cached_weights: _abc.Iterable[Global___CachedWeights] | None = ...,
+        host: Global___HostFacts | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "agent_version", b"agent_version", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_model", b"cpu_model", "error", b"error", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "agent_version", b"agent_version", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_model", b"cpu_model", "error", b"error", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "adapters", b"adapters", "agent_version", b"agent_version", "cached_weights", b"cached_weights", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_flags", b"cpu_flags", "cpu_model", b"cpu_model", "disks", b"disks", "error", b"error", "fabrics", b"fabrics", "fetches", b"fetches", "gpus", b"gpus", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "node", b"node", "reachable", b"reachable", "units", b"units", "warnings", b"warnings", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "adapters", b"adapters", "agent_version", b"agent_version", "cached_weights", b"cached_weights", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_flags", b"cpu_flags", "cpu_model", b"cpu_model", "disks", b"disks", "error", b"error", "fabrics", b"fabrics", "fetches", b"fetches", "gpus", b"gpus", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "node", b"node", "reachable", b"reachable", "units", b"units", "warnings", b"warnings", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__agent_version: _TypeAlias = _typing.Literal["agent_version"]  # noqa: Y015
     _WhichOneofArgType__agent_version: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version"]  # noqa: Y015
@@ -739,6 +745,8 @@ class NodeReport(_message.Message):
     _WhichOneofArgType__cpu_model: _TypeAlias = _typing.Literal["_cpu_model", b"_cpu_model"]  # noqa: Y015
     _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
     _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    _WhichOneofReturnType__host: _TypeAlias = _typing.Literal["host"]  # noqa: Y015
+    _WhichOneofArgType__host: _TypeAlias = _typing.Literal["_host", b"_host"]  # noqa: Y015
     _WhichOneofReturnType__hostname: _TypeAlias = _typing.Literal["hostname"]  # noqa: Y015
     _WhichOneofArgType__hostname: _TypeAlias = _typing.Literal["_hostname", b"_hostname"]  # noqa: Y015
     _WhichOneofReturnType__memory_available_bytes: _TypeAlias = _typing.Literal["memory_available_bytes"]  # noqa: Y015
@@ -756,6 +764,8 @@ class NodeReport(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__host) -> _WhichOneofReturnType__host | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__hostname) -> _WhichOneofReturnType__hostname | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_available_bytes) -> _WhichOneofReturnType__memory_available_bytes | None: ...
@@ -763,6 +773,78 @@ class NodeReport(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_total_bytes) -> _WhichOneofReturnType__memory_total_bytes | None: ...
 
 Global___NodeReport: _TypeAlias = NodeReport  # noqa: Y015
+
+@_typing.final
+class HostFacts(_message.Message):
+    """Facts `llmgw doctor` checks and placement does not use."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PYTHON_VERSION_FIELD_NUMBER: _builtins.int
+    MEMLOCK_BYTES_FIELD_NUMBER: _builtins.int
+    MEMLOCK_UNLIMITED_FIELD_NUMBER: _builtins.int
+    ENGINES_FIELD_NUMBER: _builtins.int
+    LISTENING_PORTS_FIELD_NUMBER: _builtins.int
+    python_version: _builtins.str
+    memlock_bytes: _builtins.int
+    """RLIMIT_MEMLOCK (soft) of the agent; absent: unknown"""
+    memlock_unlimited: _builtins.bool
+    @_builtins.property
+    def engines(self) -> _containers.RepeatedCompositeFieldContainer[Global___EngineBinary]:
+        """engine programs on the agent's PATH"""
+
+    @_builtins.property
+    def listening_ports(self) -> Global___IndexList:
+        """TCP ports in LISTEN state; absent: unknown"""
+
+    def __init__(
+        self,
+        *,
+        python_version: _builtins.str | None = ...,
+        memlock_bytes: _builtins.int | None = ...,
+        memlock_unlimited: _builtins.bool = ...,
+        engines: _abc.Iterable[Global___EngineBinary] | None = ...,
+        listening_ports: Global___IndexList | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "python_version", b"python_version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "engines", b"engines", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "python_version", b"python_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__memlock_bytes: _TypeAlias = _typing.Literal["memlock_bytes"]  # noqa: Y015
+    _WhichOneofArgType__memlock_bytes: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__python_version: _TypeAlias = _typing.Literal["python_version"]  # noqa: Y015
+    _WhichOneofArgType__python_version: _TypeAlias = _typing.Literal["_python_version", b"_python_version"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memlock_bytes) -> _WhichOneofReturnType__memlock_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__python_version) -> _WhichOneofReturnType__python_version | None: ...
+
+Global___HostFacts: _TypeAlias = HostFacts  # noqa: Y015
+
+@_typing.final
+class EngineBinary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    EXECUTABLE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    path: _builtins.str
+    executable: _builtins.bool
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        path: _builtins.str = ...,
+        executable: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["executable", b"executable", "name", b"name", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EngineBinary: _TypeAlias = EngineBinary  # noqa: Y015
 
 @_typing.final
 class UnitChange(_message.Message):

@@ -58,6 +58,7 @@ FLEET_TYPES: dict[str, type[BaseModel]] = {
     "Adapter": fleet.Adapter, "Port": fleet.Port, "FabricStatus": fleet.FabricStatus,
     "Disk": fleet.Disk, "Weights": fleet.Weights, "Unit": fleet.Unit,
     "Fetch": fleet.Fetch, "CachedWeights": fleet.CachedWeights,
+    "HostFacts": fleet.HostFacts, "EngineBinary": fleet.EngineBinary,
 }
 _INDEX_LIST = "IndexList"
 ACTIONS: dict[pb.Action.ValueType, Action] = {

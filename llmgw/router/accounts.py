@@ -19,6 +19,11 @@ once what it spent plus what requests in flight reserved reaches its budget,
 so spend stays under budget + one reservation, however many routers and
 requests, as long as answers cost no more than their reservation (always, when
 a client sets an output limit).
+
+What an answer without the engine's usage costs is decided by the router
+(:meth:`llmgw.router.apps.Router`): a client that hung up mid-stream pays what
+was served (:func:`unreported`); a successful answer whose usage cannot be read
+pays its whole estimate.
 """
 
 from __future__ import annotations
@@ -74,6 +79,16 @@ def estimate(body_bytes: int, payload: dict[str, Any], embeddings: bool) -> tupl
     n = payload.get("n")
     choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
     return body_bytes, limit * choices
+
+
+def unreported(body_bytes: int, relayed_events: int) -> tuple[int, int]:
+    """Tokens to charge a request that ended without the engine's usage (the client hung
+    up, or the engine broke mid-stream): what was served — its prompt (body bytes / 4, a
+    typical token, not a bound) and one token per stream event relayed."""
+    return -(-body_bytes // _BYTES_PER_TOKEN), relayed_events
+
+
+_BYTES_PER_TOKEN = 4
 _HOW_TO = "send `Authorization: Bearer <key>`; an operator creates keys with `llmgw keys create`"
 
 
@@ -98,6 +113,8 @@ class Accounts:
         if not authorization:
             raise ApiError(401, f"missing API key: {_HOW_TO}", code="missing_api_key")
         scheme, _, token = authorization.partition(" ")
+        # Only Bearer: a key sent under another scheme (Basic, Token, ...) was meant for
+        # something else, or a client is guessing what this server accepts.
         if scheme.lower() != "bearer" or not token.strip():
             raise ApiError(401, f"malformed Authorization header: {_HOW_TO}",
                            code="invalid_api_key")
@@ -133,11 +150,13 @@ class Accounts:
                            code="store_unavailable", type="server_error",
                            headers={"Retry-After": "2"}) from None
         if admission.id is None:
+            in_flight = (f" (requests in flight hold {_usd(admission.reserved)} more)"
+                         if admission.reserved > 0 else "")
             raise ApiError(
                 429,
                 f"project {project!r} is over its budget: spent {_usd(admission.spent)} of "
-                f"{_usd(budget)} (requests in flight hold {_usd(admission.reserved)} more); "
-                "raise budget_usd in the cluster's projects to continue",
+                f"{_usd(budget)}{in_flight}; raise budget_usd in the cluster's projects to "
+                "continue",
                 code="insufficient_quota", type="insufficient_quota",
             )
         return Reservation(project, cost, admission.id)

@@ -19,25 +19,31 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry
 
 from llmgw.fleet.types import Demand
 from llmgw.metrics.instruments import UNKNOWN_MODEL, RouterMetrics
-from llmgw.router import affinities, errors, streams
-from llmgw.router.accounts import NOTHING, Accounts, Principal, Reservation, estimate
+from llmgw.router import accounts, affinities, connections, errors, streams
+from llmgw.router.accounts import NOTHING, Accounts, Principal, Reservation
 from llmgw.router.catalogs import Catalog, ModelEntry
 from llmgw.router.demands import Demands
 from llmgw.router.errors import ApiError
 from llmgw.router.proxies import Outcome, Proxy
 from llmgw.router.routes import Endpoint, Routes
-from llmgw.store.stores import Store
+from llmgw.store import usages
+from llmgw.store.stores import Store, StoreError
 from llmgw.store.usages import UsageRow
+
+log = logging.getLogger(__name__)
 
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 # Endpoints whose streams carry token usage only when asked for it.
@@ -54,6 +60,12 @@ class Settings:
     # Seconds between usage-row writes: short, so each write is a small batch that does not
     # stall the loop (a 1 s batch at 5k req/s is a visible pause in p99).
     flush_interval: float = 0.2
+    # To the engine's first byte (headers of a plain answer, first event of a stream),
+    # for routes without a model in the catalog; models set their own (routing.first_byte_timeout).
+    first_byte_timeout: float = 600.0
+    header_timeout: float = 15.0  # a connection's request line and headers; idle keep-alive too
+    body_timeout: float = 60.0  # a request's whole body, once its headers arrived
+    max_connections: int = 4096  # open client connections; more get 503 and are closed
 
 
 class Router:
@@ -68,10 +80,11 @@ class Router:
         self.settings = settings or Settings()
         self.catalog = catalog
         self.routes = Routes()
-        self.demands = Demands()
+        self.demands = Demands(watched_since=time.time())
         self.accounts = Accounts(store, catalog, self.settings.flush_interval)
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
         self.proxy = Proxy(self.routes, self.settings.connect_timeout)
+        self.store = store
         self.started_at = int(time.time())
         # Who is asking when a request has no Authorization header: the pages' session
         # (llmgw.web installs it). It returns None for "no session" and raises ApiError
@@ -124,10 +137,15 @@ class Router:
         """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request.
 
         ``reuse_port``: SO_REUSEPORT, so several router processes share the port.
-        ``extend``: add more routes (the pages) to the application.
+        ``extend``: add more routes (the pages) to the application. Connections are
+        bounded (see :mod:`llmgw.router.connections`): headers within
+        ``header_timeout``, at most ``max_connections`` open, parse errors answered
+        in OpenAI's shape and logged without a byte of the request.
         """
-        runner = web.AppRunner(self.create_app(extend), access_log=None,
-                               handler_cancellation=True)
+        settings = self.settings
+        runner = connections.runner(self.create_app(extend),
+                                    header_timeout=settings.header_timeout,
+                                    max_connections=settings.max_connections)
         await runner.setup()
         await web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None).start()
         return runner
@@ -140,6 +158,13 @@ class Router:
 
     async def _on_startup(self, _: web.Application) -> None:
         await self.accounts.start()
+        if self.store is not None:
+            # Last use survives a restart: an idle decision must not start from nothing.
+            try:
+                for model, used in (await usages.last_use_by_model(self.store)).items():
+                    self.demands.touch(model, used)
+            except StoreError as exc:
+                log.error("cannot restore the models' last use from the store: %s", exc)
 
     async def _on_cleanup(self, _: web.Application) -> None:
         await self.proxy.close()
@@ -150,24 +175,26 @@ class Router:
     async def _proxied(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         label, entry_key, principal = UNKNOWN_MODEL, None, None
-        reservation = NOTHING
-        stream = False
+        stream, body_bytes, estimated, reservation = False, 0, 0.0, NOTHING
         outcome = Outcome()
         try:
             principal = await self._principal(request)
-            body = await _read_body(request, self.settings.max_body_bytes)
+            body = await _read_body(request, self.settings.max_body_bytes,
+                                    self.settings.body_timeout)
             payload = _parse(body)
             name = payload["model"]
             entry, entry_key = self._resolve(name)
             label = entry_key
+            body_bytes = len(body)
             self.metrics.started(label)
             try:
                 self.demands.touch(entry_key, time.time())
-                if entry is not None and principal.project is not None:
-                    prompt, output = estimate(len(body), payload,
-                                              request.path == "/v1/embeddings")
-                    reservation = await self.accounts.reserve(principal,
-                                                              entry.cost(prompt, output))
+                if entry is not None:
+                    prompt, output = accounts.estimate(body_bytes, payload,
+                                                       request.path == "/v1/embeddings")
+                    estimated = entry.cost(prompt, output)
+                    if principal.project is not None:
+                        reservation = await self.accounts.reserve(principal, estimated)
                 stream = payload.get("stream") is True
                 strip = False
                 if stream and request.path in _ASK_FOR_USAGE:
@@ -181,6 +208,8 @@ class Router:
                     request, entry_key, body, stream=stream, strip_usage_chunk=strip,
                     outcome=outcome, on_retry=lambda: self.metrics.retries.labels(label).inc(),
                     affinity=affinity, load_factor=entry.load_factor if entry else 1.25,
+                    first_byte_timeout=(entry.first_byte_timeout if entry
+                                        else self.settings.first_byte_timeout),
                 )
                 outcome.status = outcome.status or response.status
                 return response
@@ -199,7 +228,7 @@ class Router:
             return web.Response(status=CLIENT_CLOSED)
         finally:
             cost = self._account(request.path, label, entry_key, principal, stream, outcome,
-                                 started, reservation)
+                                 started, body_bytes, estimated, reservation)
             await self.accounts.settle(reservation, cost)
 
     async def _principal(self, request: web.Request) -> Principal:
@@ -250,6 +279,8 @@ class Router:
         stream: bool,
         outcome: Outcome,
         started: float,
+        body_bytes: int = 0,
+        estimated: float = 0.0,
         reservation: Reservation = NOTHING,
     ) -> float:
         """Metrics and the usage row of a finished request; returns what it cost."""
@@ -260,10 +291,19 @@ class Router:
             self.metrics.first_token(label, outcome.first_byte_at - started)
         if key is None or principal is None:
             return 0.0  # no model resolved: nothing to charge, no row
-        prompt, completion = outcome.usage or (None, None)
-        self.metrics.used_tokens(label, prompt, completion)
         entry = self.catalog.by_key(key)
-        cost = entry.cost(prompt, completion) if entry else 0.0
+        usage = outcome.usage
+        cost = None
+        if usage is None and (outcome.relayed or (outcome.sent and status == CLIENT_CLOSED)):
+            # The client left (or the engine broke) before the usage chunk: charge what
+            # was served, the prompt included, since the engine read it.
+            usage = accounts.unreported(body_bytes, outcome.relayed)
+        elif usage is None and outcome.sent and 200 <= status < 300:
+            cost = estimated  # an answer whose usage cannot be read: the most it could cost
+        prompt, completion = usage or (None, None)
+        self.metrics.used_tokens(label, prompt, completion)
+        if cost is None:
+            cost = entry.cost(prompt, completion) if entry else 0.0
         self.accounts.record(UsageRow(
             ts=time.time(), project=principal.project, key_id=principal.key_id, model=key,
             endpoint=path, status=status, prompt_tokens=prompt, completion_tokens=completion,
@@ -312,28 +352,51 @@ def _json(doc: Any, status: int = 200) -> web.Response:
                         content_type="application/json")
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def _read_body(request: web.Request, limit: int, timeout: float) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, f"request body is {request.content_length} bytes; the limit is "
                        f"{limit}", code="request_too_large")
     try:
-        return await request.read()
+        async with asyncio.timeout(timeout):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise ApiError(413, f"request body exceeds the limit of {limit} bytes",
                        code="request_too_large") from exc
+    except TimeoutError as exc:
+        raise ApiError(408, f"request body not received within {timeout:g} s",
+                       code="request_timeout") from exc
+    except (aiohttp.ClientPayloadError, HttpProcessingError) as exc:
+        # A malformed body (bad chunk size, ...): say which kind, never echo its bytes.
+        raise ApiError(400, f"malformed request body ({type(exc).__name__})",
+                       code="invalid_request") from exc
 
 
 def _parse(body: bytes) -> dict[str, Any]:
     try:
         payload = json.loads(body)
+    except RecursionError as exc:
+        raise ApiError(400, "request body is nested too deeply", code="invalid_json") from exc
     except ValueError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+        # The position only: the decoder's message quotes no input, but keep it that way.
+        where = f" at line {exc.lineno} column {exc.colno}" if isinstance(
+            exc, json.JSONDecodeError) else ""
+        raise ApiError(400, f"request body is not valid JSON{where}",
+                       code="invalid_json") from exc
     if not isinstance(payload, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "you must provide a model parameter (a string)",
                        code="missing_model", param="model")
+    # Only JSON booleans: "true" or 1 would stream at some engines while the router, not
+    # seeing a stream, neither asks for usage nor reads it.
+    if payload.get("stream") is not None and not isinstance(payload["stream"], bool):
+        raise ApiError(400, "stream must be a boolean (true or false)",
+                       code="invalid_type", param="stream")
+    options = payload.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError(400, "stream_options must be an object", code="invalid_type",
+                       param="stream_options")
     return payload
 
 

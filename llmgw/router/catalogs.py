@@ -27,6 +27,7 @@ class ModelEntry:
     prefix_chars: int = 0
     min_prefix_chars: int = 0
     load_factor: float = 1.25
+    first_byte_timeout: float = 600.0  # seconds to the engine\'s first byte
 
     def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float:
         """USD for one request at this model's prices."""
@@ -66,6 +67,7 @@ def from_cluster(cluster: Cluster) -> Catalog:
             prefix_chars=model.routing.prefix_chars if model.routing.policy == "prefix" else 0,
             min_prefix_chars=model.routing.min_prefix_chars,
             load_factor=model.routing.load_factor,
+            first_byte_timeout=model.routing.first_byte_timeout,
         )
     budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
     return Catalog(models=models, budgets=budgets, auth=cluster.cluster.auth)

@@ -1,7 +1,9 @@
 """What the router has seen, for the daemon's scaling decisions.
 
 The router records, per model key, the requests now waiting for a ready
-replica and the time of the last request. ``snapshot()`` hands the daemon a
+replica and the time of the last request (restored from the store's usage rows
+at start, so a restart does not forget it), and since when it has been watching
+(``watched_since``): before that, no request is known. ``snapshot()`` hands the daemon a
 :class:`llmgw.fleet.Demand`; deciding to start, stop or evict replicas from it
 is the planner's job (pure, in :mod:`llmgw.planning`), never the router's.
 """
@@ -12,7 +14,8 @@ from llmgw.fleet.types import Demand
 
 
 class Demands:
-    def __init__(self) -> None:
+    def __init__(self, watched_since: float | None = None) -> None:
+        self.watched_since = watched_since  # when this router began to see requests
         self._waiting: dict[str, int] = {}
         self._last_used: dict[str, float] = {}
         self._max_replicas: dict[str, int] = {}
@@ -39,4 +42,5 @@ class Demands:
             waiting=dict(self._waiting),
             last_used=dict(self._last_used),
             wanted={model: min(1, self._max_replicas.get(model, 1)) for model in self._waiting},
+            watched_since=self.watched_since,
         )

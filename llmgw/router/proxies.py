@@ -7,7 +7,14 @@ replica with the fewest outstanding requests; a connection error or a 5xx
 a stream that point is the first chunk: the client's response starts only
 once the engine has sent one, so a replica dying between its headers and its
 first token is still retried; after that, a failure ends the client's stream
-with an OpenAI-style ``error`` event instead.
+with an OpenAI-style ``error`` event instead — and so does a stream that ends
+without its last event (``[DONE]``, ``response.completed``): an engine that
+closes a close-delimited body early has not finished, however clean the close.
+
+Time to first byte is bounded per model (``routing.first_byte_timeout``): an
+engine that accepts a request and never answers gets the client a 504, not a
+wait without end. There is no bound after that: a generation may run for
+minutes, and a client that gives up cancels it.
 
 Cancellation: the app runs with handler cancellation, so a client that hangs
 up cancels the handler task; the ``finally`` blocks close the upstream
@@ -16,6 +23,7 @@ connection, which is how an engine learns to abort the generation.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -40,6 +48,8 @@ class Outcome:
     usage: usages.Usage | None = None
     first_byte_at: float | None = None  # loop time the client got its first byte
     retries: int = 0
+    sent: bool = False  # the request reached an engine
+    relayed: int = 0  # stream events relayed to the client
 
 
 class _Retry(Exception):
@@ -91,6 +101,7 @@ class Proxy:
         on_retry: Callable[[], None],
         affinity: str | None = None,
         load_factor: float = 1.25,
+        first_byte_timeout: float = 600.0,
     ) -> web.StreamResponse:
         """Send ``body`` to a ready replica of ``model`` and answer ``request`` with its reply.
 
@@ -112,6 +123,7 @@ class Proxy:
                 return await self._attempt(
                     request, upstream, body, stream, strip_usage_chunk, outcome,
                     can_retry=len(self.routes.endpoints(model)) > len(tried),
+                    first_byte_timeout=first_byte_timeout,
                 )
             except _Retry as retry:
                 last_error = retry.error
@@ -129,15 +141,23 @@ class Proxy:
         strip_usage_chunk: bool,
         outcome: Outcome,
         can_retry: bool,
+        first_byte_timeout: float,
     ) -> web.StreamResponse:
         url = upstream.url(request.path)
         upstream.outstanding += 1
         reply: aiohttp.ClientResponse | None = None
         done = False
+        deadline = asyncio.get_running_loop().time() + first_byte_timeout
         try:
+            outcome.sent = True
             try:
-                reply = await self._client().post(url, data=body, headers=_UPSTREAM_HEADERS)
-            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                async with asyncio.timeout_at(deadline):
+                    reply = await self._client().post(url, data=body, headers=_UPSTREAM_HEADERS)
+            except TimeoutError as exc:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise _too_slow(upstream, first_byte_timeout) from exc
+                raise _Retry(_unreachable(upstream, exc)) from exc
+            except aiohttp.ClientConnectionError as exc:
                 raise _Retry(_unreachable(upstream, exc)) from exc
             if reply.status >= 500 and can_retry:
                 raise _Retry(ApiError(reply.status, f"replica {_name(upstream)} answered "
@@ -146,14 +166,22 @@ class Proxy:
             if stream and content_type.startswith("text/event-stream"):
                 response = await self._relay(
                     request, reply, upstream, content_type, strip_usage_chunk, outcome,
-                    can_retry,
+                    can_retry, deadline, first_byte_timeout,
                 )
                 done = True
                 return response
             try:
-                data = await reply.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                async with asyncio.timeout_at(deadline):
+                    data = await reply.read()
+            except TimeoutError as exc:
+                raise _too_slow(upstream, first_byte_timeout) from exc
+            except aiohttp.ClientError as exc:
                 raise _Retry(_unreachable(upstream, exc)) from exc
+            if reply.status < 400 and _close_delimited(reply) and not _is_json(data):
+                # Ended by closing the connection, so a cut-short answer looks whole at
+                # the HTTP level; only the document can tell.
+                raise ApiError(502, f"replica {_name(upstream)} closed the connection "
+                               "before its answer was complete", code="upstream_failed")
             outcome.status = reply.status
             if reply.status < 400:
                 outcome.usage = usages.from_body(data)
@@ -180,21 +208,45 @@ class Proxy:
         strip_usage_chunk: bool,
         outcome: Outcome,
         can_retry: bool,
+        deadline: float,
+        first_byte_timeout: float,
     ) -> web.StreamResponse:
         relay = streams.Relay(strip_usage_chunk)
         try:
-            first = await reply.content.readany()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            async with asyncio.timeout_at(deadline):
+                first = await reply.content.readany()
+        except TimeoutError as exc:
+            raise _too_slow(upstream, first_byte_timeout) from exc
+        except aiohttp.ClientError as exc:
             error = _unreachable(upstream, exc)
             if can_retry:
                 raise _Retry(error) from exc
             raise error from exc
+        try:
+            return await self._relay_events(request, reply, upstream, content_type, relay,
+                                            first, outcome)
+        finally:
+            # Also when the client hung up (cancelled): what was served is charged.
+            outcome.usage = relay.usage
+            outcome.relayed = relay.events
+
+    async def _relay_events(
+        self,
+        request: web.Request,
+        reply: aiohttp.ClientResponse,
+        upstream: Upstream,
+        content_type: str,
+        relay: streams.Relay,
+        first: bytes,
+        outcome: Outcome,
+    ) -> web.StreamResponse:
         response = web.StreamResponse(
             status=reply.status, headers={"Content-Type": content_type, **_STREAM_HEADERS}
         )
         outcome.status = reply.status
         await response.prepare(request)
-        chunk, failure = first, None
+        chunk = first
+        failure: BaseException | None = None
         while chunk:
             out = relay.feed(chunk)
             if out:
@@ -206,6 +258,12 @@ class Proxy:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 failure = exc
                 break
+        if failure is None:
+            rest = relay.finish()
+            if rest:
+                await response.write(rest)
+            if not relay.finished:
+                failure = ConnectionError("the stream ended before its last event")
         if failure is not None:
             # Bytes already reached the client: no retry. Say so in the stream, the way
             # OpenAI reports errors mid-stream, so clients raise instead of truncating.
@@ -214,11 +272,6 @@ class Proxy:
             event = {"error": {"message": error.message, "type": "server_error",
                                "param": None, "code": "upstream_failed"}}
             await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        else:
-            rest = relay.finish()
-            if rest:
-                await response.write(rest)
-        outcome.usage = relay.usage
         await response.write_eof()
         return response
 
@@ -234,3 +287,24 @@ def _name(upstream: Upstream) -> str:
 def _unreachable(upstream: Upstream, exc: BaseException) -> ApiError:
     reason = str(exc) or type(exc).__name__
     return ApiError(502, f"replica {_name(upstream)} failed: {reason}", code="upstream_failed")
+
+
+def _too_slow(upstream: Upstream, timeout: float) -> ApiError:
+    return ApiError(504, f"replica {_name(upstream)} sent nothing within {timeout:g} s "
+                    "(the model's routing.first_byte_timeout)", code="upstream_timeout",
+                    type="server_error")
+
+
+def _close_delimited(reply: aiohttp.ClientResponse) -> bool:
+    """A body that ends when the connection closes: no length, not chunked."""
+    headers = reply.headers
+    return "Content-Length" not in headers and "chunked" not in headers.get(
+        "Transfer-Encoding", "").lower()
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    return True

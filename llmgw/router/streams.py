@@ -10,7 +10,10 @@ chunk with empty ``choices`` it was not written to expect.
 
 The relay forwards every complete event as soon as it has arrived; only an
 event cut in two by the network waits for its end (a client cannot use half an
-event anyway). Only events that mention ``"usage"`` are decoded.
+event anyway). Only events that mention ``"usage"`` are decoded. It also counts
+the events it relays (what a client that hangs up is charged for) and notes
+whether the stream's last event came (``finished``): a stream that ends without
+it was cut short.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ from llmgw.router import usages
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 _EVENT = re.compile(rb"(.*?)(\r?\n\r?\n)", re.DOTALL)
 _USAGE = b'"usage"'
+_DATA = b"data:"
+# The last event of a whole stream: chat and completions end with [DONE], responses
+# with a terminal response.* event. Anchored so the same words inside generated text
+# (escaped, or not at a line's start) do not count.
+_LAST_EVENT = re.compile(
+    rb'^data: ?\[DONE\]\r?$|"type": ?"response\.(?:completed|incomplete|failed)"', re.MULTILINE
+)
 
 
 def ask_for_usage(body: bytes, payload: dict[str, Any]) -> tuple[bytes, bool]:
@@ -61,7 +71,7 @@ def _event_data(event: bytes) -> Any:
         return None
     try:
         return json.loads(b"\n".join(lines))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -71,6 +81,8 @@ class Relay:
     def __init__(self, strip_usage_chunk: bool) -> None:
         self.strip = strip_usage_chunk
         self.usage: usages.Usage | None = None
+        self.events = 0  # data events passed on
+        self.finished = False  # the stream's last event arrived
         self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -84,16 +96,22 @@ class Relay:
             complete, self._pending = data, b""
         else:
             complete, self._pending = data[:end], data[end:]
-        if _USAGE in complete:
-            complete = self._inspect(complete)
-        return complete
+        return self._pass(complete)
 
     def finish(self) -> bytes:
         """The remainder when the upstream ended without a final blank line."""
         rest, self._pending = self._pending, b""
-        if _USAGE in rest:
-            rest = self._inspect(rest + b"\n\n")
-        return rest
+        if not rest:
+            return rest
+        return self._pass(rest + b"\n\n" if _USAGE in rest else rest)
+
+    def _pass(self, complete: bytes) -> bytes:
+        if _USAGE in complete:
+            complete = self._inspect(complete)
+        self.events += complete.count(_DATA)
+        if not self.finished and (b"[DONE]" in complete or b'"response.' in complete):
+            self.finished = _LAST_EVENT.search(complete) is not None
+        return complete
 
     def _inspect(self, events: bytes) -> bytes:
         kept: list[bytes] = []

@@ -63,9 +63,9 @@ def from_body(body: bytes) -> Usage | None:
                 # is the top-level key: a nested one would need more closing brackets.
                 if tail[end:].strip() == "}":
                     return _counts(value)
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
             pass
     try:
         return from_mapping(json.loads(body))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

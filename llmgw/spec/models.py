@@ -339,6 +339,11 @@ class Profile(Strict):
         None, gt=0, le=65536, description="System memory a CPU replica needs, in GiB."
     )
     source: str | None = Field(None, description="Overrides the model's `source` (e.g. a GGUF).")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Only nodes whose `labels` hold every key with this value, e.g. "
+        "`{rack: \"12\"}`; plans name the nodes left out and why.",
+    )
 
     _source = field_validator("source")(_check_source)
     args: dict[Flag, ArgValue] = Field(
@@ -460,6 +465,12 @@ class Routing(Strict):
         1.25, ge=1.0, le=10.0,
         description="Most load a replica takes for its prefixes, as a multiple of the average "
         "(requests in flight); beyond it a prefix spills to the next replica.",
+    )
+    first_byte_timeout: Duration = Field(
+        600.0, gt=0,
+        description="How long the router waits for a replica's first byte (a stream's first "
+        "event, or a whole non-streamed answer) before answering 504. Generous: a long answer "
+        "that is not streamed arrives all at once.",
     )
 
 

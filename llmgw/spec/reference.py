@@ -31,6 +31,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("models.NAME.profiles[]", models.Profile, "models: {NAME: {profiles: [...]}}"),
     ("models.NAME.scaling", models.Scaling, "models: {NAME: {scaling: ...}}"),
     ("models.NAME.pricing", models.Pricing, "models: {NAME: {pricing: ...}}"),
+    ("models.NAME.router", models.Routing, "models: {NAME: {router: ...}}"),
     ("projects.NAME", models.Project, "projects: {NAME: ...}"),
 )
 

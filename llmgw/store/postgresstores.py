@@ -157,6 +157,11 @@ class PostgresStore(PostgresPages, Store):
             await conn.execute("UPDATE reservations SET amount = $2 WHERE id = $1",
                                reservation, cost)
 
+    async def last_use_by_model(self) -> dict[str, float]:
+        async with self._conn() as conn:
+            rows = await conn.fetch("SELECT model, MAX(ts) FROM usage GROUP BY model")
+        return {r[0]: float(r[1]) for r in rows if r[1] is not None}
+
     async def recent_usage(self, limit: int) -> list[UsageRow]:
         async with self._conn() as conn:
             rows = await conn.fetch(f"SELECT {', '.join(COLUMNS)} FROM usage "

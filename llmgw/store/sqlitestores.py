@@ -126,6 +126,12 @@ class SQLiteStore(SQLitePages, Store):
             return {project: float(total) for project, total in rows}
         return await self._run(select)
 
+    async def last_use_by_model(self) -> dict[str, float]:
+        def select(conn: sqlite3.Connection) -> dict[str, float]:
+            rows = conn.execute("SELECT model, MAX(ts) FROM usage GROUP BY model").fetchall()
+            return {model: float(ts) for model, ts in rows if ts is not None}
+        return await self._run(select)
+
     async def reserve(self, project: str, budget: float, amount: float,
                       hold: float) -> Admission:
         def reserve(conn: sqlite3.Connection) -> Admission:

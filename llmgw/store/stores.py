@@ -135,6 +135,10 @@ class Store(abc.ABC):
         settled (its router died)."""
 
     @abc.abstractmethod
+    async def last_use_by_model(self) -> dict[str, float]:
+        """Unix time of each model's newest usage row, by model key."""
+
+    @abc.abstractmethod
     async def recent_usage(self, limit: int) -> list[UsageRow]:
         """The newest ``limit`` rows, newest first."""
 

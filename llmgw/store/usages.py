@@ -69,6 +69,11 @@ async def spend_by_project(store: Store) -> dict[str, float]:
     return await store.spend_by_project()
 
 
+async def last_use_by_model(store: Store) -> dict[str, float]:
+    """Unix time of each model's last recorded request (by model key)."""
+    return await store.last_use_by_model()
+
+
 async def recent(store: Store, limit: int = 100) -> list[UsageRow]:
     """The newest ``limit`` rows, newest first."""
     return await store.recent_usage(limit)

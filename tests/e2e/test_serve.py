@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -281,6 +282,53 @@ def test_an_on_demand_model_loads_on_the_first_request_and_stops_when_idle(
                        json={"model": "nope", "prompt": "x"}, timeout=30)
     assert reply.status_code == 404
     assert "model not found" in reply.text
+
+
+def test_a_restarted_daemon_does_not_stop_a_busy_on_demand_replica(
+    serve: Callable[[dict[str, Any]], tuple[Served, nodes.SimCluster]], engines: Path,
+) -> None:
+    coder = {"source": "/models/coder.gguf",
+             "scaling": {"min": 0, "max": 1, "idle_timeout": "6s"},
+             "profiles": [{"engine": "llama.cpp", "cpu": True, "min_memory_gb": 1}]}
+    served, _ = serve({"coder": coder})
+    served.wait(lambda s: s["plan"] is not None, "the first plan")
+    flowing, done = threading.Event(), threading.Event()
+    answered: list[int] = []
+
+    def traffic() -> None:
+        while not done.is_set():
+            if flowing.wait(0.1):
+                try:
+                    answered.append(httpx.post(
+                        f"{served.router}/v1/completions", timeout=30,
+                        json={"model": "coder", "prompt": "x", "max_tokens": 2}).status_code)
+                except httpx.HTTPError:
+                    pass  # the daemon is restarting
+                time.sleep(0.5)
+
+    thread = threading.Thread(target=traffic, daemon=True)
+    flowing.set()
+    thread.start()
+    try:
+        served.wait(ready({"coder"}), "coder loaded on demand")
+        engine = running(engines)["coder"]["pid"]
+        time.sleep(7)  # busy all along, and now older than its idle_timeout
+        assert 200 in answered
+        # The restart leaves a gap shorter than idle_timeout, but the new router has seen
+        # no request when the new daemon makes its first plan.
+        flowing.clear()
+        served.stop()
+        served.start()
+        flowing.set()
+        time.sleep(9)  # past idle_timeout since the restart, under traffic
+        assert running(engines).get("coder", {}).get("pid") == engine
+        assert "coder r0 will be destroyed" not in served.log.read_text()
+    finally:
+        done.set()
+        thread.join(60)
+    # Traffic over: now it is idle, and it stops.
+    served.wait(lambda s: not s["replicas"], "the idle replica to stop", timeout=60)
+    assert "coder" not in running(engines)
 
 
 def test_a_replica_on_a_node_that_stops_answering_is_not_placed_twice(

@@ -179,3 +179,20 @@ def test_reclaim_removes_only_unused_fetches_never_foreign_files(tmp_path: Path)
     assert fetches.present(sources.parse(GGUF), node) is not None
     assert sha256(Path(used.path)) == sha256(GEMMA)
     assert foreign.read_bytes() == b"not llmgw's" and by_hand.exists()
+
+
+def test_an_url_source_is_fetched_verified_and_refused_when_its_hash_differs(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "mirror" / "hub"
+    commit = gemma_repo(root)
+    node = tmp_path / "node"
+    with serving(root) as mirror:
+        url = f"{mirror.url}/{GEMMA_REPO}/resolve/{commit}/gemma-3-270m-it-Q4_K_M.gguf"
+        done = fetches.fetch(sources.parse(f"{url}#sha256={sha256(GEMMA)}"), node)
+        wrong = sources.parse(f"{url}#sha256={'0' * 64}")
+        with pytest.raises(fetches.FetchError, match="sha256 mismatch"):
+            fetches.fetch(wrong, node)
+    assert done.path.startswith(f"{node}/urls/") and done.path.endswith(".gguf")
+    assert sha256(Path(done.path)) == sha256(GEMMA)
+    assert fetches.present(wrong, node) is None

@@ -59,7 +59,9 @@ MODULES: dict[str, list[str]] = {
     "engines/sglang.py": ENGINES,
     "engines/vllm.py": ENGINES,
     "router/accounts.py": ["tests/router/test_router_access.py",
-                           "tests/router/test_router_usages.py"],
+                           "tests/router/test_router_usages.py",
+                           "tests/router/test_router_budgets.py",
+                           "tests/router/test_router_limits.py"],
 }
 
 # Copied into each scratch tree besides llmgw/ and tests/ (mutmut copies those).

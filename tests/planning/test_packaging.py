@@ -15,7 +15,7 @@ TEMPLATES = sorted(p.name for p in (REPO / "templates").glob("*.j2"))
 
 
 def test_templates_live_at_the_top_level_and_in_the_package() -> None:
-    assert TEMPLATES == ["unit.env.j2", "unit.service.j2"]
+    assert TEMPLATES == ["llmgw.service.j2", "unit.env.j2", "unit.service.j2"]
     packaged = REPO / "llmgw" / "templates"
     assert sorted(p.name for p in packaged.glob("*.j2")) == TEMPLATES
     assert packaged.resolve() == (REPO / "templates").resolve()
@@ -42,6 +42,10 @@ def test_wheel_contains_the_templates_and_renders_with_them(tmp_path: Path) -> N
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         assert {f"llmgw/templates/{name}" for name in TEMPLATES} <= names
+        # What `llmgw init` and `llmgw lab` read: the CI workflow and the lab's hardware.
+        assert "llmgw/templates/llmgw-plan.yml" in names
+        hardware = "llmgw/onboarding/hardware/h100-ib"
+        assert f"{hardware}/sys/class/infiniband/mlx5_0/ports/1/state" in names
         installed = tmp_path / "installed"
         archive.extractall(installed)
     # The unpacked wheel, first on the path, renders a unit from its own templates.

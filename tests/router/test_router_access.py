@@ -29,17 +29,34 @@ def assert_openai_error(answer: dict[str, object]) -> dict[str, object]:
     return error
 
 
-@pytest.mark.parametrize("header, why", [
-    (None, "missing API key"),
-    ("llmgw_000000000000_" + "x" * 43, "invalid API key"),
-    ("sk-not-ours", "invalid API key"),
+@pytest.mark.parametrize("header, why, code", [
+    (None, "missing API key", "missing_api_key"),
+    ("llmgw_000000000000_" + "x" * 43, "invalid API key", "invalid_api_key"),
+    ("sk-not-ours", "invalid API key", "invalid_api_key"),
 ])
-async def test_requests_need_a_valid_key(stack: Stack, header: str | None, why: str) -> None:
+async def test_requests_need_a_valid_key(
+    stack: Stack, header: str | None, why: str, code: str
+) -> None:
     for path, method in (("/v1/chat/completions", "POST"), ("/v1/models", "GET")):
         status, answer, _ = await request(stack, path, key=header, method=method, json=BODY)
         assert status == 401
-        assert why in assert_openai_error(answer)["message"]  # type: ignore[operator]
+        error = assert_openai_error(answer)
+        assert why in error["message"] and error["code"] == code  # type: ignore[operator]
+        assert error["type"] == "authentication_error"
     assert stack.upstreams[0].received == []
+
+
+@pytest.mark.parametrize("scheme", ["Basic", "Token", "", "Bearer:"])
+async def test_a_valid_key_under_another_scheme_is_refused(stack: Stack, scheme: str) -> None:
+    key = stack.key()
+    for path, method in (("/v1/chat/completions", "POST"), ("/v1/models", "GET")):
+        headers = {"Authorization": f"{scheme} {key}".strip()}
+        async with aiohttp.ClientSession(headers=headers) as session:
+            async with session.request(method, stack.url + path, json=BODY) as response:
+                assert response.status == 401
+                error = assert_openai_error(await response.json())
+        assert error["code"] == "invalid_api_key" and "Bearer" in error["message"]  # type: ignore[operator]
+    assert not [r for u in stack.upstreams for r in u.received]
 
 
 def test_revoked_key_is_refused(stack: Stack) -> None:
@@ -88,7 +105,9 @@ async def test_key_of_a_project_gone_from_the_spec(make_stack: StackFactory) -> 
     stack = make_stack(spec=cluster(research=None))
     key = stack.key("old-project")
     status, answer, _ = await request(stack, "/v1/chat/completions", key=key, json=BODY)
-    assert status == 403 and "'old-project'" in assert_openai_error(answer)["message"]  # type: ignore[operator]
+    error = assert_openai_error(answer)
+    assert status == 403 and "'old-project'" in error["message"]  # type: ignore[operator]
+    assert error["code"] == "unknown_project" and error["type"] == "permission_error"
 
 
 def test_auth_none_needs_no_key(make_stack: StackFactory) -> None:
@@ -105,6 +124,8 @@ def test_auth_none_needs_no_key(make_stack: StackFactory) -> None:
     (b"[1, 2]", 400, "JSON object"),
     (b'{"messages": []}', 400, "model parameter"),
     (b'{"model": 7}', 400, "model parameter"),
+    (b'{"model": "chat", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400,
+     "nested too deeply"),
 ])
 async def test_bad_bodies(stack: Stack, data: bytes, status: int, fragment: str) -> None:
     got, answer, _ = await request(stack, "/v1/chat/completions", key=stack.key(), data=data)

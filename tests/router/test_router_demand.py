@@ -86,3 +86,19 @@ async def test_models_lists_ready_and_on_demand(make_stack: StackFactory) -> Non
         assert await listed() == ["Coder-7B", "steady"]  # once, by its served name
         stack.route({})
         assert await listed() == ["Coder-7B"]
+
+
+def test_last_use_and_watching_survive_a_restart(make_stack: StackFactory) -> None:
+    first = make_stack()
+    first.route({"chat": first.upstreams})
+    key = first.key()
+    before = time.time()
+    asyncio.run(post(first, key, {**CODER, "model": "chat"}))
+    first.rows()  # flushed
+    used = first.call(first.router.demand).last_used["chat"]
+    assert used >= before
+    second = make_stack()  # same store, a restarted router
+    demand = second.call(second.router.demand)
+    # The row's time: when the answer ended, a moment after the request arrived.
+    assert used <= demand.last_used["chat"] <= time.time()
+    assert demand.watched_since is not None and demand.watched_since >= demand.last_used["chat"]

@@ -54,7 +54,7 @@ async def scrape(stack: Stack) -> str:
 
 def test_fleet_figures() -> None:
     collector = collectors.FleetCollector()
-    assert [len(f.samples) for f in collector.collect()] == [0, 0, 0, 0, 0]
+    assert [len(f.samples) for f in collector.collect()] == [0, 0, 0, 0, 0, 0, 0, 0]
     collector.observe(FLEET)
     found = {(f.name, tuple(sorted(s.labels.items()))): s.value
              for f in collector.collect() for s in f.samples}

@@ -39,6 +39,7 @@ class Upstream:
     drop_after_chunks: int | None = None  # stream: close after this many chunks
     chunk_delays: list[float] = field(default_factory=list)  # pause before each chunk
     hold: asyncio.Event | None = None  # wait for this before answering
+    omit_usage: bool = False  # answer without a usage object (an engine that reports none)
     received: list[Received] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)  # time.time() of each stream chunk
     cancelled: int = 0  # requests whose client went away before the answer ended
@@ -90,7 +91,10 @@ class Upstream:
                                "param": None, "code": None}}, status=self.status)
             if body.get("stream"):
                 return await self._stream(request, body)
-            return web.json_response(_answer(request.path, body, self.name))
+            answer = _answer(request.path, body, self.name)
+            if self.omit_usage:
+                answer.pop("usage")
+            return web.json_response(answer)
         except asyncio.CancelledError:
             self.cancelled += 1
             raise

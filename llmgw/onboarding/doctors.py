@@ -1,0 +1,299 @@
+"""``llmgw doctor``'s checks: pure functions of a node's spec and its agent's report.
+
+Each check answers ``ok``, ``warning`` or ``fail`` with what it saw and, when
+not ok, the fix. :data:`CHECKS` is the table; :func:`examine` runs it for one
+node. Nothing here reads a clock or a file: the time, this llmgw's version
+and what the cluster asks of the node come in a :class:`Context`. An
+unreachable node gets only the ``ssh`` check (nothing else can be known).
+
+Each fault a node can have shows as exactly one failing check: a missing
+adapter fails ``fabric-adapters`` and is not also a port without link.
+
+Usage::
+
+    findings = doctors.examine(spec, report, doctors.context_for(cluster, name, report, now=t))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llmgw.fleet.types import NodeReport
+from llmgw.spec.models import Cluster, Node
+
+Status = Literal["ok", "warning", "fail"]
+GiB = 1 << 30
+DISK_FAIL = 5 * GiB
+DISK_WARN = 20 * GiB
+SKEW_SMALL = 0.5
+SKEW_WARN = 2.0
+SKEW_FAIL = 30.0
+PORTS_CHECKED = 16  # engine ports from engine_ports_from that must be free for new engines
+PROGRAMS = {"llama.cpp": "llama-server", "vllm": "vllm"}  # SGLang runs as `python3 -m sglang…`
+MIN_PYTHON = (3, 11)
+
+
+@dataclass(frozen=True)
+class Finding:
+    node: str
+    check: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the checks compare a report with."""
+
+    version: str
+    now: float
+    engines: tuple[str, ...] = ()  # engines the cluster's models may run on this node
+    fabrics: dict[str, tuple[str, int | None]] = field(default_factory=dict)  # name → kind, gid
+
+
+Verdict = tuple[Status, str, str]
+Check = Callable[[Node, NodeReport, Context], Verdict]
+
+
+def _ok(detail: str) -> Verdict:
+    return "ok", detail, ""
+
+
+def _agent_version(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    if report.agent_version is None:
+        return "warning", "the agent did not say its version", "upgrade the agent to " + ctx.version
+    if report.agent_version != ctx.version:
+        return ("warning", f"agent {report.agent_version}, this llmgw {ctx.version}",
+                f"install llmgw {ctx.version} on the node and restart llmgw-agent "
+                "(engines keep running)")
+    return _ok(f"agent {report.agent_version}, same as this llmgw")
+
+
+def _python(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    version = report.host.python_version if report.host else None
+    if version is None:
+        return "warning", "the agent did not report its Python", "upgrade the agent"
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if parts < MIN_PYTHON:
+        return ("fail", f"Python {version}",
+                f"install Python {'.'.join(map(str, MIN_PYTHON))} or newer for the agent")
+    return _ok(f"Python {version}")
+
+
+def _nvidia_driver(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    declared = sum(g.count for g in spec.gpus)
+    smi = [w for w in report.warnings if w.startswith(("nvidia-smi", "NVML", "nvml"))]
+    if declared and not report.gpus:
+        return ("fail", f"{declared} GPUs declared, none reported" +
+                (f" ({smi[0]})" if smi else ""),
+                "install the NVIDIA driver (nvidia-smi must list the GPUs), or remove `gpus` "
+                "from the node")
+    if smi:
+        return "warning", "; ".join(smi), "check the driver with `nvidia-smi` on the node"
+    if not report.gpus:
+        return _ok("no GPUs declared or found (CPU node)")
+    return _ok(f"{len(report.gpus)} GPUs reported by the driver")
+
+
+def _gpu_ecc(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    bad = [g for g in report.gpus if g.ecc_uncorrected]
+    if bad:
+        which = ", ".join(f"GPU {g.index} ({g.ecc_uncorrected} errors)" for g in bad)
+        return ("fail", f"uncorrected ECC errors: {which}; placement skips "
+                + ("it" if len(bad) == 1 else "them"),
+                "drain the GPU, then reset it (`nvidia-smi -r -i N`) or have it replaced")
+    return _ok("no uncorrected ECC errors" if report.gpus else "no GPUs")
+
+
+def _gpu_processes(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    held = [(g.index, p) for g in report.gpus for p in g.processes if not p.owned_by_llmgw]
+    if held:
+        which = ", ".join(f"GPU {i}: pid {p.pid}" + (f" ({p.name})" if p.name else "")
+                          for i, p in held)
+        return ("fail", f"memory held by processes llmgw did not start: {which}",
+                "stop those processes (llmgw never kills what it did not start)")
+    return _ok("no GPU held by other processes" if report.gpus else "no GPUs")
+
+
+def _present(report: NodeReport) -> dict[str, bool]:
+    return {a.name: a.active for a in report.adapters}
+
+
+def _fabric_adapters(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    if not spec.fabrics:
+        return _ok("no fabric declared")
+    present = _present(report)
+    missing = [f"{name}: {a}" for name, adapters in spec.fabrics.items()
+               for a in adapters if a not in present]
+    if missing:
+        found = ", ".join(sorted(present)) or "none"
+        return ("fail", f"declared adapters not present: {'; '.join(missing)} (found: {found})",
+                "fix the node's `fabrics` in nodes.yaml, or the adapter (driver, firmware)")
+    return _ok(f"every declared adapter present ({sum(map(len, spec.fabrics.values()))})")
+
+
+def _fabric_ports(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    present = _present(report)
+    down = [f"{name}: {a}" for name, adapters in spec.fabrics.items()
+            for a in adapters if a in present and not present[a]]
+    if down:
+        return ("fail", f"no ACTIVE port on {'; '.join(down)}; NCCL leaves "
+                + ("it" if len(down) == 1 else "them") + " out",
+                "check the cable and the subnet manager (`ibstat`), or the switch port")
+    return _ok("every declared adapter has an ACTIVE port" if spec.fabrics
+               else "no fabric declared")
+
+
+def _roce_gids(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    roce = {n: ctx.fabrics[n][1] for n in spec.fabrics if ctx.fabrics.get(n, ("",))[0] == "roce"}
+    if not roce:
+        return _ok("no RoCE fabric declared")
+    ports = {a.name: a.ports for a in report.adapters}
+    wrong = []
+    for name, gid_index in roce.items():
+        index = 3 if gid_index is None else gid_index
+        for adapter in spec.fabrics[name]:
+            for port in ports.get(adapter, []):
+                gid = port.gids[index] if index < len(port.gids) else ""
+                kind = port.gid_types[index] if index < len(port.gid_types) else ""
+                if not gid.strip("0:") or (kind and kind != "RoCE v2"):
+                    wrong.append(f"{adapter} port {port.number} GID {index}: "
+                                 f"{gid or 'none'}{f' ({kind})' if kind else ''}")
+    if wrong:
+        return ("fail", "; ".join(wrong),
+                "give the interface its IPv4 address, or set the fabric's gid_index to the "
+                "RoCE v2 entry (`show_gids`)")
+    return _ok("GID index holds a RoCE v2 address on every declared port")
+
+
+def _memlock(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    if not spec.fabrics:
+        return _ok("no RDMA fabric declared; the limit does not matter")
+    host = report.host
+    if host is None or (host.memlock_bytes is None and not host.memlock_unlimited):
+        return "warning", "the memlock limit is unknown", "upgrade the agent"
+    if host.memlock_unlimited:
+        return _ok("memlock unlimited")
+    return ("fail", f"memlock limited to {host.memlock_bytes} bytes; RDMA pins memory",
+            "set LimitMEMLOCK=infinity in llmgw-agent.service (engines inherit it)")
+
+
+def _engines(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    if not ctx.engines:
+        return _ok("no model needs an engine here")
+    found = {e.name: e for e in (report.host.engines if report.host else [])}
+    missing, unchecked = [], []
+    for engine in ctx.engines:
+        program = PROGRAMS.get(engine)
+        if program is None:
+            unchecked.append(engine)
+        elif program not in found or not found[program].executable:
+            missing.append(f"{program} ({engine})")
+    if missing:
+        return ("fail", f"not on the agent's PATH: {', '.join(missing)}",
+                "install the engine on the node (docs/install.md), on the agent's PATH")
+    if unchecked:
+        return "warning", f"not checked: {', '.join(unchecked)}", ""
+    return _ok(", ".join(f"{PROGRAMS[e]} at {found[PROGRAMS[e]].path}" for e in ctx.engines))
+
+
+def _disk(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    if not spec.weights_dirs:
+        return _ok("no weights_dirs declared")
+    disks = {d.path: d for d in report.disks}
+    missing = [p for p in spec.weights_dirs if p not in disks]
+    if missing:
+        return ("fail", f"weights directory missing: {', '.join(missing)}",
+                "create it on the node, or fix the node's weights_dirs")
+    low = [(d.path, d.free_bytes) for d in report.disks if d.free_bytes is not None]
+    worst = min(low, key=lambda pair: pair[1], default=None)
+    if worst is not None and worst[1] < DISK_WARN:
+        status: Status = "fail" if worst[1] < DISK_FAIL else "warning"
+        return (status, f"{worst[0]}: {worst[1] / GiB:.1f} GiB free",
+                "free space there, or add another weights_dir")
+    return _ok("; ".join(f"{p}: {(f or 0) / GiB:.1f} GiB free" for p, f in low) or "unknown")
+
+
+def _clock(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    if report.collected_at is None:
+        return "warning", "the report carries no time", "upgrade the agent"
+    skew = report.collected_at - ctx.now
+    text = (f"node clock within {SKEW_SMALL}s of this host's" if abs(skew) < SKEW_SMALL else
+            f"node clock {abs(skew):.1f}s {'ahead of' if skew > 0 else 'behind'} this host's")
+    if abs(skew) > SKEW_FAIL:
+        return "fail", text, "run an NTP client (chrony, systemd-timesyncd) on both"
+    if abs(skew) > SKEW_WARN:
+        return "warning", text, "run an NTP client (chrony, systemd-timesyncd) on both"
+    return _ok(text)
+
+
+def _engine_ports(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    listening = report.host.listening_ports if report.host else None
+    first = spec.engine_ports_from
+    if listening is None:
+        return "warning", "listening ports unknown", "upgrade the agent"
+    ours = {u.port for u in report.units if u.port is not None}
+    taken = sorted(p for p in listening
+                   if first <= p < first + PORTS_CHECKED and p not in ours)
+    if taken:
+        return ("fail", f"ports taken by programs llmgw did not start: "
+                f"{', '.join(map(str, taken))}",
+                "stop them, or move the node's engine_ports_from past them")
+    return _ok(f"{first}-{first + PORTS_CHECKED - 1} free or llmgw's")
+
+
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("agent-version", _agent_version),
+    ("python", _python),
+    ("nvidia-driver", _nvidia_driver),
+    ("gpu-ecc", _gpu_ecc),
+    ("gpu-processes", _gpu_processes),
+    ("fabric-adapters", _fabric_adapters),
+    ("fabric-ports", _fabric_ports),
+    ("roce-gids", _roce_gids),
+    ("memlock", _memlock),
+    ("engines", _engines),
+    ("disk", _disk),
+    ("clock", _clock),
+    ("engine-ports", _engine_ports),
+)
+
+
+def examine(name: str, spec: Node, report: NodeReport, ctx: Context) -> list[Finding]:
+    """Every check for one node, in :data:`CHECKS` order, after ``ssh``."""
+    if not report.reachable:
+        return [Finding(name, "ssh", "fail", report.error or "unreachable",
+                        "see the message: it names what to check")]
+    how = "its local socket" if spec.is_local else "SSH, host key pinned"
+    findings = [Finding(name, "ssh", "ok", f"agent reached through {how}")]
+    for check, function in CHECKS:
+        status, detail, fix = function(spec, report, ctx)
+        findings.append(Finding(name, check, status, detail, fix))
+    return findings
+
+
+def context_for(cluster: Cluster, name: str, report: NodeReport, *, version: str,
+                now: float) -> Context:
+    """What ``cluster`` asks of node ``name``: engines its models may run there, its fabrics."""
+    classes = {g.gpu_class for g in report.gpus}
+    engines: set[str] = set()
+    for model in cluster.models.values():
+        for profile in model.profiles:
+            if profile.cpu:
+                fits = not report.gpus
+            else:
+                wanted = profile.gpu_class
+                accepted = {wanted} if isinstance(wanted, str) else set(wanted or [])
+                fits = bool(classes) and (not accepted or bool(accepted & classes))
+            if fits:
+                engines.add(profile.engine)
+    fabrics: dict[str, tuple[str, int | None]] = {
+        n: (f.kind, f.gid_index) for n, f in cluster.fabrics.items()}
+    return Context(version=version, now=now, engines=tuple(sorted(engines)), fabrics=fabrics)
+
+
+def failed(findings: list[Finding]) -> bool:
+    return any(f.status == "fail" for f in findings)

@@ -1,0 +1,409 @@
+"""``llmgw node add``: from "I can SSH to it" to a node in ``nodes.yaml`` whose agent reports.
+
+Steps, each printed on one line as it finishes (:class:`Step`):
+
+1. **host key** — the node's key is fetched and its fingerprint shown; it must
+   match ``--fingerprint`` (or be confirmed at a terminal), then it is pinned
+   in the cluster's ``known_hosts``. Nothing else is sent before that.
+2. **preflight** — root or password-less sudo, Python ≥ 3.11 with ``venv``,
+   free disk under the prefix, whether systemd is PID 1. Anything missing
+   stops here, before any change, with every problem listed.
+3. **install** — this llmgw version and its dependencies as wheels (built
+   here once with ``pip wheel``, cached), copied over SFTP and installed into
+   ``<prefix>/venv`` with ``--no-index``: the node never reaches the
+   internet. Skipped when that version is already there.
+4. **agent** — ``agent.yaml`` and ``llmgw-agent.service`` written under the
+   prefix; with systemd the unit is installed, enabled and (re)started;
+   without it the agent runs with the supervise backend, detached, its pid
+   recorded. An upgrade restarts the agent only: engines keep running.
+5. **report** — waits for the agent's first report through the tunnel the
+   daemon will use.
+
+The caller then writes the node into ``nodes.yaml`` (:mod:`.yamledits`).
+Every step is idempotent: a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+
+from llmgw import __version__
+from llmgw.fleet.types import NodeReport
+from llmgw.spec.models import Cluster, Node
+from llmgw.transport import hostkeys, pools
+
+MIN_PYTHON = (3, 11)
+MIN_DISK = 2 << 30
+TARGET = re.compile(r"^(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?"
+                    r"(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9a-fA-F:]+\])"
+                    r"(?::(?P<port>\d{1,5}))?$")
+REPORT_TIMEOUT = 60.0
+
+
+class EnrolError(Exception):
+    """A step that cannot go on; the message says what is wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class Target:
+    user: str
+    host: str
+    port: int
+
+    @property
+    def known_hosts_name(self) -> str:
+        return hostkeys.entry(self.host, self.port)
+
+
+def parse_target(text: str, default_user: str, default_port: int) -> Target:
+    """``[USER@]HOST[:PORT]``, validated."""
+    match = TARGET.match(text)
+    if not match:
+        raise EnrolError(f"{text!r} is not [USER@]HOST[:PORT]")
+    port = int(match.group("port") or default_port)
+    if not 1 <= port <= 65535:
+        raise EnrolError(f"port {port} is out of range")
+    return Target(match.group("user") or default_user, match.group("host").strip("[]"), port)
+
+
+@dataclass
+class Facts:
+    """What preflight found on the node."""
+
+    uid: int = -1
+    sudo: bool = False
+    python: str = ""
+    venv: bool = False
+    init: str = ""
+    disk_free: int = 0
+    home: str = ""
+
+    @property
+    def systemd(self) -> bool:
+        return self.init == "systemd"
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.uid != 0 and not self.sudo:
+            found.append("neither root nor password-less sudo: make the SSH user root, or "
+                         "allow it `sudo` without a password")
+        version = tuple(int(p) for p in self.python.split(".")[:2] if p.isdigit())
+        if not self.python:
+            found.append("no python3: install Python 3.11 or newer")
+        elif version < MIN_PYTHON:
+            found.append(f"python3 is {self.python}; llmgw needs 3.11 or newer")
+        elif not self.venv:
+            found.append("python3 has no venv module: install python3-venv")
+        if self.disk_free < MIN_DISK:
+            found.append(f"{self.disk_free >> 20} MiB free under the prefix; the agent needs "
+                         f"{MIN_DISK >> 30} GiB")
+        return found
+
+
+PREFLIGHT = r"""
+echo uid=$(id -u)
+if sudo -n true 2>/dev/null; then echo sudo=yes; else echo sudo=no; fi
+echo python=$(python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)
+if python3 -c 'import venv, ensurepip' 2>/dev/null; then echo venv=yes; else echo venv=no; fi
+echo init=$(cat /proc/1/comm 2>/dev/null)
+d={prefix}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done
+echo disk_kib=$(df -Pk "$d" | awk 'NR==2 {{print $4}}')
+"""
+
+
+def parse_preflight(stdout: str) -> Facts:
+    values = dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+
+    def number(key: str, absent: int) -> int:
+        text = values.get(key, "").strip()
+        return int(text) if text.isdigit() else absent
+
+    return Facts(uid=number("uid", -1), sudo=values.get("sudo") == "yes",
+                 python=values.get("python", "").strip(), venv=values.get("venv") == "yes",
+                 init=values.get("init", "").strip(), disk_free=number("disk_kib", 0) * 1024)
+
+
+@dataclass
+class Plan:
+    """Where things go on the node."""
+
+    prefix: str
+    systemd: bool
+    name: str
+
+    @property
+    def socket(self) -> str:
+        return "/run/llmgw/agent.sock" if self.systemd else f"{self.prefix}/run/agent.sock"
+
+    def agent_yaml(self) -> str:
+        group = "llmgw" if self.systemd else "null"
+        return (f"# Written by `llmgw node add`: the agent of node {self.name}.\n"
+                f"node: {json.dumps(self.name)}\n"
+                f"socket: {{path: {self.socket}, mode: \"0660\", group: {group}}}\n"
+                f"backend: {'systemd' if self.systemd else 'supervise'}\n"
+                f"state_dir: {self.prefix}/state\n")
+
+    def unit(self) -> str:
+        return ("[Unit]\nDescription=llmgw agent: reports this node, runs its engines\n"
+                "After=network-online.target\n\n[Service]\nType=exec\n"
+                f"ExecStart={self.prefix}/venv/bin/llmgw agent serve --config "
+                f"{self.prefix}/etc/agent.yaml\n"
+                "RuntimeDirectory=llmgw\nRuntimeDirectoryPreserve=yes\n"
+                "LimitMEMLOCK=infinity\nKillMode=process\nRestart=on-failure\n\n"
+                "[Install]\nWantedBy=multi-user.target\n")
+
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Enrolment:
+    """One ``node add`` run."""
+
+    cluster: Cluster
+    cluster_dir: Path
+    target: Target
+    name: str
+    prefix: str
+    identity: Path | None
+    say: Say
+    wheel_cache: Path
+    plan: Plan | None = None  # where things went on the node, once the agent step ran
+
+    async def pin(self, expected: str | None, confirm: Callable[[str], bool]) -> None:
+        known_hosts = Path(self.cluster.cluster.ssh.known_hosts)
+        pinned = hostkeys.load(known_hosts)
+        try:
+            key = await asyncio.wait_for(
+                asyncssh.get_server_host_key(self.target.host, self.target.port), 15)
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            raise EnrolError(f"cannot reach {self.target.host}:{self.target.port}: {exc}") \
+                from None
+        if key is None:
+            raise EnrolError("the node offered no host key")
+        offered = key.get_fingerprint("sha256")
+        already = [k.get_fingerprint("sha256") for k in
+                   pinned.keys_for(self.target.host, self.target.host, self.target.port)]
+        if already and offered not in already:
+            raise EnrolError(f"{self.target.known_hosts_name} offers {offered}, but "
+                             f"{known_hosts} pins {', '.join(already)}: check the node before "
+                             "changing the pin")
+        if offered not in already:
+            if expected is not None and expected != offered:
+                raise EnrolError(f"the node offers {offered}, not {expected}: nothing was "
+                                 "pinned or sent")
+            if expected is None and not confirm(offered):
+                raise EnrolError(f"{offered} not confirmed: nothing was pinned or sent")
+            line = f"{self.target.known_hosts_name} {key.export_public_key('openssh').decode()}"
+            with known_hosts.open("a") as out:
+                out.write(line if line.endswith("\n") else line + "\n")
+            self.say(f"host key   {offered} pinned in {_shown(known_hosts)}")
+        else:
+            self.say(f"host key   {offered} already pinned")
+
+    async def connect(self) -> asyncssh.SSHClientConnection:
+        keys = {"client_keys": [str(self.identity)]} if self.identity else {}
+        try:
+            return await asyncssh.connect(
+                self.target.host, port=self.target.port, username=self.target.user,
+                known_hosts=self.cluster.cluster.ssh.known_hosts, agent_path=None,
+                connect_timeout=15, **keys)
+        except (OSError, asyncssh.Error) as exc:
+            raise EnrolError(f"cannot log in as {self.target.user}: {exc}") from None
+
+    async def preflight(self, conn: asyncssh.SSHClientConnection) -> Facts:
+        result = await conn.run(PREFLIGHT.format(prefix=shlex.quote(self.prefix)), check=False)
+        facts = parse_preflight(str(result.stdout))
+        problems = facts.problems()
+        if problems:
+            raise EnrolError("the node is not ready; nothing was changed:\n  - "
+                             + "\n  - ".join(problems))
+        self.say(f"preflight  {'root' if facts.uid == 0 else 'sudo'}, Python {facts.python}, "
+                 f"{facts.disk_free >> 30} GiB free, "
+                 + ("systemd" if facts.systemd else "no systemd: supervise backend"))
+        return facts
+
+    async def install(self, conn: asyncssh.SSHClientConnection, facts: Facts) -> bool:
+        """Ship and install this llmgw; True when something changed."""
+        sudo = "" if facts.uid == 0 else "sudo -n "
+        prefix = shlex.quote(self.prefix)
+        have = await conn.run(f"{prefix}/venv/bin/llmgw --version", check=False)
+        if str(have.stdout).strip() == f"llmgw {__version__}":
+            self.say(f"install    llmgw {__version__} already in {self.prefix}/venv")
+            return False
+        begun = time.monotonic()
+        wheels = build_wheels(self.wheel_cache)
+        await _run(conn, f"{sudo}mkdir -p {prefix}/wheels {prefix}/etc {prefix}/state "
+                   f"{prefix}/run && {sudo}chown -R $(id -u) {prefix}")
+        listing = await conn.run(f"ls {prefix}/wheels", check=False)
+        present = set(str(listing.stdout).split())
+        # llmgw's own wheel always (same name, newer code); dependencies when missing.
+        missing = [w for w in wheels if w.name not in present or w.name.startswith("llmgw-")]
+        if missing:
+            try:
+                async with conn.start_sftp_client() as sftp:
+                    await sftp.put([str(w) for w in missing], f"{self.prefix}/wheels/")
+            except (OSError, asyncssh.Error) as exc:
+                raise EnrolError(f"copying the wheels over SFTP failed ({exc}): the node's "
+                                 "sshd needs its sftp subsystem (`Subsystem sftp …`)") from None
+        await _run(conn, f"test -x {prefix}/venv/bin/python || python3 -m venv {prefix}/venv")
+        await _run(conn, f"{prefix}/venv/bin/pip install -q --no-index --find-links "
+                   f"{prefix}/wheels 'llmgw=={__version__}'")
+        self.say(f"install    llmgw {__version__} into {self.prefix}/venv ({len(missing)} of "
+                 f"{len(wheels)} wheels sent, {time.monotonic() - begun:.1f}s)")
+        return True
+
+    async def agent(self, conn: asyncssh.SSHClientConnection, facts: Facts,
+                    upgraded: bool) -> Plan:
+        plan = self.plan = Plan(self.prefix, facts.systemd, self.name)
+        prefix = shlex.quote(self.prefix)
+        sudo = "" if facts.uid == 0 else "sudo -n "
+        changed = upgraded
+        for path, text in ((f"{self.prefix}/etc/agent.yaml", plan.agent_yaml()),
+                           (f"{self.prefix}/etc/llmgw-agent.service", plan.unit())):
+            current = await conn.run(f"cat {shlex.quote(path)}", check=False)
+            if current.stdout != text:
+                await conn.run(f"cat > {shlex.quote(path)}", input=text, check=True)
+                changed = True
+        if facts.systemd:
+            await _run(conn, f"{sudo}getent group llmgw >/dev/null || {sudo}groupadd --system "
+                       f"llmgw; {sudo}cp {prefix}/etc/llmgw-agent.service "
+                       f"/etc/systemd/system/llmgw-agent.service && {sudo}systemctl "
+                       "daemon-reload && " + (f"{sudo}systemctl enable llmgw-agent && "
+                                              f"{sudo}systemctl restart llmgw-agent" if changed
+                                              else f"{sudo}systemctl enable --now llmgw-agent"))
+            self.say("agent      llmgw-agent.service enabled and "
+                     + ("restarted" if changed else "running"))
+            return plan
+        running = await conn.run(
+            f"pid=$(cat {prefix}/run/agent.pid 2>/dev/null) && "
+            f"tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | grep -q {prefix}/venv/bin/llmgw "
+            "&& echo $pid", check=False)
+        pid = str(running.stdout).strip()
+        if pid and not changed:
+            self.say(f"agent      running (supervise backend, pid {pid})")
+            return plan
+        if pid:  # the agent only: its engines run in their own groups and are adopted again
+            await conn.run(f"kill {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.1; done",
+                           check=False)
+        # In its own session, so it outlives this SSH session. `cd` stays out of the
+        # background job: a backgrounded list would keep a shell, and with it this
+        # session's stdout, open for as long as the agent runs.
+        started = await conn.run(
+            f"cd {prefix} || exit 1; setsid {prefix}/venv/bin/llmgw agent serve --config "
+            f"{prefix}/etc/agent.yaml >>{prefix}/agent.log 2>&1 </dev/null & "
+            f"echo $! > {prefix}/run/agent.pid; cat {prefix}/run/agent.pid", check=True)
+        self.say(f"agent      {'restarted' if pid else 'started'} (supervise backend, pid "
+                 f"{str(started.stdout).strip()}; no systemd on the node)")
+        return plan
+
+    async def first_report(self, plan: Plan) -> NodeReport:
+        node = Node(address=self.target.host,
+                    ssh_port=None if self.target.port == 22 else self.target.port,
+                    agent_socket=plan.socket)
+        settings = self.cluster.cluster.model_copy(update={
+            "ssh": self.cluster.cluster.ssh.model_copy(update={"user": self.target.user})})
+        alone = self.cluster.model_copy(update={"cluster": settings, "nodes": {self.name: node},
+                                                "models": {}})
+        deadline = time.monotonic() + REPORT_TIMEOUT
+        begun = time.monotonic()
+        async with pools.Pool(alone, self.cluster_dir) as pool:
+            while True:
+                report = await pool.report(self.name)
+                if report.reachable:
+                    self.say(f"report     {len(report.gpus)} GPUs, "
+                             f"{(report.memory_total_bytes or 0) / (1 << 30):.0f} GiB, "
+                             f"{len(report.adapters)} RDMA adapters "
+                             f"(first report after {time.monotonic() - begun:.1f}s)")
+                    return report
+                if time.monotonic() > deadline:
+                    raise EnrolError(f"the agent did not report within {REPORT_TIMEOUT:g}s "
+                                     f"(its log: {self.prefix}/agent.log): {report.error}")
+                await asyncio.sleep(0.2)
+
+
+async def _run(conn: asyncssh.SSHClientConnection, command: str) -> None:
+    result = await conn.run(command, check=False)
+    if result.exit_status != 0:
+        raise EnrolError(f"on the node, `{command}` failed ({result.exit_status}): "
+                         f"{str(result.stderr).strip()[-500:]}")
+
+
+def build_wheels(cache: Path) -> list[Path]:
+    """This llmgw and every dependency as wheels, cached here.
+
+    The dependencies are built once per ``pyproject.toml`` (that needs the
+    package index, from this machine, once); llmgw's own wheel is rebuilt
+    whenever its source changes, offline.
+    """
+    source = Path(__file__).resolve().parents[2]
+    if not (source / "pyproject.toml").exists():
+        raise EnrolError("llmgw does not run from a source checkout: put its wheels in "
+                         f"{cache} (pip wheel llmgw=={__version__} -w {cache})")
+    project = (source / "pyproject.toml").read_bytes()
+    wanted = "\n".join(sorted(tomllib.loads(project.decode())["project"]["dependencies"]))
+    deps = cache / f"deps-{hashlib.sha256(wanted.encode()).hexdigest()[:12]}"
+    if not (deps / ".complete").exists():
+        _pip_wheel(source, deps, "--no-build-isolation")
+        for own in deps.glob("llmgw-*.whl"):
+            own.unlink()
+        (deps / ".complete").write_text("")
+    digest = hashlib.sha256(project)
+    for path in sorted(source.glob("llmgw/**/*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(path.read_bytes())
+    own_dir = cache / f"llmgw-{__version__}-{digest.hexdigest()[:12]}"
+    if not (own_dir / ".complete").exists():
+        _pip_wheel(source, own_dir, "--no-deps", "--no-build-isolation")
+        (own_dir / ".complete").write_text("")
+    return sorted([*deps.glob("*.whl"), *own_dir.glob("*.whl")])
+
+
+def _pip_wheel(source: Path, into: Path, *flags: str) -> None:
+    into.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", *flags, str(source),
+                           "-w", str(into)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise EnrolError(f"pip wheel failed: {done.stderr.strip()[-800:]}")
+
+
+def node_entry(target: Target, plan: Plan, report: NodeReport, fabrics: dict[str, list[str]],
+               labels: dict[str, str]) -> dict[str, object]:
+    """The node's entry for ``nodes.yaml``: how it is reached and what it was found to have."""
+    entry: dict[str, object] = {"address": target.host}
+    if target.port != 22:
+        entry["ssh_port"] = target.port
+    if plan.socket != "/run/llmgw/agent.sock":
+        entry["agent_socket"] = plan.socket
+    counts: dict[str, int] = {}
+    for gpu in report.gpus:
+        counts[gpu.gpu_class] = counts.get(gpu.gpu_class, 0) + 1
+    if counts:
+        entry["gpus"] = [{"class": c, "count": n} for c, n in sorted(counts.items())]
+    if report.memory_total_bytes:
+        entry["memory"] = f"{report.memory_total_bytes >> 30}GiB"
+    if fabrics:
+        entry["fabrics"] = fabrics
+    if labels:
+        entry["labels"] = labels
+    return entry
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,130 @@
+"""``llmgw node add`` against a bare simulated node: sshd only, no agent, no llmgw installed.
+
+The simulated node's sshd runs as the current user, so "installing" goes into
+a per-node prefix under the node's directory (a real node gets /opt/llmgw and
+a systemd unit; here systemd is not PID 1, so the agent runs with the
+supervise backend, as on any machine without systemd).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import nodes
+from support.plugin import SimClusterFactory
+
+from llmgw.onboarding import enrolments, yamledits
+from llmgw.spec import loading
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELS = REPO / ".cache" / "wheels"  # built once, kept between runs like the engine
+
+pytestmark = pytest.mark.skipif(not shutil.which(nodes.SSHD), reason="sshd not installed")
+
+
+def llmgw(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "llmgw", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+
+
+def site(tmp_path: Path, sim: nodes.SimCluster) -> Path:
+    assert llmgw("init", "site", cwd=tmp_path).returncode == 0
+    cluster = tmp_path / "site" / "cluster"
+    text = (cluster / "cluster.yaml").read_text()
+    text = text.replace("user: llmgw ", "user: root  ").replace(
+        "    # identity_file: ~/.ssh/id_ed25519   # default: your SSH agent's keys\n",
+        f"    identity_file: {sim.client_key}\n")
+    text = text.replace("projects:", "fabrics:\n  ib-a: {kind: infiniband}\n\nprojects:")
+    (cluster / "cluster.yaml").write_text(text)
+    (cluster / "nodes.yaml").write_text(
+        "# Our machines, one entry each (`llmgw node add`).\nnodes:\n"
+        "  old-01:  # the first box\n    address: 10.9.9.9\n    labels: {rack: \"1\"}\n")
+    return cluster
+
+
+@pytest.mark.timeout(900)
+def test_node_add_takes_a_bare_node_to_a_reporting_agent(
+    sim_cluster: SimClusterFactory, tmp_path: Path,
+) -> None:
+    try:  # the dependencies' wheels need the package index once; llmgw's own, never
+        enrolments.build_wheels(WHEELS)
+    except enrolments.EnrolError as exc:
+        pytest.skip(f"cannot build the wheels to ship (no package index here?): {exc}")
+    sim = sim_cluster(1, agents=False, prefix="bare")
+    node = sim.nodes["bare-01"]
+    cluster = site(tmp_path, sim)
+    prefix = str(node.root / "opt")
+    base = ["node", "add", f"root@127.0.0.1:{node.port}", "--cluster", str(cluster),
+            "--prefix", prefix, "--wheels", str(WHEELS), "--label", "rack=7", "--name", "bare-01"]
+
+    # Without a terminal and without --fingerprint: refused, nothing pinned or sent.
+    refused = llmgw(*base, cwd=tmp_path)
+    assert refused.returncode == 1
+    assert f"offers {node.host_fingerprint()}" in refused.stderr
+    assert (cluster / "known_hosts").read_text() == ""
+    wrong = llmgw(*base, "--fingerprint", "SHA256:" + "A" * 43, cwd=tmp_path)
+    assert wrong.returncode == 1 and "nothing was pinned or sent" in wrong.stderr
+    assert not Path(prefix).exists()
+
+    added = llmgw(*base, "--fingerprint", node.host_fingerprint(), cwd=tmp_path)
+    assert added.returncode == 0, added.stdout + added.stderr
+    lines = added.stdout.splitlines()
+    steps = [line.split()[0] for line in lines[:5]]
+    assert steps == ["host", "preflight", "install", "agent", "report"], added.stdout
+    assert "no systemd: supervise backend" in added.stdout
+    assert node.known_hosts_line().split()[2] in (cluster / "known_hosts").read_text()
+    # The agent runs from the node's own venv, installed from shipped wheels.
+    assert (Path(prefix) / "venv" / "bin" / "llmgw").exists()
+    nodes_yaml = (cluster / "nodes.yaml").read_text()
+    assert nodes_yaml.startswith("# Our machines, one entry each (`llmgw node add`).\nnodes:\n"
+                                 "  old-01:  # the first box\n")
+    assert "+  bare-01:\n" in added.stdout and "+      rack: '7'" not in added.stdout
+    loaded = loading.load(cluster)
+    assert loaded.nodes["bare-01"].labels == {"rack": "7"}
+    assert loaded.nodes["bare-01"].agent_socket == f"{prefix}/run/agent.sock"
+
+    # The daemon's view: the node reports through its pinned key and the forwarded socket.
+    inventory = llmgw("inventory", "--cluster", str(cluster), cwd=tmp_path)
+    assert "bare-01" in inventory.stdout and "1 reachable" in inventory.stdout, inventory.stdout
+
+    # A second run changes nothing: no install, the same agent, no diff.
+    again = llmgw(*base, "--fingerprint", node.host_fingerprint(), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "already pinned" in again.stdout and "already in" in again.stdout
+    assert "running (supervise backend" in again.stdout
+    assert "nodes.yaml bare-01 unchanged" in again.stdout
+    assert (cluster / "nodes.yaml").read_text() == nodes_yaml
+
+
+def test_preflight_stops_before_any_change() -> None:
+    facts = enrolments.parse_preflight(
+        "uid=1000\nsudo=no\npython=3.9.2\nvenv=yes\ninit=systemd\ndisk_kib=1048576\n")
+    assert facts.problems() == [
+        "neither root nor password-less sudo: make the SSH user root, or allow it `sudo` "
+        "without a password",
+        "python3 is 3.9.2; llmgw needs 3.11 or newer",
+        "1024 MiB free under the prefix; the agent needs 2 GiB",
+    ]
+    assert enrolments.parse_preflight(
+        "uid=0\nsudo=no\npython=3.11.2\nvenv=yes\ninit=sh\ndisk_kib=99999999\n").problems() == []
+
+
+def test_targets_are_validated() -> None:
+    assert enrolments.parse_target("gpu-01.lab:2222", "llmgw", 22) == enrolments.Target(
+        "llmgw", "gpu-01.lab", 2222)
+    for bad in ("-oProxyCommand=x", "a b", "root@", "h:99999"):
+        with pytest.raises(enrolments.EnrolError):
+            enrolments.parse_target(bad, "llmgw", 22)
+
+
+def test_nodes_yaml_keeps_comments_and_order() -> None:
+    text = "# fleet\nnodes:\n  b:  # second\n    address: 10.0.0.2\n  a:\n    address: x\n"
+    new, diff = yamledits.add_node(text, "c", {"address": "10.0.0.3",
+                                               "fabrics": {"ib-a": ["mlx5_0", "mlx5_1"]}})
+    assert new == text + "  c:\n    address: 10.0.0.3\n    fabrics:\n      ib-a: [mlx5_0, mlx5_1]\n"
+    assert diff.splitlines()[-1] == "+      ib-a: [mlx5_0, mlx5_1]"
+    assert yamledits.add_node(new, "c", {"address": "10.0.0.3"})[1] == ""

@@ -1,0 +1,75 @@
+"""``llmgw init``: a site repository that validates, written once, and the daemon's unit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmgw.onboarding import sites
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def llmgw(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "llmgw", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=120)
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_init_writes_a_valid_site_once(tmp_path: Path) -> None:
+    first = llmgw("init", "acme-gpu", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    site = tmp_path / "acme-gpu"
+    assert first.stdout.count("wrote ") == 6
+    files = snapshot(site)
+    assert set(files) == {"cluster/cluster.yaml", "cluster/nodes.yaml", "cluster/models.yaml",
+                          "cluster/known_hosts", ".github/workflows/llmgw-plan.yml", ".gitignore"}
+    assert files["cluster/known_hosts"] == ""
+    assert files[".github/workflows/llmgw-plan.yml"] == (
+        REPO / ".github" / "workflows" / "llmgw-plan.yml").read_text()
+    validate = llmgw("validate", cwd=site)
+    assert validate.returncode == 0, validate.stdout + validate.stderr
+    assert "Cluster acme-gpu is valid: 0 nodes" in validate.stdout
+    # The store is outside the repository.
+    store = next(line for line in files["cluster/cluster.yaml"].splitlines()
+                 if line.strip().startswith("path:"))
+    assert store.split('"')[1].startswith("/") and str(site) not in store
+
+    (site / "cluster" / "nodes.yaml").write_text("# mine\nnodes: {}\n")
+    second = llmgw("init", "acme-gpu", cwd=tmp_path)
+    assert second.returncode == 0 and "wrote" not in second.stdout
+    assert second.stdout.count("kept ") == 6
+    assert snapshot(site)["cluster/nodes.yaml"] == "# mine\nnodes: {}\n"
+
+
+@pytest.mark.skipif(sites.systemd_is_init(), reason="would install a real unit")
+def test_install_without_systemd_prints_a_unit_systemd_accepts(tmp_path: Path) -> None:
+    result = llmgw("init", "site", "--install", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "systemd is not PID 1 here, so nothing was installed" in result.stdout
+    unit = result.stdout.split("llmgw.service:\n\n", 1)[1].split("\n  systemctl", 1)[0]
+    cluster = tmp_path / "site" / "cluster"
+    assert f"serve --cluster {cluster}" in unit
+    assert not sites.UNIT_PATH.exists()
+    if shutil.which("systemd-analyze"):
+        path = tmp_path / "llmgw.service"
+        path.write_text(unit)
+        verify = subprocess.run(["systemd-analyze", "verify", "--man=no", str(path)],
+                                capture_output=True, text=True, timeout=60, env=os.environ)
+        assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+
+
+def test_a_directory_a_unit_cannot_hold_is_refused(tmp_path: Path) -> None:
+    odd = tmp_path / "my site"
+    result = llmgw("init", str(odd), "--install", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "cannot go into a unit file" in result.stderr and "Traceback" not in result.stderr
