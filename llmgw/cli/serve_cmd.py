@@ -50,7 +50,7 @@ from llmgw.router.apps import Router, Settings
 from llmgw.spec import loading
 from llmgw.spec.models import Cluster, Listeners
 from llmgw.spec.quantities import count, parse_duration
-from llmgw.store import databases, migrations, stores
+from llmgw.store import migrations, stores
 from llmgw.store.stores import Store, StoreError
 from llmgw.web import AdminView, Pages
 
@@ -253,9 +253,9 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
         _log_listeners(options, holder, store)
         if router is not None and options.role == "all":
             tasks.append(asyncio.create_task(_announce(router, cluster, options.listeners)))
-        if reconciling and pages is not None:
+        if reconciling:
             tasks.append(asyncio.create_task(housekeeping.purge_forever(
-                pages.store, lambda: daemon.cluster if daemon else cluster, stop=stop)))
+                store, lambda: daemon.cluster if daemon else cluster, stop=stop)))
         if reconciling:
             assert daemon is not None
             await daemon.run(stop)
@@ -281,13 +281,9 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
 
 
 def _pages(store: Store, router: Router, cluster: Cluster,
-           daemon: Callable[[], Daemon | None]) -> Pages | None:
+           daemon: Callable[[], Daemon | None]) -> Pages:
     """The pages for the router's listener; their users, sessions and conversations live
-    in the SQLite store (not yet in PostgreSQL: then the pages are off, said in the log)."""
-    if store.kind != "sqlite":
-        log.warning("the pages (/chat, /account, /admin) need the SQLite store for now; "
-                    "with store.url on PostgreSQL they are off")
-        return None
+    in the cluster's store beside the keys (SQLite or PostgreSQL)."""
 
     def current() -> Cluster:
         running = daemon()
@@ -297,10 +293,9 @@ def _pages(store: Store, router: Router, cluster: Cluster,
         running = daemon()
         return admin.admin_view(running) if running is not None else None
 
-    db = databases.connect(Path(cluster.cluster.store.path))
     log.info("pages on http://%s/chat and /admin (`llmgw users create` adds logins)",
              cluster.cluster.listeners.router)
-    return Pages(db, router, cluster=current, admin=view)
+    return Pages(store, router, cluster=current, admin=view)
 
 
 async def _orphaned(parent: int, stop: asyncio.Event) -> None:

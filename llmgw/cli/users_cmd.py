@@ -1,6 +1,7 @@
 """``llmgw users``: people who log in to the pages (/chat, /account, /admin).
 
-Users live in the cluster's store next to API keys. A password is read from
+Users live in the cluster's store next to API keys (SQLite or PostgreSQL,
+``store.url``). A password is read from
 the terminal without echo (asked twice), or from the first line of stdin when
 stdin is not a terminal (``printf '%s\\n' "$PW" | llmgw users create alice``);
 never from the command line, where ``ps`` and shell history would show it.
@@ -9,18 +10,20 @@ never from the command line, where ``ps`` and shell history would show it.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import asyncio
 import getpass
 import json
-import sqlite3
 import sys
 import time
-from pathlib import Path
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.spec.models import Cluster
-from llmgw.store import databases, migrations, stores, users
+from llmgw.store import migrations, stores, users
+
+T = TypeVar("T")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,20 +58,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     delete.set_defaults(handler=run_delete)
 
 
-def _open(cluster: Cluster, directory: Path) -> sqlite3.Connection:
-    """The SQLite store; users are not on PostgreSQL yet (the pages need SQLite)."""
-    settings = cluster.cluster.store
+async def _with_store(cluster: Cluster, action: Callable[[stores.Store], Awaitable[T]]) -> T:
+    """Run ``action`` on the cluster's store (SQLite or PostgreSQL), closing it after;
+    a store that cannot be opened or answer is a located UserError."""
     try:
-        target = stores.target_of(settings.url, settings.path, settings.password_file)
-    except ValueError as exc:
+        store = await stores.open_store(cluster.cluster.store)
+    except (stores.StoreError, migrations.SchemaTooNew) as exc:
         raise UserError(str(exc)) from None
-    if target.kind != "sqlite" or target.path is None:
-        raise UserError("users live in the SQLite store for now; with store.url on "
-                        "PostgreSQL the pages are off")
     try:
-        return databases.connect(target.path)
-    except (sqlite3.Error, OSError, migrations.SchemaTooNew) as exc:
-        raise UserError(f"cannot open the store {target.path}: {exc}") from None
+        return await action(store)
+    except stores.StoreError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        await store.close()
 
 
 def read_password(prompt: str = "Password: ") -> str:
@@ -94,12 +96,11 @@ def run_create(args: argparse.Namespace) -> int:
         raise UserError(f"project {unknown[0]!r} is not defined in {args.cluster} "
                         f"(projects: {defined}); add it under `projects:` first")
     password = read_password()
-    with contextlib.closing(_open(cluster, args.cluster)) as conn:
-        try:
-            user = users.create(conn, args.name, password, admin=args.admin,
-                                projects=args.project)
-        except users.UserError as exc:
-            raise UserError(str(exc)) from None
+    try:
+        user = asyncio.run(_with_store(cluster, lambda store: users.create(
+            store, args.name, password, admin=args.admin, projects=args.project)))
+    except users.UserError as exc:
+        raise UserError(str(exc)) from None
     role = "admin" if user.admin else "user"
     projects = ", ".join(user.projects) or "no project"
     print(f"created {role} {user.name} ({projects}); they log in at the router's /login")
@@ -109,22 +110,20 @@ def run_create(args: argparse.Namespace) -> int:
 def run_passwd(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
     password = read_password("New password: ")
-    with contextlib.closing(_open(cluster, args.cluster)) as conn:
-        try:
-            changed = users.set_password(conn, args.name, password)
-        except users.UserError as exc:
-            raise UserError(str(exc)) from None
-        if not changed:
-            raise UserError(f"no user {args.name!r}; `llmgw users list` shows them")
-        conn.execute("DELETE FROM sessions WHERE user_name = ?", (args.name,))
+    try:
+        changed = asyncio.run(_with_store(cluster, lambda store: users.set_password(
+            store, args.name, password)))
+    except users.UserError as exc:
+        raise UserError(str(exc)) from None
+    if not changed:
+        raise UserError(f"no user {args.name!r}; `llmgw users list` shows them")
     print(f"changed the password of {args.name}; their sessions ended")
     return 0
 
 
 def run_list(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
-    with contextlib.closing(_open(cluster, args.cluster)) as conn:
-        listed = users.list_all(conn)
+    listed = asyncio.run(_with_store(cluster, users.list_all))
     if args.json:
         print(json.dumps([{"name": u.name, "admin": u.admin, "projects": list(u.projects),
                            "created_at": u.created_at} for u in listed], indent=2))
@@ -143,8 +142,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_delete(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
-    with contextlib.closing(_open(cluster, args.cluster)) as conn:
-        if not users.delete(conn, args.name):
-            raise UserError(f"no user {args.name!r}; `llmgw users list` shows them")
+    if not asyncio.run(_with_store(cluster, lambda store: users.delete(store, args.name))):
+        raise UserError(f"no user {args.name!r}; `llmgw users list` shows them")
     print(f"deleted user {args.name}; their sessions ended")
     return 0

@@ -76,7 +76,7 @@ def _guard(token: str, gate: Gate | None) -> Middleware:
                 return await handler(request)
             raise web.HTTPUnauthorized(text='{"error": "wrong admin token"}',
                                        content_type="application/json")
-        visitor = gate.visitor(request) if gate is not None else None
+        visitor = await gate.visitor(request) if gate is not None else None
         if visitor is not None and visitor.user.admin:
             return await handler(request)
         raise web.HTTPUnauthorized(

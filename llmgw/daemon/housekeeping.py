@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 
 from llmgw.spec.models import Cluster
 from llmgw.store import conversations, sessions
+from llmgw.store.stores import Store, StoreError
 
 log = logging.getLogger("llmgw.daemon")
 PURGE_INTERVAL = 60.0
@@ -27,16 +27,16 @@ def retention_of(cluster: Cluster) -> dict[str, float]:
             if project.conversations is not None}
 
 
-def purge_once(store: sqlite3.Connection, cluster: Cluster, now: float) -> int:
+async def purge_once(store: Store, cluster: Cluster, now: float) -> int:
     """One pass; how many conversations were deleted."""
-    gone = conversations.purge(store, retention_of(cluster), now)
-    sessions.purge_expired(store, now)
+    gone = await conversations.purge(store, retention_of(cluster), now)
+    await sessions.purge_expired(store, now)
     if gone:
         log.info("deleted %d conversations past their project's retention", gone)
     return gone
 
 
-async def purge_forever(store: sqlite3.Connection, cluster: Callable[[], Cluster],
+async def purge_forever(store: Store, cluster: Callable[[], Cluster],
                         interval: float = PURGE_INTERVAL,
                         clock: Callable[[], float] = time.time,
                         stop: asyncio.Event | None = None) -> None:
@@ -44,8 +44,8 @@ async def purge_forever(store: sqlite3.Connection, cluster: Callable[[], Cluster
     stop = stop or asyncio.Event()
     while not stop.is_set():
         try:
-            purge_once(store, cluster(), clock())
-        except sqlite3.Error:
+            await purge_once(store, cluster(), clock())
+        except StoreError:
             log.exception("could not purge conversations; will retry")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)

@@ -89,7 +89,7 @@ class Router:
         # Who is asking when a request has no Authorization header: the pages' session
         # (llmgw.web installs it). It returns None for "no session" and raises ApiError
         # for a session request without its CSRF token.
-        self.page_auth: Callable[[web.Request], Principal | None] | None = None
+        self.page_auth: Callable[[web.Request], Awaitable[Principal | None]] | None = None
 
     def configure(self, catalog: Catalog) -> None:
         """Use a new spec's models, prices, budgets and auth mode from now on."""
@@ -234,7 +234,7 @@ class Router:
     async def _principal(self, request: web.Request) -> Principal:
         authorization = request.headers.get("Authorization")
         if authorization is None and self.page_auth is not None:
-            principal = self.page_auth(request)
+            principal = await self.page_auth(request)
             if principal is not None:
                 return principal
         return await self.accounts.authenticate(authorization)

@@ -8,18 +8,21 @@ message is older than their project's retention, and the daemon calls it.
 
 Usage::
 
-    cid = conversations.create(conn, "alice", "research", "Haiku")
-    conversations.append(conn, cid, "alice", [("user", "hi"), ("assistant", "hello")])
-    conversations.purge(conn, {"research": 30 * 86400})
+    cid = await conversations.create(store, "alice", "research", "Haiku")
+    await conversations.append(store, cid, "alice", [("user", "hi"), ("assistant", "hi")])
+    await conversations.purge(store, {"research": 30 * 86400})
 """
 
 from __future__ import annotations
 
 import secrets
-import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmgw.store.stores import Store
 
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGE = 256 * 1024  # characters; a turn longer than this is refused
@@ -43,85 +46,39 @@ class Message:
     ts: float
 
 
-def create(conn: sqlite3.Connection, user: str, project: str, title: str,
-           now: float | None = None) -> str:
+async def create(store: Store, user: str, project: str, title: str,
+                 now: float | None = None) -> str:
     when = time.time() if now is None else now
     cid = secrets.token_hex(8)
-    conn.execute(
-        "INSERT INTO conversations (id, user_name, project, title, created_at, updated_at) "
-        "VALUES (?, ?, ?, ?, ?, ?)", (cid, user, project, title[:MAX_TITLE] or "untitled",
-                                      when, when),
-    )
+    await store.insert_conversation(Conversation(cid, user, project,
+                                                 title[:MAX_TITLE] or "untitled", when, when))
     return cid
 
 
-def get(conn: sqlite3.Connection, cid: str, user: str) -> Conversation | None:
+async def get(store: Store, cid: str, user: str) -> Conversation | None:
     """The conversation if it is ``user``'s; None otherwise (others' are invisible)."""
-    row = conn.execute(
-        "SELECT id, user_name, project, title, created_at, updated_at FROM conversations "
-        "WHERE id = ? AND user_name = ?", (cid, user),
-    ).fetchone()
-    return Conversation(*row) if row else None
+    return await store.conversation(cid, user)
 
 
-def list_for(conn: sqlite3.Connection, user: str, limit: int = 100) -> list[Conversation]:
-    rows = conn.execute(
-        "SELECT id, user_name, project, title, created_at, updated_at FROM conversations "
-        "WHERE user_name = ? ORDER BY updated_at DESC LIMIT ?", (user, limit),
-    ).fetchall()
-    return [Conversation(*row) for row in rows]
+async def list_for(store: Store, user: str, limit: int = 100) -> list[Conversation]:
+    return await store.list_conversations(user, limit)
 
 
-def messages(conn: sqlite3.Connection, cid: str) -> list[Message]:
-    rows = conn.execute(
-        "SELECT role, content, ts FROM messages WHERE conversation = ? ORDER BY id", (cid,)
-    ).fetchall()
-    return [Message(*row) for row in rows]
+async def messages(store: Store, cid: str) -> list[Message]:
+    return await store.messages(cid)
 
 
-def append(conn: sqlite3.Connection, cid: str, user: str,
-           turns: Sequence[tuple[str, str]], now: float | None = None) -> bool:
+async def append(store: Store, cid: str, user: str,
+                 turns: Sequence[tuple[str, str]], now: float | None = None) -> bool:
     """Add messages to ``user``'s conversation ``cid``; False when it is not theirs."""
-    when = time.time() if now is None else now
-    with conn:
-        conn.execute("BEGIN")
-        cursor = conn.execute(
-            "UPDATE conversations SET updated_at = ? WHERE id = ? AND user_name = ?",
-            (when, cid, user),
-        )
-        if cursor.rowcount != 1:
-            return False
-        conn.executemany(
-            "INSERT INTO messages (conversation, role, content, ts) VALUES (?, ?, ?, ?)",
-            [(cid, role, content, when) for role, content in turns],
-        )
-    return True
+    return await store.append_messages(cid, user, turns, time.time() if now is None else now)
 
 
-def delete(conn: sqlite3.Connection, cid: str, user: str) -> bool:
-    with conn:
-        conn.execute("BEGIN")
-        cursor = conn.execute("DELETE FROM conversations WHERE id = ? AND user_name = ?",
-                              (cid, user))
-        conn.execute("DELETE FROM messages WHERE conversation = ? AND NOT EXISTS "
-                     "(SELECT 1 FROM conversations WHERE id = ?)", (cid, cid))
-    return cursor.rowcount == 1
+async def delete(store: Store, cid: str, user: str) -> bool:
+    return await store.delete_conversation(cid, user)
 
 
-def purge(conn: sqlite3.Connection, retention: Mapping[str, float],
-          now: float | None = None) -> int:
+async def purge(store: Store, retention: Mapping[str, float], now: float | None = None) -> int:
     """Delete conversations past their project's retention, and every conversation of a
     project that no longer keeps them (absent from ``retention``); how many went."""
-    when = time.time() if now is None else now
-    rows = conn.execute("SELECT id, project, updated_at FROM conversations").fetchall()
-    doomed = [cid for cid, project, updated in rows
-              if project not in retention or updated < when - retention[project]]
-    with conn:
-        conn.execute("BEGIN")
-        for cid in doomed:
-            conn.execute("DELETE FROM messages WHERE conversation = ?", (cid,))
-            conn.execute("DELETE FROM conversations WHERE id = ?", (cid,))
-    if doomed:
-        # Deleted text must not linger in free pages or the WAL, readable from the file.
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return len(doomed)
+    return await store.purge_conversations(retention, time.time() if now is None else now)

@@ -6,6 +6,9 @@ pool and prepared-statement cache, and is the faster of the two on the
 router's hot path — a primary-key probe per request. Its type stubs
 (``asyncpg-stubs``) keep this module under ``mypy --strict``.
 
+The pages' records (users, sessions, conversations, usage charts) are in the
+:class:`~llmgw.store.postgrespages.PostgresPages` mixin.
+
 Migrations run in one transaction under an advisory lock, so reconcilers and
 routers starting together migrate once; a schema newer than this llmgw is
 refused. The lease compares ``expires_at`` with the database's ``now()``,
@@ -26,6 +29,7 @@ from typing import Literal
 import asyncpg
 
 from llmgw.store import journals, migrations
+from llmgw.store.postgrespages import PostgresPages
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
 from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 
@@ -47,7 +51,7 @@ RETURNING epoch, EXTRACT(EPOCH FROM expires_at - now())::float8
 """
 
 
-class PostgresStore(Store):
+class PostgresStore(PostgresPages, Store):
     kind: Literal["sqlite", "postgresql"] = "postgresql"
 
     def __init__(self, pool: asyncpg.Pool, where: str) -> None:

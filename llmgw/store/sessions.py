@@ -8,17 +8,20 @@ echo back. A session ends at ``expires_at`` (absolute) or at logout.
 
 Usage::
 
-    created = sessions.create(conn, "alice", ttl=43200)   # created.token → the cookie
-    session = sessions.lookup(conn, token)                 # Session, or None
+    created = await sessions.create(store, "alice", ttl=43200)  # created.token → cookie
+    session = await sessions.lookup(store, token)                # Session, or None
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmgw.store.stores import Store
 
 _TOKEN_LENGTH = 43  # secrets.token_urlsafe(32)
 
@@ -42,40 +45,31 @@ def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create(
-    conn: sqlite3.Connection, user: str, ttl: float, now: float | None = None
-) -> CreatedSession:
+async def create(store: Store, user: str, ttl: float,
+                 now: float | None = None) -> CreatedSession:
     created_at = time.time() if now is None else now
     token = secrets.token_urlsafe(32)
     session = Session(digest(token), user, secrets.token_urlsafe(32), created_at,
                       created_at + ttl)
-    conn.execute(
-        "INSERT INTO sessions (digest, user_name, csrf, created_at, expires_at) "
-        "VALUES (?, ?, ?, ?, ?)",
-        (session.digest, user, session.csrf, session.created_at, session.expires_at),
-    )
+    await store.insert_session(session)
     return CreatedSession(session, token)
 
 
-def lookup(conn: sqlite3.Connection, token: str, now: float | None = None) -> Session | None:
+async def lookup(store: Store, token: str, now: float | None = None) -> Session | None:
     """The live session of ``token``; None when unknown, malformed or expired."""
     if len(token) != _TOKEN_LENGTH:
         return None
-    row = conn.execute(
-        "SELECT digest, user_name, csrf, created_at, expires_at FROM sessions WHERE digest = ?",
-        (digest(token),),
-    ).fetchone()
+    session = await store.session(digest(token))
     when = time.time() if now is None else now
-    if row is None or row[4] <= when:
+    if session is None or session.expires_at <= when:
         return None
-    return Session(*row)
+    return session
 
 
-def delete(conn: sqlite3.Connection, token: str) -> None:
-    conn.execute("DELETE FROM sessions WHERE digest = ?", (digest(token),))
+async def delete(store: Store, token: str) -> None:
+    await store.delete_session(digest(token))
 
 
-def purge_expired(conn: sqlite3.Connection, now: float | None = None) -> int:
+async def purge_expired(store: Store, now: float | None = None) -> int:
     """Delete ended sessions; how many."""
-    when = time.time() if now is None else now
-    return conn.execute("DELETE FROM sessions WHERE expires_at <= ?", (when,)).rowcount
+    return await store.purge_sessions(time.time() if now is None else now)

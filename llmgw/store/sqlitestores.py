@@ -6,6 +6,9 @@ wait lands on that thread, not on requests) and statements never interleave.
 Several processes may share the file (``llmgw keys`` beside ``serve``, or
 ``--workers``): SQLite's own locking orders their writes.
 
+The pages' records (users, sessions, conversations, usage charts) are in the
+:class:`~llmgw.store.sqlitepages.SQLitePages` mixin, on the same thread.
+
 The lease uses the same table as PostgreSQL with this machine's clock: on one
 machine that is the only clock there is.
 
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from llmgw.store import databases, journals
+from llmgw.store.sqlitepages import SQLitePages
 from llmgw.store.stores import (
     Admission,
     Grant,
@@ -44,7 +48,7 @@ _INSERT_USAGE = f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES ({_MARKS})"
 _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLitePages, Store):
     kind: Literal["sqlite", "postgresql"] = "sqlite"
 
     def __init__(self, path: Path, executor: ThreadPoolExecutor,

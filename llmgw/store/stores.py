@@ -1,4 +1,5 @@
-"""The store interface: keys, usage and the leader lease, on SQLite or PostgreSQL.
+"""The store interface: keys, usage, the leader lease and the pages' records, on SQLite
+or PostgreSQL.
 
 A :class:`Store` is async end to end, and no call blocks the event loop:
 :class:`~llmgw.store.sqlitestores.SQLiteStore` runs every statement on one
@@ -8,7 +9,9 @@ migrations (:mod:`llmgw.store.migrations`) when opened and refuse a newer schema
 
 The methods are storage primitives; policy lives in the modules that call
 them (hashing and constant-time checks in :mod:`llmgw.store.keys`, row shapes
-in :mod:`llmgw.store.usages`, renewals and fencing in the daemon's leader loop).
+in :mod:`llmgw.store.usages`, renewals and fencing in the daemon's leader loop;
+password hashing in :mod:`llmgw.store.users`, session tokens in
+:mod:`llmgw.store.sessions`, retention in :mod:`llmgw.store.conversations`).
 Every database failure surfaces as :class:`StoreError`, so callers handle one
 exception type whichever database is behind.
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -33,7 +36,10 @@ from llmgw.store.journals import JournalMethods
 
 if TYPE_CHECKING:
     from llmgw.spec.models import StoreSettings
-    from llmgw.store.usages import UsageRow
+    from llmgw.store.conversations import Conversation, Message
+    from llmgw.store.sessions import Session
+    from llmgw.store.usages import Bucket, UsageRow
+    from llmgw.store.users import User
 
 
 class StoreError(RuntimeError):
@@ -209,6 +215,92 @@ class Store(JournalMethods, abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+    # -- the pages: users, sessions, conversations, usage charts ------------------------
+    # Implemented in llmgw.store.sqlitepages and llmgw.store.postgrespages.
+    @abc.abstractmethod
+    async def insert_user(self, user: User, password_hash: str) -> bool:
+        """Insert ``user``; False (and nothing written) when the name is taken."""
+
+    @abc.abstractmethod
+    async def user(self, name: str) -> User | None: ...
+
+    @abc.abstractmethod
+    async def list_users(self) -> list[User]:
+        """Every user, by name."""
+
+    @abc.abstractmethod
+    async def password_hash(self, name: str) -> str | None:
+        """The stored (encoded Argon2) hash of ``name``'s password; None: no such user."""
+
+    @abc.abstractmethod
+    async def set_password_hash(self, name: str, password_hash: str) -> bool:
+        """Replace the hash; False when there is no such user."""
+
+    @abc.abstractmethod
+    async def delete_user(self, name: str) -> bool:
+        """Remove the user and their sessions in one transaction; False when unknown."""
+
+    @abc.abstractmethod
+    async def insert_session(self, session: Session) -> None: ...
+
+    @abc.abstractmethod
+    async def session(self, digest: str) -> Session | None:
+        """The session stored under ``digest``, expired or not (callers check)."""
+
+    @abc.abstractmethod
+    async def delete_session(self, digest: str) -> None: ...
+
+    @abc.abstractmethod
+    async def delete_sessions_of(self, user: str) -> int:
+        """End every session of ``user``; how many."""
+
+    @abc.abstractmethod
+    async def purge_sessions(self, now: float) -> int:
+        """Delete sessions with ``expires_at <= now``; how many."""
+
+    @abc.abstractmethod
+    async def insert_conversation(self, conversation: Conversation) -> None: ...
+
+    @abc.abstractmethod
+    async def conversation(self, cid: str, user: str) -> Conversation | None:
+        """Conversation ``cid`` if it is ``user``'s; None otherwise."""
+
+    @abc.abstractmethod
+    async def list_conversations(self, user: str, limit: int) -> list[Conversation]:
+        """``user``'s conversations, most recently updated first."""
+
+    @abc.abstractmethod
+    async def messages(self, cid: str) -> list[Message]:
+        """The messages of conversation ``cid`` in the order they were added."""
+
+    @abc.abstractmethod
+    async def append_messages(self, cid: str, user: str,
+                              turns: Sequence[tuple[str, str]], when: float) -> bool:
+        """Add ``turns`` (role, content) to ``user``'s conversation ``cid`` and mark it
+        updated at ``when``, in one transaction; False (nothing written) when not theirs."""
+
+    @abc.abstractmethod
+    async def delete_conversation(self, cid: str, user: str) -> bool:
+        """Delete ``user``'s conversation ``cid`` and its messages; False when not theirs."""
+
+    @abc.abstractmethod
+    async def purge_conversations(self, retention: Mapping[str, float], now: float) -> int:
+        """Delete, with their messages, conversations last updated more than
+        ``retention[project]`` seconds before ``now``, and every conversation of a project
+        absent from ``retention``; how many. The text must not stay readable in the
+        database's files (SQLite: checkpoint the WAL after deleting)."""
+
+    @abc.abstractmethod
+    async def usage_series(self, by: Literal["project", "key", "model"], since: float,
+                           step: float, projects: Sequence[str] | None) -> list[Bucket]:
+        """Usage rows from ``since`` on in slots of ``step`` seconds, summed per slot and
+        group (project, key id or model), ordered by slot then group; rows without the
+        group are left out, and only rows of ``projects`` are counted when given."""
+
+    @abc.abstractmethod
+    async def user_totals(self, user: str) -> tuple[int, int, float]:
+        """(requests, tokens, USD) of the usage rows that name page user ``user``."""
 
 
 _PG_SCHEMES = ("postgresql", "postgres")

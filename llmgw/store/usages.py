@@ -10,16 +10,14 @@ Usage::
     await usages.insert(store, [UsageRow(...)])
     await usages.spend_by_project(store)   # {"research": 12.5}
 
-:func:`series` and :func:`totals_for_user` (the pages' charts) read the SQLite
-file directly; they are not on the :class:`Store` interface yet.
+:func:`series` and :func:`totals_for_user` feed the pages' charts.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from llmgw.store.stores import Store
@@ -92,35 +90,18 @@ class Bucket:
     cost_usd: float
 
 
-_GROUPS = {"project": "project", "key": "key_id", "model": "model"}
+GROUPS = {"project": "project", "key": "key_id", "model": "model"}  # chart group → column
 
 
-def series(
-    conn: sqlite3.Connection, by: str, since: float, step: float,
+async def series(
+    store: Store, by: Literal["project", "key", "model"], since: float, step: float,
     projects: Sequence[str] | None = None,
 ) -> list[Bucket]:
     """Usage since ``since`` in slots of ``step`` seconds, grouped ``by`` project, key or
     model; only rows of ``projects`` when given. Rows without the group are left out."""
-    column = _GROUPS[by]
-    where = f"ts >= ? AND {column} IS NOT NULL"
-    params: list[object] = [since]
-    if projects is not None:
-        where += f" AND project IN ({', '.join('?' * len(projects))})"
-        params += list(projects)
-    rows = conn.execute(
-        f"SELECT CAST((ts - ?) / ? AS INTEGER), {column}, COUNT(*), "
-        f"SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)), SUM(cost_usd) "
-        f"FROM usage WHERE {where} GROUP BY 1, 2 ORDER BY 1, 2",
-        [since, step, *params],
-    ).fetchall()
-    return [Bucket(since + slot * step, group, count, int(tokens or 0), float(cost or 0.0))
-            for slot, group, count, tokens, cost in rows]
+    return await store.usage_series(by, since, step, projects)
 
 
-def totals_for_user(conn: sqlite3.Connection, user: str) -> tuple[int, int, float]:
+async def totals_for_user(store: Store, user: str) -> tuple[int, int, float]:
     """(requests, tokens, USD) of the requests ``user`` made from the pages."""
-    row = conn.execute(
-        "SELECT COUNT(*), SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)), "
-        "SUM(cost_usd) FROM usage WHERE user_name = ?", (user,),
-    ).fetchone()
-    return int(row[0]), int(row[1] or 0), float(row[2] or 0.0)
+    return await store.user_totals(user)

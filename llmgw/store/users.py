@@ -9,21 +9,27 @@ slow hash to survive a database leak.
 
 Usage::
 
-    users.create(conn, "alice", "s3cret", admin=False, projects=["research"])
-    user = users.authenticate(conn, "alice", "s3cret")   # User, or None
+    await users.create(store, "alice", "s3cret-pw", admin=False, projects=["research"])
+    user = await users.authenticate(store, "alice", "s3cret-pw")   # User, or None
+
+Hashing and verifying run on a worker thread; the rows live in the
+:class:`~llmgw.store.stores.Store` (SQLite or PostgreSQL).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import re
-import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
+
+if TYPE_CHECKING:
+    from llmgw.store.stores import Store
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 MIN_PASSWORD = 8
@@ -61,69 +67,61 @@ def check_password(password: str) -> str:
     return password
 
 
-def create(
-    conn: sqlite3.Connection, name: str, password: str, *, admin: bool = False,
+async def create(
+    store: Store, name: str, password: str, *, admin: bool = False,
     projects: Sequence[str] = (), now: float | None = None,
 ) -> User:
     """A new user; UserError if the name is taken or the password unacceptable."""
     check_name(name)
     check_password(password)
-    created_at = time.time() if now is None else now
-    listed = tuple(sorted(set(projects)))
-    try:
-        conn.execute(
-            "INSERT INTO users (name, password, admin, projects, created_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (name, _HASHER.hash(password), int(admin), json.dumps(list(listed)), created_at),
-        )
-    except sqlite3.IntegrityError:
-        raise UserError(f"user {name!r} already exists") from None
-    return User(name, admin, listed, created_at)
+    user = User(name, admin, tuple(sorted(set(projects))),
+                time.time() if now is None else now)
+    if not await store.insert_user(user, await _hash(password)):
+        raise UserError(f"user {name!r} already exists")
+    return user
 
 
-def get(conn: sqlite3.Connection, name: str) -> User | None:
-    row = conn.execute(
-        "SELECT name, admin, projects, created_at FROM users WHERE name = ?", (name,)
-    ).fetchone()
-    return _user(row) if row else None
+async def get(store: Store, name: str) -> User | None:
+    return await store.user(name)
 
 
-def list_all(conn: sqlite3.Connection) -> list[User]:
-    rows = conn.execute("SELECT name, admin, projects, created_at FROM users ORDER BY name")
-    return [_user(row) for row in rows.fetchall()]
+async def list_all(store: Store) -> list[User]:
+    return await store.list_users()
 
 
-def authenticate(conn: sqlite3.Connection, name: str, password: str) -> User | None:
+async def authenticate(store: Store, name: str, password: str) -> User | None:
     """The user when ``password`` is theirs; None otherwise (same cost either way)."""
-    row = None
+    stored = None
     if NAME.match(name) and len(password) <= MAX_PASSWORD:
-        row = conn.execute("SELECT password FROM users WHERE name = ?", (name,)).fetchone()
-    try:
-        _HASHER.verify(row[0] if row else _DUMMY_HASH, password)
-    except (VerificationError, InvalidHashError):
+        stored = await store.password_hash(name)
+    if not await asyncio.to_thread(_verify, stored or _DUMMY_HASH, password) or stored is None:
         return None
-    if row is None:
-        return None
-    if _HASHER.check_needs_rehash(row[0]):  # parameters raised since: upgrade on login
-        conn.execute("UPDATE users SET password = ? WHERE name = ?",
-                     (_HASHER.hash(password), name))
-    return get(conn, name)
+    if _HASHER.check_needs_rehash(stored):  # parameters raised since: upgrade on login
+        await store.set_password_hash(name, await _hash(password))
+    return await store.user(name)
 
 
-def set_password(conn: sqlite3.Connection, name: str, password: str) -> bool:
-    """Replace the password; False when there is no such user."""
+async def set_password(store: Store, name: str, password: str) -> bool:
+    """Replace the password and end the user's sessions; False when there is no such user."""
     check_password(password)
-    cursor = conn.execute("UPDATE users SET password = ? WHERE name = ?",
-                          (_HASHER.hash(password), name))
-    return cursor.rowcount == 1
+    if not await store.set_password_hash(name, await _hash(password)):
+        return False
+    await store.delete_sessions_of(name)
+    return True
 
 
-def delete(conn: sqlite3.Connection, name: str) -> bool:
+async def delete(store: Store, name: str) -> bool:
     """Remove the user; their sessions go with them (see :mod:`llmgw.store.sessions`)."""
-    cursor = conn.execute("DELETE FROM users WHERE name = ?", (name,))
-    conn.execute("DELETE FROM sessions WHERE user_name = ?", (name,))
-    return cursor.rowcount == 1
+    return await store.delete_user(name)
 
 
-def _user(row: tuple[str, int, str, float]) -> User:
-    return User(row[0], bool(row[1]), tuple(json.loads(row[2])), row[3])
+async def _hash(password: str) -> str:
+    # Argon2 takes tens of milliseconds on purpose: on a worker thread, never the loop.
+    return await asyncio.to_thread(_HASHER.hash, password)
+
+
+def _verify(stored: str, password: str) -> bool:
+    try:
+        return _HASHER.verify(stored, password)
+    except (VerificationError, InvalidHashError):
+        return False

@@ -41,12 +41,13 @@ async def _page(pages: Pages, request: web.Request, visitor: Visitor,
     listed = [k for k in await keys.list_all(pages.keystore()) if k.project in projects]
     now = pages.clock()
     since = (now // DAY) * DAY - 6 * DAY
-    buckets = usages.series(pages.store, "model", since, DAY, projects) if projects else []
+    buckets = (await usages.series(pages.store, "model", since, DAY, projects)
+               if projects else [])
     chart = charts.usage_chart(buckets, since=since, step=DAY, slots=7, value="cost_usd",
                                title="Spend per model, last 7 days (your projects)")
     budget_rows = charts.budgets({p: pages.router.accounts.spent.get(p, 0.0) for p in projects},
                                  {p: pages.router.catalog.budgets.get(p) for p in projects})
-    mine = usages.totals_for_user(pages.store, visitor.user.name)
+    mine = await usages.totals_for_user(pages.store, visitor.user.name)
     base = pages.gate.base_url(request)
     return pages.render(request, "account.html", status=status, keys=listed, created=created,
                         projects=projects, chart=chart, budgets=budget_rows, mine=mine,

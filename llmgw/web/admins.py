@@ -40,7 +40,7 @@ async def _admin(pages: Pages, template: str, request: web.Request) -> web.Strea
     since = (now // step) * step - (slots - 1) * step
     usage: dict[str, list[Markup]] = {}
     for by in ("project", "key", "model"):
-        buckets = usages.series(pages.store, by, since, step)
+        buckets = await usages.series(pages.store, by, since, step)
         usage[by] = [
             charts.usage_chart(buckets, since=since, step=step, slots=slots, value=value,
                                title=f"{label} per {by}, last {span}")
@@ -53,5 +53,5 @@ async def _admin(pages: Pages, template: str, request: web.Request) -> web.Strea
     budget_rows = charts.budgets(pages.router.accounts.spent, pages.router.catalog.budgets)
     return pages.render(request, template, view=view, bars=bars, usage=usage, span=span,
                         ranges=list(RANGES), budgets=budget_rows, now=now,
-                        users=users.list_all(pages.store), refresh=pages.refresh_seconds,
+                        users=await users.list_all(pages.store), refresh=pages.refresh_seconds,
                         models=cluster.models)

@@ -40,9 +40,9 @@ def install(pages: Pages, add: web.UrlDispatcher) -> None:
     add.add_post("/chat/conversations/{cid}/delete", partial(_delete, pages))
 
 
-def principal(pages: Pages, request: web.Request) -> Principal | None:
+async def principal(pages: Pages, request: web.Request) -> Principal | None:
     """The router's principal for a page request with a session; None without a session."""
-    visitor = pages.gate.visitor(request)
+    visitor = await pages.gate.visitor(request)
     if visitor is None:
         return None
     if not pages.gate.csrf_ok(visitor, request.headers.get(logins.CSRF_HEADER)):
@@ -69,14 +69,15 @@ async def _chat(pages: Pages, request: web.Request) -> web.StreamResponse:
     visitor = pages.need(request)
     projects = pages.projects_of(visitor)
     kept = {p: retention(pages, p) for p in projects}
-    listed = conversations.list_for(pages.store, visitor.user.name) if any(kept.values()) else []
+    listed = (await conversations.list_for(pages.store, visitor.user.name)
+              if any(kept.values()) else [])
     current, history = None, []
     cid = request.query.get("c")
     if cid:
-        current = conversations.get(pages.store, cid, visitor.user.name)
+        current = await conversations.get(pages.store, cid, visitor.user.name)
         if current is None:
             raise web.HTTPNotFound(text="no such conversation")
-        history = conversations.messages(pages.store, cid)
+        history = await conversations.messages(pages.store, cid)
     return pages.render(request, "chat.html", models=pages.router.models(), projects=projects,
                         kept=kept, conversations=listed, current=current, history=history,
                         history_json=json.dumps([{"role": m.role, "content": m.content}
@@ -101,22 +102,22 @@ async def _save(pages: Pages, request: web.Request) -> web.StreamResponse:
         if retention(pages, project) is None:
             raise web.HTTPForbidden(text=f"project {project!r} does not keep conversations")
         title = next((c for r, c in turns if r == "user"), "untitled").strip()
-        cid = conversations.create(pages.store, name, project, title, pages.clock())
+        cid = await conversations.create(pages.store, name, project, title, pages.clock())
     else:
-        found = conversations.get(pages.store, cid, name)
+        found = await conversations.get(pages.store, cid, name)
         if found is None:
             raise web.HTTPNotFound(text="no such conversation")
         if retention(pages, found.project) is None:
             raise web.HTTPForbidden(text=f"project {found.project!r} does not keep "
                                     "conversations")
-    conversations.append(pages.store, cid, name, turns, pages.clock())
+    await conversations.append(pages.store, cid, name, turns, pages.clock())
     return web.json_response({"id": cid})
 
 
 async def _delete(pages: Pages, request: web.Request) -> web.StreamResponse:
     visitor = pages.need(request)
     await pages.form(request, visitor)
-    if not conversations.delete(pages.store, request.match_info["cid"], visitor.user.name):
+    if not await conversations.delete(pages.store, request.match_info["cid"], visitor.user.name):
         raise web.HTTPNotFound(text="no such conversation")
     raise web.HTTPSeeOther("/chat")
 

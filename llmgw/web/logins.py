@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from aiohttp import web
 from llmgw.spec.models import WebSettings
 from llmgw.store import sessions, users
 from llmgw.store.sessions import Session
+from llmgw.store.stores import Store
 from llmgw.store.users import User
 
 SESSION_COOKIE = "llmgw_session"
@@ -49,7 +49,7 @@ class Visitor:
 class Gate:
     """Session and CSRF checks for one store and the cluster's web settings."""
 
-    def __init__(self, store: sqlite3.Connection, settings: Callable[[], WebSettings],
+    def __init__(self, store: Store, settings: Callable[[], WebSettings],
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.settings = settings
@@ -58,29 +58,30 @@ class Gate:
 
     # -- who ------------------------------------------------------------------------
 
-    def visitor(self, request: web.Request) -> Visitor | None:
+    async def visitor(self, request: web.Request) -> Visitor | None:
         """The live session's user, or None (no cookie, unknown, expired, user deleted)."""
         token = request.cookies.get(SESSION_COOKIE)
         if not token:
             return None
-        session = sessions.lookup(self.store, token, self.clock())
+        session = await sessions.lookup(self.store, token, self.clock())
         if session is None:
             return None
-        user = users.get(self.store, session.user)
+        user = await users.get(self.store, session.user)
         return Visitor(user, session, token) if user is not None else None
 
-    def login(self, response: web.StreamResponse, request: web.Request, user: User) -> None:
+    async def login(self, response: web.StreamResponse, request: web.Request,
+                    user: User) -> None:
         """Start a session for ``user`` and set its cookie on ``response``."""
-        created = sessions.create(self.store, user.name, self.settings().session_ttl,
+        created = await sessions.create(self.store, user.name, self.settings().session_ttl,
                                   self.clock())
         response.set_cookie(SESSION_COOKIE, created.token, httponly=True, samesite="Strict",
                             secure=self.is_secure(request), path="/",
                             max_age=int(self.settings().session_ttl))
         response.del_cookie(LOGIN_COOKIE, path="/login")
 
-    def logout(self, response: web.StreamResponse, visitor: Visitor | None) -> None:
+    async def logout(self, response: web.StreamResponse, visitor: Visitor | None) -> None:
         if visitor is not None:
-            sessions.delete(self.store, visitor.token)
+            await sessions.delete(self.store, visitor.token)
         response.del_cookie(SESSION_COOKIE, path="/")
 
     # -- CSRF -----------------------------------------------------------------------

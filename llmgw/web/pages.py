@@ -17,12 +17,11 @@ Usage::
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import resources
 from typing import Any
 
@@ -96,7 +95,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class Pages:
     def __init__(
         self,
-        store: sqlite3.Connection,
+        store: Store,
         router: Router,
         *,
         cluster: Callable[[], Cluster],
@@ -133,7 +132,7 @@ class Pages:
         chats.install(self, add)
         accounts.install(self, add)
         admins.install(self, add)
-        self.router.page_auth = lambda request: chats.principal(self, request)
+        self.router.page_auth = partial(chats.principal, self)
 
     # -- helpers for the page modules --------------------------------------------------
 
@@ -182,7 +181,7 @@ class Pages:
         page = request.path == "/" or request.path.startswith(PAGE_PREFIXES)
         if not page:
             return await handler(request)
-        visitor = self.gate.visitor(request)
+        visitor = await self.gate.visitor(request)
         if visitor is not None:
             request[VISITOR] = visitor
         try:
@@ -223,14 +222,13 @@ class Pages:
                                          f"{wait} s", status=429)
             response.headers["Retry-After"] = str(wait)
             return response
-        # Argon2 takes tens of milliseconds on purpose: off the loop that routes requests.
-        user = await asyncio.to_thread(users.authenticate, self.store, name, password)
+        user = await users.authenticate(self.store, name, password)  # Argon2 off the loop
         if user is None:
             self.gate.limiter.failed(client, name)
             return self._login_again(request, data, "wrong user name or password", status=401)
         self.gate.limiter.succeeded(name)
         response = redirect(_next(data.get("next")) or ("/admin" if user.admin else "/chat"))
-        self.gate.login(response, request, user)
+        await self.gate.login(response, request, user)
         return response
 
     def _login_again(self, request: web.Request, data: dict[str, str], error: str,
@@ -242,7 +240,7 @@ class Pages:
         visitor = self.need(request)
         await self.form(request, visitor)
         response = redirect("/login")
-        self.gate.logout(response, visitor)
+        await self.gate.logout(response, visitor)
         return response
 
     async def _static(self, request: web.Request) -> web.StreamResponse:

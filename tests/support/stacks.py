@@ -22,7 +22,7 @@ from support.upstream import Upstream
 from llmgw.metrics import collectors, servers
 from llmgw.router import Endpoint, Router, Settings, catalogs
 from llmgw.spec.models import Cluster, StoreSettings
-from llmgw.store import databases, keys, stores, usages
+from llmgw.store import keys, stores, usages
 from llmgw.web import Pages
 
 T = TypeVar("T")
@@ -59,9 +59,7 @@ class Stack:
         self.upstreams = [self.run(Upstream(f"u{i}").start()) for i in range(replicas)]
         extend = None
         if pages:  # the web pages on the router's listener, as `llmgw serve` has them
-            self.sqlite = databases.connect(self.db_path)
-            self.pages = Pages(databases.connect(self.db_path), self.router,
-                               cluster=lambda: spec)
+            self.pages = Pages(self.router_store, self.router, cluster=lambda: spec)
             extend = self.pages.install
         self.runner = self.run(self.router.start("127.0.0.1", 0, extend=extend))
         self.metrics_runner = self.run(servers.start(self.registry, "127.0.0.1", 0))
@@ -101,7 +99,7 @@ class Stack:
 
     def table_values(self, table: str) -> list[str]:
         """Every value in ``table`` as text, read with SQL straight from the database."""
-        assert table in ("usage", "keys")
+        assert table in ("usage", "keys", "users", "sessions", "messages")
         if self.db.kind == "sqlite":
             with contextlib.closing(sqlite3.connect(self.db_path)) as conn:
                 return [str(v) for row in conn.execute(f"SELECT * FROM {table}") for v in row]
@@ -123,9 +121,6 @@ class Stack:
             self.run(upstream.stop())
         self.run(self.router_store.close())
         self.run(self.db.close())
-        if hasattr(self, "pages"):
-            self.sqlite.close()
-            self.pages.store.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()

@@ -1,13 +1,15 @@
-"""Conversations: kept only where a project says so, and purged past retention."""
+"""Conversations: kept only where a project says so, and purged past retention.
+
+The store tests run on both stores (fixture ``store_settings``).
+"""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 from llmgw.daemon import housekeeping
-from llmgw.spec.models import Cluster
-from llmgw.store import conversations, databases
+from llmgw.spec.models import Cluster, StoreSettings
+from llmgw.store import conversations, stores
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
@@ -19,30 +21,52 @@ def spec(retention: str | None) -> Cluster:
                                    "projects": {"notes": notes, "research": {}}})
 
 
-def test_the_daemon_purges_conversations_past_retention_and_their_text(tmp_path: Path) -> None:
-    path = tmp_path / "llmgw.db"
-    with contextlib.closing(databases.connect(path)) as db:
-        old = conversations.create(db, "cy", "notes", "old", now=NOW - 31 * DAY)
-        conversations.append(db, old, "cy", [("user", "old-secret-text")], now=NOW - 31 * DAY)
-        new = conversations.create(db, "cy", "notes", "new", now=NOW - DAY)
-        conversations.append(db, new, "cy", [("user", "new-text")], now=NOW - DAY)
-        assert housekeeping.purge_once(db, spec("30d"), NOW) == 1
-        assert [c.id for c in conversations.list_for(db, "cy")] == [new]
-        assert conversations.messages(db, old) == []
+async def test_the_daemon_purges_conversations_past_retention_and_their_text(
+    store_settings: dict[str, str], tmp_path: Path
+) -> None:
+    db = await stores.open_store(StoreSettings.model_validate(store_settings))
+    try:
+        old = await conversations.create(db, "cy", "notes", "old", now=NOW - 31 * DAY)
+        await conversations.append(db, old, "cy", [("user", "old-secret-text")],
+                                   now=NOW - 31 * DAY)
+        new = await conversations.create(db, "cy", "notes", "new", now=NOW - DAY)
+        await conversations.append(db, new, "cy", [("user", "new-text")], now=NOW - DAY)
+        assert await housekeeping.purge_once(db, spec("30d"), NOW) == 1
+        assert [c.id for c in await conversations.list_for(db, "cy")] == [new]
+        assert await conversations.messages(db, old) == []
+        assert [m.content for m in await conversations.messages(db, new)] == ["new-text"]
         # Turning conversations off for the project deletes what it kept.
-        assert housekeeping.purge_once(db, spec(None), NOW) == 1
-        assert conversations.list_for(db, "cy") == []
-    data = b"".join(p.read_bytes() for p in tmp_path.iterdir())
-    assert b"old-secret-text" not in data and b"new-text" not in data
+        assert await housekeeping.purge_once(db, spec(None), NOW) == 1
+        assert await conversations.list_for(db, "cy") == []
+        assert await conversations.messages(db, new) == []
+    finally:
+        await db.close()
+    if db.kind == "sqlite":  # the text is gone from the file and its WAL, not just hidden
+        data = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+        assert b"old-secret-text" not in data and b"new-text" not in data
 
 
-def test_a_conversation_is_visible_only_to_its_owner(tmp_path: Path) -> None:
-    with contextlib.closing(databases.connect(tmp_path / "llmgw.db")) as db:
-        cid = conversations.create(db, "cy", "notes", "mine", now=NOW)
-        assert conversations.get(db, cid, "bob") is None
-        assert not conversations.append(db, cid, "bob", [("user", "intruder")], now=NOW)
-        assert not conversations.delete(db, cid, "bob")
-        assert conversations.get(db, cid, "cy") is not None
+async def test_a_conversation_is_visible_only_to_its_owner(
+    store_settings: dict[str, str]
+) -> None:
+    db = await stores.open_store(StoreSettings.model_validate(store_settings))
+    try:
+        cid = await conversations.create(db, "cy", "notes", "mine", now=NOW)
+        assert await conversations.get(db, cid, "bob") is None
+        assert not await conversations.append(db, cid, "bob", [("user", "intruder")], now=NOW)
+        assert not await conversations.delete(db, cid, "bob")
+        assert await conversations.messages(db, cid) == []
+        assert await conversations.get(db, cid, "cy") is not None
+        assert await conversations.append(db, cid, "cy", [("user", "a"), ("assistant", "b")],
+                                          now=NOW + 1)
+        found = await conversations.get(db, cid, "cy")
+        assert found is not None and found.updated_at == NOW + 1
+        assert [(m.role, m.content) for m in await conversations.messages(db, cid)] == [
+            ("user", "a"), ("assistant", "b")]
+        assert await conversations.delete(db, cid, "cy")
+        assert await conversations.messages(db, cid) == []
+    finally:
+        await db.close()
 
 
 def test_retention_must_be_given_and_positive() -> None:

@@ -6,9 +6,8 @@ talked to with httpx: no browser needed for what is plain HTTP.
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import re
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -21,15 +20,17 @@ from support.stacks import Stack, cluster
 
 from llmgw.daemon import admin
 from llmgw.router import Settings
-from llmgw.store import users
+from llmgw.spec.models import StoreSettings
+from llmgw.store import sessions, stores, users
 from llmgw.web.logins import Limiter
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    made = Stack(tmp_path, cluster(research=None), Settings(), 1, pages=True)
+def stack(tmp_path: Path, store_settings: dict[str, str]) -> Iterator[Stack]:
+    """The pages on each store: SQLite, and a real PostgreSQL."""
+    made = Stack(tmp_path, cluster(research=None), Settings(), 1, store_settings, pages=True)
     made.route({"chat": made.upstreams})
-    users.create(made.sqlite, "bob", "bob-user-pass", projects=["research"])
+    made.run(users.create(made.db, "bob", "bob-user-pass", projects=["research"]))
     try:
         yield made
     finally:
@@ -52,11 +53,11 @@ def csrf_of(client: httpx.Client, base: str) -> str:
 
 
 def test_passwords_are_stored_as_argon2id_hashes(stack: Stack) -> None:
-    stored = stack.sqlite.execute("SELECT password FROM users WHERE name = 'bob'").fetchone()[0]
+    stored = stack.table_values("users")[1]
     assert stored.startswith("$argon2id$") and "bob-user-pass" not in stored
-    assert users.authenticate(stack.sqlite, "bob", "bob-user-pass") is not None
-    assert users.authenticate(stack.sqlite, "bob", "bob-user-pasS") is None
-    assert users.authenticate(stack.sqlite, "nobody", "bob-user-pass") is None
+    assert stack.run(users.authenticate(stack.db, "bob", "bob-user-pass")) is not None
+    assert stack.run(users.authenticate(stack.db, "bob", "bob-user-pasS")) is None
+    assert stack.run(users.authenticate(stack.db, "nobody", "bob-user-pass")) is None
 
 
 def test_the_session_cookie_is_httponly_and_samesite_and_logout_ends_it(stack: Stack) -> None:
@@ -66,8 +67,9 @@ def test_the_session_cookie_is_httponly_and_samesite_and_logout_ends_it(stack: S
         cookie = answer.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" not in cookie
         token = client.cookies["llmgw_session"]
-        assert stack.sqlite.execute("SELECT COUNT(*) FROM sessions WHERE digest = ?",
-                                (token,)).fetchone() == (0,), "only the token's hash is stored"
+        stored = stack.table_values("sessions")
+        assert token not in stored and sessions.digest(token) in stored, \
+            "only the token's hash is stored"
         csrf = csrf_of(client, stack.url)
         assert client.post(f"{stack.url}/logout", data={"csrf": csrf}).status_code == 303
         # The old cookie, replayed, no longer opens a page.
@@ -155,8 +157,13 @@ def test_users_create_reads_the_password_from_stdin_and_lists_users(tmp_path: Pa
     assert again.returncode == 1 and "user 'ada' already exists" in again.stderr
     listed = _llmgw(tmp_path, ["users", "list"], "")
     assert re.search(r"^ada\s+admin\s+research\s", listed.stdout, re.M)
-    with contextlib.closing(sqlite3.connect(tmp_path / "llmgw.db")) as db:
-        assert users.authenticate(db, "ada", "a-long-password") is not None
+    async def check() -> None:
+        db = await stores.open_store(StoreSettings(path=str(tmp_path / "llmgw.db")))
+        try:
+            assert await users.authenticate(db, "ada", "a-long-password") is not None
+        finally:
+            await db.close()
+    asyncio.run(check())
 
 
 def _llmgw(directory: Path, args: list[str], stdin: str) -> subprocess.CompletedProcess[str]:
@@ -190,5 +197,6 @@ def test_a_project_without_conversations_cannot_have_any_stored(stack: Stack) ->
                              json={"project": "research",
                                    "turns": [{"role": "user", "content": "keep-me-not"}]})
         assert answer.status_code == 403
-    assert stack.sqlite.execute("SELECT COUNT(*) FROM messages").fetchone() == (0,)
-    assert b"keep-me-not" not in stack.db_path.read_bytes()
+    assert stack.table_values("messages") == []
+    if stack.db.kind == "sqlite":
+        assert b"keep-me-not" not in stack.db_path.read_bytes()

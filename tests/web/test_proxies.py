@@ -87,7 +87,7 @@ def behind_nginx(tmp_path: Path) -> Iterator[tuple[Stack, str]]:
     stack = Stack(tmp_path, spec(), Settings(), 1, pages=True)
     stack.upstreams[0].chunk_delays = DELAYS
     stack.route({"chat": stack.upstreams})
-    users.create(stack.sqlite, "bob", "bob-user-pass", projects=["research"])
+    stack.run(users.create(stack.db, "bob", "bob-user-pass", projects=["research"]))
     router_port = int(stack.url.rsplit(":", 1)[1])
     https_port, http_port = nodes.free_port(), nodes.free_port()
     conf = nginx_config(tmp_path, router_port, https_port, http_port)
