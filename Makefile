@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Debian packages the tests drive for real: sshd as simulated nodes,
-# promtool for metrics, nginx and wrk for benchmarks, PostgreSQL as the HA store
-# (a fixture runs initdb/pg_ctl in a temporary directory; no service is started).
+# promtool for metrics, nginx and wrk for benchmarks and the shipped proxy config,
+# PostgreSQL as the HA store (a fixture runs initdb/pg_ctl in a temporary directory;
+# no service is started), chromium for the pages (driven by Playwright; never
+# `playwright install`), caddy to validate the shipped Caddyfile, openssl for a
+# test certificate.
 sysdeps: $(SYSDEPS_STAMP)
 
 $(SYSDEPS_STAMP):
@@ -34,6 +37,9 @@ $(SYSDEPS_STAMP):
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	test -x /usr/bin/chromium || missing="$$missing chromium"; \
+	command -v caddy >/dev/null || missing="$$missing caddy"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

@@ -13,67 +13,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from llmgw.fleet.types import Fleet, NodeReport, Unit
+from llmgw.fleet.types import Fleet, NodeReport
+from llmgw.planning import summaries
+from llmgw.planning.summaries import STATE_ORDER, Shard, gpu_counts, replicas
 from llmgw.spec.models import Cluster
 
-# Worst first: a replica is as far along as its least advanced shard.
-_STATE_ORDER = ("failed", "unknown", "stopped", "starting", "loading", "ready")
-
-
-@dataclass
-class GpuCounts:
-    total: int = 0
-    used: int = 0
-    free: int = 0
-    faulty: int = 0
-
-
-@dataclass(frozen=True)
-class Shard:
-    node: str
-    unit: Unit
-
-
-@dataclass
-class Replica:
-    model: str
-    replica: int
-    shards: list[Shard] = field(default_factory=list)
-
-    @property
-    def state(self) -> str:
-        states = {s.unit.state for s in self.shards}
-        return next(s for s in _STATE_ORDER if s in states)
-
-
-def gpu_counts(fleet: Fleet) -> dict[str, GpuCounts]:
-    """GPUs of reachable nodes by class: total, used, free, faulty."""
-    counts: dict[str, GpuCounts] = defaultdict(GpuCounts)
-    for report in fleet.nodes.values():
-        for gpu in report.gpus:
-            row = counts[gpu.gpu_class]
-            row.total += 1
-            if gpu.faults:
-                row.faulty += 1
-            elif any(p.owned_by_llmgw for p in gpu.processes):
-                row.used += 1
-            else:
-                row.free += 1
-    return dict(sorted(counts.items()))
-
-
-def replicas(fleet: Fleet) -> list[Replica]:
-    """Units grouped into replicas (model, replica number), shards in rank order."""
-    found: dict[tuple[str, int], Replica] = {}
-    for node, unit in fleet.units():
-        key = (unit.model, unit.replica)
-        found.setdefault(key, Replica(unit.model, unit.replica)).shards.append(Shard(node, unit))
-    for replica in found.values():
-        replica.shards.sort(key=lambda s: (s.unit.rank, s.node))
-    return [found[key] for key in sorted(found)]
-
+__all__ = ["gpu_counts", "render_inventory", "render_status", "replicas"]
 
 def render_inventory(cluster: Cluster, fleet: Fleet, now: float) -> str:
     """The full inventory: nodes, GPUs by class, faults, fabrics, replicas, unreachable nodes."""
@@ -142,14 +88,14 @@ def render_inventory(cluster: Cluster, fleet: Fleet, now: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_status(cluster: Cluster, fleet: Fleet, now: float) -> str:
-    """One line per node, then one per replica: the compact view."""
-    found = replicas(fleet)
-    down = sum(1 for r in fleet.nodes.values() if not r.reachable)
-    by_state: dict[str, int] = defaultdict(int)
-    for replica in found:
-        by_state[replica.state] += 1
-    states = ", ".join(f"{n} {s}" for s, n in sorted(by_state.items(), key=_state_key))
+def render_status(cluster: Cluster, fleet: Fleet, now: float,
+                  summary: summaries.Summary | None = None) -> str:
+    """One line per node, then one per replica, then capacity, free nodes and idle
+    replicas: the compact view of :func:`llmgw.planning.summaries.summarize`."""
+    summary = summary or summaries.summarize(cluster, fleet, now)
+    found = summary.replicas
+    down = len(summary.unreachable)
+    states = ", ".join(f"{n} {s}" for s, n in summary.by_state.items())
     lines = [
         f"{cluster.cluster.name}: {_count(len(fleet.nodes), 'node')}"
         + (f" ({down} unreachable)" if down else "")
@@ -170,11 +116,22 @@ def render_status(cluster: Cluster, fleet: Fleet, now: float) -> str:
         rows = [[r.model, f"r{r.replica}", r.state, ", ".join(_shard(s, now) for s in r.shards)]
                 for r in found]
         lines += _table(rows, header=False)
+    if summary.capacity:
+        lines.append("GPUs: " + "; ".join(
+            f"{name} {c.used} used, {c.free} free" + (f", {c.faulty} faulty" if c.faulty else "")
+            for name, c in summary.capacity.items()))
+    for fabric, free in summary.free_nodes.items():
+        lines.append(f"free whole nodes on {fabric}: {len(free)}"
+                     + (f" ({', '.join(free)})" if free else ""))
+    for idle in summary.idle:
+        since = "never used" if idle.unused_for is None else f"unused {_age(idle.unused_for)}"
+        lines.append(f"idle: {idle.replica.model} r{idle.replica.replica} holds "
+                     f"{_count(idle.replica.gpu_count, 'GPU')}, {since}")
     return "\n".join(lines) + "\n"
 
 
 def _state_key(item: tuple[str, int]) -> int:
-    return _STATE_ORDER.index(item[0]) if item[0] in _STATE_ORDER else -1
+    return STATE_ORDER.index(item[0]) if item[0] in STATE_ORDER else -1
 
 
 def _fabrics(cluster: Cluster, fleet: Fleet) -> list[str]:

@@ -34,6 +34,7 @@ COMMANDS = (
     "lab",
     "weights",
     "mirror",
+    "users",
 )
 
 

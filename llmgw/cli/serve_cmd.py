@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from prometheus_client import CollectorRegistry
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.cli.plan_cmd import revision_of
-from llmgw.daemon import admin, localagents, workers
+from llmgw.daemon import admin, housekeeping, localagents, workers
 from llmgw.daemon.leaders import Leadership, new_holder
 from llmgw.daemon.reconcilers import Daemon
 from llmgw.daemon.routetables import Follower
@@ -46,8 +47,9 @@ from llmgw.router.apps import Router, Settings
 from llmgw.spec import loading
 from llmgw.spec.models import Cluster, Listeners
 from llmgw.spec.quantities import parse_duration
-from llmgw.store import migrations, stores
+from llmgw.store import databases, migrations, stores
 from llmgw.store.stores import Store, StoreError
+from llmgw.web import AdminView, Pages
 
 log = logging.getLogger("llmgw.serve")
 ROLES = ("all", "router", "reconciler")
@@ -150,6 +152,8 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
     tasks: list[asyncio.Task[None]] = []
     holder = new_holder()
     router: Router | None = None
+    pages: Pages | None = None
+    daemon: Daemon | None = None
     try:
         if reconciling:
             try:
@@ -161,8 +165,10 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
         if routing_here:
             router = Router(catalogs.from_cluster(cluster), store=store, registry=registry,
                             settings=Settings(wait_timeout=options.wait_timeout))
+            pages = _pages(store, router, cluster, lambda: daemon)
             runners.append(await router.start(*split(options.listeners.router),
-                                              reuse_port=options.worker_of is not None))
+                                              reuse_port=options.worker_of is not None,
+                                              extend=pages.install if pages else None))
             follower = Follower(store, router, holder,
                                 leading=leadership.is_leader if leadership else lambda: False)
             tasks.append(asyncio.create_task(follower.run(stop), name="follow-routes"))
@@ -181,14 +187,21 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
             daemon = Daemon(directory, cluster, router=router, collector=collector,
                             revision_of=revision_of, ready_timeout=options.ready_timeout,
                             leadership=leadership, store=store, router_id=holder)
-            admin_runner = web.AppRunner(admin.create_app(daemon), access_log=None)
+            token = admin.ensure_token(Path(cluster.cluster.store.path).parent)
+            admin_runner = web.AppRunner(
+                admin.create_app(daemon, token, pages.gate if pages else None),
+                access_log=None)
             await admin_runner.setup()
             await web.TCPSite(admin_runner, *split(options.listeners.admin)).start()
             runners.append(admin_runner)
         _log_listeners(options, holder, store)
         if router is not None and options.role == "all":
             tasks.append(asyncio.create_task(_announce(router, cluster, options.listeners)))
+        if reconciling and pages is not None:
+            tasks.append(asyncio.create_task(housekeeping.purge_forever(
+                pages.store, lambda: daemon.cluster if daemon else cluster, stop=stop)))
         if reconciling:
+            assert daemon is not None
             await daemon.run(stop)
         else:
             if router is not None:
@@ -209,6 +222,29 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
             log.info("stopping the local agent and the engines it started")
             await agent.stop()
     return 0
+
+
+def _pages(store: Store, router: Router, cluster: Cluster,
+           daemon: Callable[[], Daemon | None]) -> Pages | None:
+    """The pages for the router's listener; their users, sessions and conversations live
+    in the SQLite store (not yet in PostgreSQL: then the pages are off, said in the log)."""
+    if store.kind != "sqlite":
+        log.warning("the pages (/chat, /account, /admin) need the SQLite store for now; "
+                    "with store.url on PostgreSQL they are off")
+        return None
+
+    def current() -> Cluster:
+        running = daemon()
+        return running.cluster if running is not None else cluster
+
+    def view() -> AdminView | None:
+        running = daemon()
+        return admin.admin_view(running) if running is not None else None
+
+    db = databases.connect(Path(cluster.cluster.store.path))
+    log.info("pages on http://%s/chat and /admin (`llmgw users create` adds logins)",
+             cluster.cluster.listeners.router)
+    return Pages(db, router, cluster=current, admin=view)
 
 
 async def _orphaned(parent: int, stop: asyncio.Event) -> None:

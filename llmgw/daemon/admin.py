@@ -1,5 +1,10 @@
 """The admin API of ``llmgw serve`` (loopback by default): status, fleet, plan.
 
+Every path but ``/health`` needs an admin: ``Authorization: Bearer <token>``
+with the daemon's admin token (the file ``admin.token`` next to the store,
+owner-only, created at the first start; see :func:`ensure_token`), or the
+session cookie of an admin logged in on the pages.
+
 ``GET /api/v1/status``  what the daemon knows: revisions, last plan and apply,
                         a refused edit's errors, nodes and replicas.
 ``GET /api/v1/fleet``   the observed fleet snapshot (``llmgw plan --observed``
@@ -13,20 +18,69 @@
 
 from __future__ import annotations
 
+import hmac
+import json
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from llmgw import __version__
 from llmgw.daemon.reconcilers import Daemon
-from llmgw.planning import outputs
+from llmgw.fleet.types import Fleet
+from llmgw.planning import outputs, summaries
+from llmgw.web import AdminView, Progress
+from llmgw.web.logins import Gate
+
+TOKEN_FILE = "admin.token"
 
 FORMATS = {"json": outputs.json_text, "markdown": outputs.markdown, "text": outputs.text}
 CONTENT_TYPES = {"json": "application/json", "markdown": "text/markdown", "text": "text/plain"}
 
 
-def create_app(daemon: Daemon) -> web.Application:
-    app = web.Application()
+def ensure_token(directory: Path) -> str:
+    """The admin token in ``directory/admin.token``, created (mode 0600) when absent."""
+    path = directory / TOKEN_FILE
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip()
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _guard(token: str, gate: Gate | None) -> Middleware:
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/health":
+            return await handler(request)
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and presented.strip():
+            if hmac.compare_digest(presented.strip().encode(), token.encode()):
+                return await handler(request)
+            raise web.HTTPUnauthorized(text='{"error": "wrong admin token"}',
+                                       content_type="application/json")
+        visitor = gate.visitor(request) if gate is not None else None
+        if visitor is not None and visitor.user.admin:
+            return await handler(request)
+        raise web.HTTPUnauthorized(
+            text=json.dumps({"error": "the admin API needs `Authorization: Bearer <token>` "
+                             f"(the file {TOKEN_FILE} next to the store) or an admin's "
+                             "session"}),
+            content_type="application/json", headers={"WWW-Authenticate": "Bearer"})
+    return guard
+
+
+def create_app(daemon: Daemon, token: str, gate: Gate | None = None) -> web.Application:
+    app = web.Application(middlewares=[_guard(token, gate)])
     app.router.add_get("/api/v1/status", lambda r: _status(daemon))
     app.router.add_get("/api/v1/fleet", lambda r: _fleet(daemon))
     app.router.add_get("/api/v1/plan", lambda r: _plan(daemon, r))
@@ -82,6 +136,7 @@ def status(daemon: Daemon) -> dict[str, Any]:
         doc["last_apply"] = {"summary": state.outcome.summary(), "ok": state.outcome.ok,
                              "at": state.applied_at}
     if state.fleet is not None:
+        doc["summary"] = _summary_doc(summarize(daemon))
         for name, report in sorted(state.fleet.nodes.items()):
             doc["nodes"][name] = {"reachable": report.reachable, "error": report.error,
                                   "gpus": len(report.gpus)}
@@ -120,3 +175,53 @@ async def _plan(daemon: Daemon, request: web.Request) -> web.Response:
     if plan is None:
         raise web.HTTPServiceUnavailable(text="no plan yet")
     return web.Response(text=FORMATS[kind](plan), content_type=CONTENT_TYPES[kind])
+
+
+def summarize(daemon: Daemon) -> summaries.Summary:
+    """The one fleet summary (:mod:`llmgw.planning.summaries`) of what the daemon observed."""
+    state = daemon.state
+    assert state.fleet is not None
+    demand = daemon.router.demand().last_used if daemon.router is not None else {}
+    return summaries.summarize(state.cluster, state.fleet, time.time(), demand)
+
+
+def _summary_doc(summary: summaries.Summary) -> dict[str, Any]:
+    return {
+        "capacity": {name: {"total": c.total, "used": c.used, "free": c.free,
+                            "faulty": c.faulty} for name, c in summary.capacity.items()},
+        "free_nodes": summary.free_nodes,
+        "idle": [{"model": i.replica.model, "replica": i.replica.replica,
+                  "gpus": i.replica.gpu_count, "unused_for": i.unused_for}
+                 for i in summary.idle],
+        "by_state": summary.by_state,
+    }
+
+
+def admin_view(daemon: Daemon) -> AdminView | None:
+    """What /admin shows; None before the first observation."""
+    state = daemon.state
+    if state.fleet is None:
+        return None
+    plan, outcome = state.plan, state.outcome
+    return AdminView(
+        summary=summarize(daemon), observed_at=state.observed_at, revision=state.revision,
+        applied_revision=state.applied_revision, sync=state.cluster.cluster.sync,
+        plan_summary=plan.summary() if plan else None,
+        plan_text=outputs.text(plan) if plan else None, planned_at=state.planned_at,
+        last_apply=outcome.summary() if outcome else None,
+        last_apply_ok=outcome.ok if outcome else None, applied_at=state.applied_at,
+        # Paths relative to the cluster directory, as the operator edits them.
+        refused=[line.replace(f"{state.directory}/", "") for line in state.refused],
+        progress=progress(state.fleet),
+    )
+
+
+def progress(fleet: Fleet) -> list[Progress]:
+    """Fetches (weights, engines) the agents report as queued, running or failed."""
+    return [
+        Progress(node=node, kind=f"fetch {fetch.kind}", name=fetch.target,
+                 done_bytes=fetch.bytes_done, total_bytes=fetch.bytes_total,
+                 state=fetch.state + (f": {fetch.error}" if fetch.error else ""))
+        for node, report in sorted(fleet.nodes.items())
+        for fetch in report.fetches if fetch.state != "done"
+    ]

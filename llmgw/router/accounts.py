@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 class Principal:
     project: str | None  # None under `auth: none`
     key_id: str | None
+    user: str | None = None  # a logged-in person (a page's request), not a key
 
 
 ANONYMOUS = Principal(None, None)

@@ -73,6 +73,10 @@ class Router:
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
         self.proxy = Proxy(self.routes, self.settings.connect_timeout)
         self.started_at = int(time.time())
+        # Who is asking when a request has no Authorization header: the pages' session
+        # (llmgw.web installs it). It returns None for "no session" and raises ApiError
+        # for a session request without its CSRF token.
+        self.page_auth: Callable[[web.Request], Principal | None] | None = None
 
     def configure(self, catalog: Catalog) -> None:
         """Use a new spec's models, prices, budgets and auth mode from now on."""
@@ -90,7 +94,14 @@ class Router:
     def demand(self) -> Demand:
         return self.demands.snapshot()
 
-    def create_app(self) -> web.Application:
+    def models(self) -> list[str]:
+        """Served names a client may ask for now (what GET /v1/models lists)."""
+        return self._listed()
+
+    def create_app(
+        self, extend: Callable[[web.Application], None] | None = None
+    ) -> web.Application:
+        """The application; ``extend`` adds more routes (the pages) before it is frozen."""
         app = web.Application(
             middlewares=[_openai_errors], client_max_size=self.settings.max_body_bytes
         )
@@ -102,14 +113,21 @@ class Router:
         app.router.add_get("/ready", self._ready)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
+        if extend is not None:
+            extend(app)
         return app
 
-    async def start(self, host: str, port: int, reuse_port: bool = False) -> web.AppRunner:
+    async def start(
+        self, host: str, port: int, reuse_port: bool = False,
+        extend: Callable[[web.Application], None] | None = None,
+    ) -> web.AppRunner:
         """Serve on ``host:port`` (0: any free port); a client hanging up cancels its request.
 
         ``reuse_port``: SO_REUSEPORT, so several router processes share the port.
+        ``extend``: add more routes (the pages) to the application.
         """
-        runner = web.AppRunner(self.create_app(), access_log=None, handler_cancellation=True)
+        runner = web.AppRunner(self.create_app(extend), access_log=None,
+                               handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None).start()
         return runner
@@ -136,7 +154,7 @@ class Router:
         stream = False
         outcome = Outcome()
         try:
-            principal = await self.accounts.authenticate(request.headers.get("Authorization"))
+            principal = await self._principal(request)
             body = await _read_body(request, self.settings.max_body_bytes)
             payload = _parse(body)
             name = payload["model"]
@@ -183,6 +201,14 @@ class Router:
             cost = self._account(request.path, label, entry_key, principal, stream, outcome,
                                  started, reservation)
             await self.accounts.settle(reservation, cost)
+
+    async def _principal(self, request: web.Request) -> Principal:
+        authorization = request.headers.get("Authorization")
+        if authorization is None and self.page_auth is not None:
+            principal = self.page_auth(request)
+            if principal is not None:
+                return principal
+        return await self.accounts.authenticate(authorization)
 
     def _resolve(self, name: str) -> tuple[ModelEntry | None, str]:
         entry = self.catalog.models.get(name)
@@ -242,6 +268,7 @@ class Router:
             ts=time.time(), project=principal.project, key_id=principal.key_id, model=key,
             endpoint=path, status=status, prompt_tokens=prompt, completion_tokens=completion,
             latency_ms=round((ended - started) * 1000, 3), cost_usd=cost, stream=stream,
+            user_name=principal.user,
         ), reservation)
         return cost
 
@@ -320,6 +347,6 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
     except ApiError as error:
         return error.response()
     except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
+        if exc.status < 400 or not request.path.startswith("/v1/"):
+            raise  # redirects, and the pages' own errors (llmgw.web renders those)
         return errors.from_http(exc).response()

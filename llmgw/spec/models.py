@@ -8,6 +8,7 @@ arithmetic adds up is :mod:`llmgw.spec.checks`.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Literal
 
@@ -153,6 +154,31 @@ class WeightsSettings(Strict):
         return value
 
 
+class WebSettings(Strict):
+    session_ttl: Duration = Field(
+        43200.0, description="A login lasts this long (absolute, from the moment of login)."
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Addresses of reverse proxies (nginx, Caddy) whose X-Forwarded-Proto and "
+        "X-Forwarded-For are believed: behind TLS there, session cookies are marked Secure.",
+    )
+    secure_cookies: bool = Field(
+        False, description="Mark session cookies Secure even without a trusted proxy's word."
+    )
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"expected an IP address or network such as 127.0.0.1 or "
+                                 f"10.0.0.0/8; got {item!r}") from None
+        return value
+
+
 class ClusterSettings(Strict):
     name: Name = Field(description="Name of the cluster; shown in plans and metrics.")
     ssh: SSHSettings = Field(
@@ -182,6 +208,9 @@ class ClusterSettings(Strict):
         "keys",
         description="`keys`: every request needs an API key (`llmgw keys create`). `none`: "
         "anyone who reaches the router may use it (a laptop, a lab).",
+    )
+    web: WebSettings = Field(
+        default_factory=WebSettings, description="Logins and pages (/chat, /account, /admin)."
     )
     agent_socket: str = Field(
         "/run/llmgw/agent.sock", description="Path of the agent's unix socket on every node."
@@ -456,7 +485,26 @@ class Model(Strict):
     routing: Routing = Field(default_factory=Routing, description="How the router picks a replica.")
 
 
+class Conversations(Strict):
+    retention: Duration = Field(
+        description="How long /chat keeps a conversation after its last message; the daemon "
+        "deletes older ones. Required: conversations are never kept without a limit.",
+    )
+
+    @field_validator("retention")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("retention must be longer than zero (for example 30d)")
+        return value
+
+
 class Project(Strict):
+    conversations: Conversations | None = Field(
+        None,
+        description="Keep /chat conversations of this project's members, for `retention`. "
+        "Absent (the default): no prompt or answer text is stored anywhere.",
+    )
     budget_usd: float | None = Field(
         None, ge=0, description="Spend limit in USD; requests past it get 429. None: unlimited."
     )

@@ -38,6 +38,8 @@ def connect(path: str | Path) -> sqlite3.Connection:
         os.umask(old_umask)
     conn.execute("PRAGMA busy_timeout = 5000")
     conn.execute("PRAGMA synchronous = NORMAL")
+    # Deleted rows (purged conversations) are overwritten, not left readable in free pages.
+    conn.execute("PRAGMA secure_delete = ON")
     try:
         _migrate(conn, str(path))
     except BaseException:

@@ -227,6 +227,85 @@ END;
 $$;
 """,
     ),
+    Migration(
+        6, "users, sessions and conversations of the pages; usage rows name the page user",
+        # Conversations hold the only prompt and answer text llmgw ever stores, and only
+        # for projects that turn them on (see llmgw.store.conversations).
+        sqlite="""
+CREATE TABLE IF NOT EXISTS users (
+    name        TEXT PRIMARY KEY,
+    password    TEXT NOT NULL,        -- argon2id encoded hash
+    admin       INTEGER NOT NULL DEFAULT 0,
+    projects    TEXT NOT NULL DEFAULT '[]',   -- JSON list of project names
+    created_at  REAL NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS sessions (
+    digest      TEXT PRIMARY KEY,     -- SHA-256 of the cookie's token, hex
+    user_name   TEXT NOT NULL,
+    csrf        TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    expires_at  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_user ON sessions (user_name);
+
+CREATE TABLE IF NOT EXISTS conversations (
+    id          TEXT PRIMARY KEY,
+    user_name   TEXT NOT NULL,
+    project     TEXT NOT NULL,
+    title       TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS conversations_user ON conversations (user_name, updated_at);
+CREATE TABLE IF NOT EXISTS messages (
+    id              INTEGER PRIMARY KEY,
+    conversation    TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    role            TEXT NOT NULL,
+    content         TEXT NOT NULL,
+    ts              REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_conversation ON messages (conversation, id);
+ALTER TABLE usage ADD COLUMN user_name TEXT;
+""",
+        postgres="""
+CREATE TABLE users (
+    name        TEXT PRIMARY KEY,
+    password    TEXT NOT NULL,        -- argon2id encoded hash
+    admin       BOOLEAN NOT NULL DEFAULT FALSE,
+    projects    TEXT NOT NULL DEFAULT '[]',   -- JSON list of project names
+    created_at  DOUBLE PRECISION NOT NULL
+);
+
+CREATE TABLE sessions (
+    digest      TEXT PRIMARY KEY,     -- SHA-256 of the cookie's token, hex
+    user_name   TEXT NOT NULL,
+    csrf        TEXT NOT NULL,
+    created_at  DOUBLE PRECISION NOT NULL,
+    expires_at  DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX sessions_user ON sessions (user_name);
+
+CREATE TABLE conversations (
+    id          TEXT PRIMARY KEY,
+    user_name   TEXT NOT NULL,
+    project     TEXT NOT NULL,
+    title       TEXT NOT NULL,
+    created_at  DOUBLE PRECISION NOT NULL,
+    updated_at  DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX conversations_user ON conversations (user_name, updated_at);
+CREATE TABLE messages (
+    id              BIGSERIAL PRIMARY KEY,
+    conversation    TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    role            TEXT NOT NULL,
+    content         TEXT NOT NULL,
+    ts              DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX messages_conversation ON messages (conversation, id);
+ALTER TABLE usage ADD COLUMN user_name TEXT;
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

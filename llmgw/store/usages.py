@@ -9,10 +9,14 @@ Usage::
 
     await usages.insert(store, [UsageRow(...)])
     await usages.spend_by_project(store)   # {"research": 12.5}
+
+:func:`series` and :func:`totals_for_user` (the pages' charts) read the SQLite
+file directly; they are not on the :class:`Store` interface yet.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,19 +38,20 @@ class UsageRow:
     latency_ms: float
     cost_usd: float = 0.0
     stream: bool = False
+    user_name: str | None = None  # the logged-in person, for requests from /chat
 
 
 COLUMNS: tuple[str, ...] = tuple(UsageRow.__dataclass_fields__)
 
 Record = tuple[float, str | None, str | None, str, str, int, int | None, int | None, float,
-               float, bool]
+               float, bool, str | None]
 
 
 def to_record(r: UsageRow) -> Record:
     # Field by field, not dataclasses.astuple: that deep-copies every value, which
     # costs more than the insert itself.
     return (r.ts, r.project, r.key_id, r.model, r.endpoint, r.status, r.prompt_tokens,
-            r.completion_tokens, r.latency_ms, r.cost_usd, r.stream)
+            r.completion_tokens, r.latency_ms, r.cost_usd, r.stream, r.user_name)
 
 
 def from_record(values: Sequence[Any]) -> UsageRow:
@@ -69,3 +74,48 @@ async def spend_by_project(store: Store) -> dict[str, float]:
 async def recent(store: Store, limit: int = 100) -> list[UsageRow]:
     """The newest ``limit`` rows, newest first."""
     return await store.recent_usage(limit)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Requests, tokens and spend of one group (project, key or model) in one time slot."""
+
+    start: float
+    group: str
+    requests: int
+    tokens: int
+    cost_usd: float
+
+
+_GROUPS = {"project": "project", "key": "key_id", "model": "model"}
+
+
+def series(
+    conn: sqlite3.Connection, by: str, since: float, step: float,
+    projects: Sequence[str] | None = None,
+) -> list[Bucket]:
+    """Usage since ``since`` in slots of ``step`` seconds, grouped ``by`` project, key or
+    model; only rows of ``projects`` when given. Rows without the group are left out."""
+    column = _GROUPS[by]
+    where = f"ts >= ? AND {column} IS NOT NULL"
+    params: list[object] = [since]
+    if projects is not None:
+        where += f" AND project IN ({', '.join('?' * len(projects))})"
+        params += list(projects)
+    rows = conn.execute(
+        f"SELECT CAST((ts - ?) / ? AS INTEGER), {column}, COUNT(*), "
+        f"SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)), SUM(cost_usd) "
+        f"FROM usage WHERE {where} GROUP BY 1, 2 ORDER BY 1, 2",
+        [since, step, *params],
+    ).fetchall()
+    return [Bucket(since + slot * step, group, count, int(tokens or 0), float(cost or 0.0))
+            for slot, group, count, tokens, cost in rows]
+
+
+def totals_for_user(conn: sqlite3.Connection, user: str) -> tuple[int, int, float]:
+    """(requests, tokens, USD) of the requests ``user`` made from the pages."""
+    row = conn.execute(
+        "SELECT COUNT(*), SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)), "
+        "SUM(cost_usd) FROM usage WHERE user_name = ?", (user,),
+    ).fetchone()
+    return int(row[0]), int(row[1] or 0), float(row[2] or 0.0)

@@ -108,6 +108,8 @@ def test_status_is_one_line_per_node_and_replica() -> None:
     text = inventories.render_status(CLUSTER, fleet(), NOW)
     lines = text.splitlines()
     assert lines[0] == "lab: 4 nodes (1 unreachable), 2 replicas (1 failed, 1 loading)"
-    assert len(lines) == 1 + 4 + 2
+    assert len(lines) == 1 + 4 + 2 + 2
+    # The summary shared with the admin API and /admin: capacity, then free nodes per fabric.
+    assert lines[-2:] == ["GPUs: h100-80g 3 used, 1 free, 2 faulty", "free whole nodes on ib-a: 0"]
     assert "gpu-b-01  DOWN  refused: llmgw@10.0.0.21 refused the connection\n" in text
     assert "gpu-a-02  up    2× h100-80g (1 faulty), 2 units" in text

@@ -98,10 +98,13 @@ def wait_status(
     while time.monotonic() < deadline:
         assert info["process"].poll() is None, Path(info["log"]).read_text()[-3000:]
         try:
-            status = httpx.get(f"{info['admin']}/api/v1/status", timeout=5).json()
+            token = (Path(str(info["dir"]).replace("/local", "/state")) / "admin.token")
+            headers = {"Authorization": f"Bearer {token.read_text().strip()}"}
+            status = httpx.get(f"{info['admin']}/api/v1/status", timeout=5,
+                               headers=headers).json()
             if check(status):
                 return status
-        except httpx.HTTPError:
+        except (httpx.HTTPError, FileNotFoundError):
             pass
         time.sleep(0.3)
     raise AssertionError(f"timed out waiting for {what}: {status}\n"

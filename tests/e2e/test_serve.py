@@ -62,7 +62,13 @@ class Served:
         self.process = None
 
     def status(self) -> dict[str, Any]:
-        return httpx.get(f"{self.admin}/api/v1/status", timeout=5).json()  # type: ignore[no-any-return]
+        return httpx.get(f"{self.admin}/api/v1/status", timeout=5,  # type: ignore[no-any-return]
+                         headers=self.auth()).json()
+
+    def auth(self) -> dict[str, str]:
+        """The admin API's bearer token, which the daemon writes next to its store."""
+        token = (self.directory.parent / "admin.token").read_text().strip()
+        return {"Authorization": f"Bearer {token}"}
 
     def wait(self, check: Check, what: str, timeout: float = 60) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -73,7 +79,7 @@ class Served:
                 last = self.status()
                 if check(last):
                     return last
-            except httpx.HTTPError:
+            except (httpx.HTTPError, FileNotFoundError):
                 pass
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}; last status {last}\n{self.tail()}")
@@ -156,9 +162,11 @@ def test_the_daemon_converges_follows_edits_and_refuses_invalid_ones(
     assert set(running(engines)) == {"tiny"}
 
     # The snapshot CI plans against, and the plan, from the admin API.
-    fleet = Fleet.model_validate_json(httpx.get(f"{served.admin}/api/v1/fleet").text)
+    fleet = Fleet.model_validate_json(httpx.get(f"{served.admin}/api/v1/fleet",
+                                                       headers=served.auth()).text)
     assert set(fleet.nodes) == {"node-01", "node-02"}
-    markdown = httpx.get(f"{served.admin}/api/v1/plan", params={"format": "markdown"}).text
+    markdown = httpx.get(f"{served.admin}/api/v1/plan", params={"format": "markdown"},
+                         headers=served.auth()).text
     assert "No changes" in markdown or "0 to create" in markdown
 
 

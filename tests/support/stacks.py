@@ -22,7 +22,8 @@ from support.upstream import Upstream
 from llmgw.metrics import collectors, servers
 from llmgw.router import Endpoint, Router, Settings, catalogs
 from llmgw.spec.models import Cluster, StoreSettings
-from llmgw.store import keys, stores, usages
+from llmgw.store import databases, keys, stores, usages
+from llmgw.web import Pages
 
 T = TypeVar("T")
 CPU = [{"engine": "llama.cpp", "cpu": True}]
@@ -45,7 +46,7 @@ def cluster(auth: str = "keys", **projects: float | None) -> Cluster:
 
 class Stack:
     def __init__(self, tmp: Path, spec: Cluster, settings: Settings, replicas: int,
-                 store: dict[str, str] | None = None) -> None:
+                 store: dict[str, str] | None = None, *, pages: bool = False) -> None:
         self.db_path = tmp / "llmgw.db"
         self.store_settings = StoreSettings.model_validate(store or {"path": str(self.db_path)})
         self.loop = asyncio.new_event_loop()
@@ -56,7 +57,13 @@ class Stack:
         self.registry.register(self.fleet)
         self.router = self.run(self._router(spec, settings))
         self.upstreams = [self.run(Upstream(f"u{i}").start()) for i in range(replicas)]
-        self.runner = self.run(self.router.start("127.0.0.1", 0))
+        extend = None
+        if pages:  # the web pages on the router's listener, as `llmgw serve` has them
+            self.sqlite = databases.connect(self.db_path)
+            self.pages = Pages(databases.connect(self.db_path), self.router,
+                               cluster=lambda: spec)
+            extend = self.pages.install
+        self.runner = self.run(self.router.start("127.0.0.1", 0, extend=extend))
         self.metrics_runner = self.run(servers.start(self.registry, "127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
         self.metrics_url = f"http://127.0.0.1:{servers.bound_port(self.metrics_runner)}/metrics"
@@ -116,6 +123,9 @@ class Stack:
             self.run(upstream.stop())
         self.run(self.router_store.close())
         self.run(self.db.close())
+        if hasattr(self, "pages"):
+            self.sqlite.close()
+            self.pages.store.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()

@@ -1,0 +1,295 @@
+"""The pages people use, served on the router's listener: login, /chat, /account, /admin.
+
+:class:`Pages` holds what every page needs — the store, the router (its
+models, budgets and spend; /chat streams through its own
+``/v1/chat/completions``), the current cluster, and an optional view of the
+daemon for /admin — and ``install(app)`` adds the routes and a middleware to
+the router's application. Pages are rendered by jinja2 with autoescape on;
+every asset comes from :mod:`llmgw.web` itself (``static/``), and each answer
+carries a strict Content-Security-Policy: scripts, styles and fetches from
+this origin only, no inline script or style, no framing.
+
+Usage::
+
+    pages = Pages(store, router, cluster=lambda: daemon.cluster, admin=admin_view)
+    runner = await router.start(host, port, extend=pages.install)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import jinja2
+from aiohttp import web
+
+from llmgw.planning.summaries import Summary
+from llmgw.router.apps import Router
+from llmgw.spec.models import Cluster
+from llmgw.store import users
+from llmgw.store.stores import Store
+from llmgw.web import logins
+from llmgw.web.logins import Gate, Visitor
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+PAGE_PREFIXES = ("/login", "/logout", "/chat", "/account", "/admin", "/static/")
+STATIC = {"app.css": "text/css", "chat.js": "text/javascript",
+          "refresh.js": "text/javascript", "favicon.svg": "image/svg+xml"}
+MAX_FORM = 64 * 1024
+VISITOR = web.RequestKey("visitor", Visitor)  # set by the middleware on page paths
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A fetch or install an agent reports as under way."""
+
+    node: str
+    kind: str  # "fetch" | "install"
+    name: str
+    done_bytes: int | None
+    total_bytes: int | None
+    state: str = ""
+
+    @property
+    def percent(self) -> int | None:
+        if self.done_bytes is None or not self.total_bytes:
+            return None
+        return min(100, int(100 * self.done_bytes / self.total_bytes))
+
+
+@dataclass(frozen=True)
+class AdminView:
+    """What the daemon knows, as /admin shows it (built by the daemon on each request)."""
+
+    summary: Summary
+    observed_at: float | None = None
+    revision: str | None = None
+    applied_revision: str | None = None
+    sync: str = "manual"
+    plan_summary: str | None = None
+    plan_text: str | None = None
+    planned_at: float | None = None
+    last_apply: str | None = None
+    last_apply_ok: bool | None = None
+    applied_at: float | None = None
+    refused: list[str] = field(default_factory=list)
+    progress: list[Progress] = field(default_factory=list)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Pages:
+    def __init__(
+        self,
+        store: sqlite3.Connection,
+        router: Router,
+        *,
+        cluster: Callable[[], Cluster],
+        admin: Callable[[], AdminView | None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+        refresh_seconds: int = 10,
+    ) -> None:
+        self.store = store
+        self.router = router
+        self.cluster = cluster
+        self.admin = admin
+        self.clock = clock
+        self.refresh_seconds = refresh_seconds
+        self.gate = Gate(store, lambda: cluster().cluster.web, clock)
+        self.templates = jinja2.Environment(
+            loader=jinja2.PackageLoader("llmgw.web", "templates"),
+            autoescape=True, undefined=jinja2.StrictUndefined,
+        )
+        self.templates.filters["when"] = _when
+        self.templates.filters["age"] = lambda t: _age(self.clock() - t) if t else "-"
+        self.templates.filters["usd"] = _usd
+
+    def install(self, app: web.Application) -> None:
+        """Add the pages to ``app`` (the router's) and let the router see sessions."""
+        from llmgw.web import accounts, admins, chats  # their handlers take this object
+
+        app.middlewares.append(self._middleware)
+        add = app.router
+        add.add_get("/", self._index)
+        add.add_get("/login", self._login_form)
+        add.add_post("/login", self._login)
+        add.add_post("/logout", self._logout)
+        add.add_get("/static/{name}", self._static)
+        chats.install(self, add)
+        accounts.install(self, add)
+        admins.install(self, add)
+        self.router.page_auth = lambda request: chats.principal(self, request)
+
+    # -- helpers for the page modules --------------------------------------------------
+
+    def render(self, request: web.Request, name: str, status: int = 200,
+               **context: Any) -> web.Response:
+        visitor = context.pop("visitor", None) or request.get(VISITOR)
+        html = self.templates.get_template(name).render(
+            visitor=visitor, cluster=self.cluster().cluster.name, path=request.path, **context)
+        return web.Response(text=html, status=status, content_type="text/html")
+
+    def need(self, request: web.Request, *, admin: bool = False) -> Visitor:
+        """The visitor, or a redirect to the login page (403 for a non-admin on /admin)."""
+        visitor: Visitor | None = request.get(VISITOR)
+        if visitor is None:
+            raise web.HTTPSeeOther(f"/login?next={request.path}")
+        if admin and not visitor.user.admin:
+            raise web.HTTPForbidden(text="this page is for admins")
+        return visitor
+
+    async def form(self, request: web.Request, visitor: Visitor) -> dict[str, str]:
+        """The posted form, after its CSRF token is checked (403 otherwise)."""
+        data = await _form(request)
+        if not self.gate.csrf_ok(visitor, data.get("csrf")):
+            raise web.HTTPForbidden(text="the form's CSRF token is missing or wrong: reload "
+                                    "the page and try again")
+        return data
+
+    def keystore(self) -> Store:
+        """The router's store, where API keys live (SQLite or PostgreSQL)."""
+        store = self.router.accounts.store
+        if store is None:
+            raise web.HTTPServiceUnavailable(text="this router has no key store")
+        return store
+
+    def projects_of(self, visitor: Visitor) -> list[str]:
+        """The visitor's projects that the cluster defines (all of them for an admin)."""
+        defined = self.cluster().projects
+        if visitor.user.admin:
+            return sorted(defined)
+        return [p for p in visitor.user.projects if p in defined]
+
+    # -- middleware and the small pages ------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        page = request.path == "/" or request.path.startswith(PAGE_PREFIXES)
+        if not page:
+            return await handler(request)
+        visitor = self.gate.visitor(request)
+        if visitor is not None:
+            request[VISITOR] = visitor
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:  # a redirect: answered as a plain response (headers kept)
+                response = web.Response(status=exc.status, headers=exc.headers)
+            else:
+                response = self.render(request, "error.html", status=exc.status,
+                                       message=exc.text or exc.reason)
+        for name, value in SECURITY_HEADERS.items():
+            if name == "Cache-Control" and request.path.startswith("/static/"):
+                continue
+            response.headers.setdefault(name, value)
+        return response
+
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        visitor = self.need(request)
+        raise web.HTTPSeeOther("/admin" if visitor.user.admin else "/chat")
+
+    async def _login_form(self, request: web.Request) -> web.StreamResponse:
+        token = request.cookies.get(logins.LOGIN_COOKIE) or secrets.token_urlsafe(24)
+        response = self.render(request, "login.html", token=token, error="",
+                               next=_next(request.query.get("next")))
+        self.gate.set_login_cookie(request, response, token)
+        return response
+
+    async def _login(self, request: web.Request) -> web.StreamResponse:
+        data = await _form(request)
+        if not self.gate.login_token_ok(request, data.get("csrf")):
+            raise web.HTTPForbidden(text="the login form's CSRF token is missing or wrong: "
+                                    "reload the login page and try again")
+        name, password = data.get("name", "").strip(), data.get("password", "")
+        client = self.gate.client(request)
+        wait = self.gate.limiter.retry_after(client, name)
+        if wait:
+            response = self._login_again(request, data, "too many failed logins: try again in "
+                                         f"{wait} s", status=429)
+            response.headers["Retry-After"] = str(wait)
+            return response
+        # Argon2 takes tens of milliseconds on purpose: off the loop that routes requests.
+        user = await asyncio.to_thread(users.authenticate, self.store, name, password)
+        if user is None:
+            self.gate.limiter.failed(client, name)
+            return self._login_again(request, data, "wrong user name or password", status=401)
+        self.gate.limiter.succeeded(name)
+        response = redirect(_next(data.get("next")) or ("/admin" if user.admin else "/chat"))
+        self.gate.login(response, request, user)
+        return response
+
+    def _login_again(self, request: web.Request, data: dict[str, str], error: str,
+                     status: int) -> web.Response:
+        return self.render(request, "login.html", status=status, token=data.get("csrf", ""),
+                           error=error, next=_next(data.get("next")))
+
+    async def _logout(self, request: web.Request) -> web.StreamResponse:
+        visitor = self.need(request)
+        await self.form(request, visitor)
+        response = redirect("/login")
+        self.gate.logout(response, visitor)
+        return response
+
+    async def _static(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if name not in STATIC:
+            raise web.HTTPNotFound(text="no such file")
+        body = resources.files("llmgw.web").joinpath("static", name).read_bytes()
+        return web.Response(body=body, content_type=STATIC[name],
+                            headers={"Cache-Control": "max-age=300"})
+
+
+def redirect(location: str) -> web.Response:
+    """303 See Other: after a form, the browser GETs ``location``."""
+    return web.Response(status=303, headers={"Location": location})
+
+
+async def _form(request: web.Request) -> dict[str, str]:
+    if request.content_length is not None and request.content_length > MAX_FORM:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_FORM,
+                                            actual_size=request.content_length)
+    posted = await request.post()
+    return {k: v for k, v in posted.items() if isinstance(v, str)}
+
+
+def _next(target: str | None) -> str:
+    """A same-site path to go to after login; anything else (//evil, http:…) is dropped."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return ""
+    return target if target.split("?")[0] in ("/", "/chat", "/account", "/admin") else ""
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts)) if ts else "-"
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if seconds >= 2 * size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _usd(amount: float | None) -> str:
+    if amount is None:
+        return "-"
+    return f"${amount:,.2f}" if amount >= 0.01 or amount == 0 else f"${amount:.6f}"
+
+
+__all__ = ["AdminView", "Pages", "Progress", "logins"]

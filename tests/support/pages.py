@@ -1,0 +1,164 @@
+"""Helpers for the pages' tests: a real ``llmgw serve`` process, users made with the CLI,
+and what drives Debian's chromium (the ``browser`` fixture is in tests/web/conftest.py).
+
+Chromium is the distribution's (``make sysdeps`` installs it); nothing is
+downloaded at test time. The server runs in the same network namespace as the
+browser (tests run under ``nsrun``), on free loopback ports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from ruamel.yaml import YAML
+from support import nodes
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE = ROOT / ".cache" / "engine" / "bin" / "llama-server"
+MODEL = ROOT / ".cache" / "models" / "gemma3-270m-q4_k_m.gguf"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+IMAGES = ROOT / "docs" / "images"
+PASSWORDS = {"ada": "ada-admin-pass", "bob": "bob-user-pass", "cy": "cy-user-pass"}
+
+needs_engine = pytest.mark.skipif(
+    not (ENGINE.exists() and MODEL.exists()),
+    reason="the real engine and model are not built: run `make engine model` (make test does)",
+)
+
+
+class Server:
+    """A running ``llmgw serve`` for one cluster directory."""
+
+    def __init__(self, directory: Path, store_dir: Path, log: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.directory = directory
+        self.store_dir = store_dir
+        self.log = log
+        self.env = env or dict(os.environ)
+        self.ports = {name: nodes.free_port() for name in ("router", "admin", "metrics")}
+        self.url = f"http://127.0.0.1:{self.ports['router']}"
+        self.admin = f"http://127.0.0.1:{self.ports['admin']}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def listeners(self) -> dict[str, str]:
+        return {name: f"127.0.0.1:{port}" for name, port in self.ports.items()}
+
+    def llmgw(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "llmgw", *args, "--cluster",
+                               str(self.directory)], input=stdin, capture_output=True,
+                              text=True, env=self.env, timeout=60)
+
+    def user(self, name: str, *flags: str) -> None:
+        done = self.llmgw("users", "create", name, *flags, stdin=PASSWORDS[name] + "\n")
+        assert done.returncode == 0, done.stderr
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "llmgw", "serve", "--cluster", str(self.directory),
+                 "--ready-timeout", "120s"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env)
+
+    def auth(self) -> dict[str, str]:
+        token = (self.store_dir / "admin.token").read_text().strip()
+        return {"Authorization": f"Bearer {token}"}
+
+    def status(self) -> dict[str, Any]:
+        answer = httpx.get(f"{self.admin}/api/v1/status", headers=self.auth(), timeout=5)
+        answer.raise_for_status()
+        doc: dict[str, Any] = answer.json()
+        return doc
+
+    def wait(self, check: Callable[[dict[str, Any]], bool], what: str,
+             timeout: float = 180) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            assert self.process is not None and self.process.poll() is None, self.tail()
+            try:
+                last = self.status()
+                if check(last):
+                    return last
+            except (httpx.HTTPError, FileNotFoundError):
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}: {last}\n{self.tail()}")
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            self.process.wait(timeout=60)
+        self.process = None
+
+
+def ready(status: dict[str, Any]) -> bool:
+    return any(r["state"] == "ready" for r in status["replicas"]) and not (
+        status["plan"] or {}).get("has_changes", True)
+
+
+def write_yaml(path: Path, data: dict[str, Any]) -> None:
+    yaml = YAML()
+    with path.open("w") as out:
+        yaml.dump(data, out)
+
+
+def local_cluster(tmp_path: Path, server_ports: dict[str, str],
+                  projects: dict[str, Any]) -> tuple[Path, Path]:
+    """cluster.example/local with keys, projects, prices and this test's ports and paths."""
+    directory, state = tmp_path / "local", tmp_path / "state"
+    directory.mkdir()
+    data = YAML(typ="safe").load((ROOT / "cluster.example" / "local" / "cluster.yaml")
+                                 .read_text())
+    settings = data["cluster"]
+    settings.update(auth="keys", listeners=server_ports,
+                    store={"path": str(state / "llmgw.db")},
+                    agent_socket=str(state / "agent.sock"),
+                    web={"trusted_proxies": ["127.0.0.1"]})
+    data["nodes"]["local"]["weights_dirs"] = [str(MODEL.parent)]
+    model = data["models"]["gemma3-270m"]
+    model["source"] = str(MODEL)
+    model["pricing"] = {"input_per_mtok": 100.0, "output_per_mtok": 200.0}
+    data["projects"] = projects
+    write_yaml(directory / "cluster.yaml", data)
+    return directory, state
+
+
+def serve_real(tmp: Path, projects: dict[str, Any], users: dict[str, list[str]]) -> Server:
+    """llmgw serving Gemma 3 270M on llama-server, with ``users`` (name → CLI flags)
+    created; started, not yet waited for."""
+    env = {**os.environ, "PATH": f"{ENGINE.parent}{os.pathsep}{os.environ['PATH']}"}
+    server = Server(tmp / "local", tmp / "state", tmp / "serve.log", env)
+    local_cluster(tmp, server.listeners(), projects)
+    for name, flags in users.items():
+        server.user(name, *flags)
+    server.start()
+    return server
+
+
+def login(page: Any, base: str, name: str) -> None:
+    page.goto(f"{base}/login")
+    page.fill("#name", name)
+    page.fill("#password", PASSWORDS[name])
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda url: "/login" not in url)
+
+
+def shot(page: Any, name: str, **options: Any) -> None:
+    """A screenshot for docs/web.md."""
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(IMAGES / name), full_page=True, **options)
