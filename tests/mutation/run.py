@@ -35,7 +35,9 @@ SCRATCH = ROOT / ".cache" / "mutation"
 
 PLANNING = ["tests/planning/test_plan_cases.py", "tests/planning/test_phases.py",
             "tests/planning/test_outputs.py", "tests/planning/test_purity.py"]
-ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py"]
+RENDERING = ["tests/planning/test_units.py", "tests/planning/test_hostile_units.py"]
+ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
+           "tests/planning/test_flag_tables.py", "tests/planning/test_engine_placements.py"]
 
 # module (under llmgw/) → the tests that hold its rules. Slow end-to-end tests
 # are left out on purpose: a rule only an e2e test holds is a rule to test closer.
@@ -49,14 +51,19 @@ MODULES: dict[str, list[str]] = {
     "planning/replicas.py": PLANNING,
     "planning/scaling.py": [*PLANNING, "tests/planning/test_scaling.py"],
     "planning/shards.py": PLANNING,
-    "rendering/quoting.py": ["tests/planning/test_units.py"],
-    "rendering/units.py": ["tests/planning/test_units.py"],
+    "rendering/quoting.py": RENDERING,
+    "rendering/units.py": RENDERING,
     "spec/checks.py": ["tests/spec/test_broken_corpus.py", "tests/spec/test_cli.py"],
+    "engines/addresses.py": ENGINES,
+    "engines/checks.py": ENGINES,
     "engines/flags.py": ENGINES,
     "engines/launches.py": ENGINES,
     "engines/llama_cpp.py": ENGINES,
     "engines/nccl.py": ENGINES,
+    "engines/parts.py": ENGINES,
+    "engines/profiles.py": ENGINES,
     "engines/sglang.py": ENGINES,
+    "engines/tables.py": ENGINES,
     "engines/vllm.py": ENGINES,
     "router/accounts.py": ["tests/router/test_router_access.py",
                            "tests/router/test_router_usages.py",
