@@ -44,9 +44,9 @@ ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
 MODULES: dict[str, list[str]] = {
     "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
     "planning/fingerprints.py": [*PLANNING, "tests/planning/test_fingerprints.py"],
-    "planning/nodes.py": PLANNING,
+    "planning/nodes.py": [*PLANNING, "tests/planning/test_nodes.py"],
     "planning/outputs.py": PLANNING,
-    "planning/placements.py": PLANNING,
+    "planning/placements.py": [*PLANNING, "tests/planning/test_placements.py"],
     "planning/plans.py": PLANNING,
     "planning/replicas.py": PLANNING,
     "planning/scaling.py": [*PLANNING, "tests/planning/test_scaling.py"],
@@ -114,7 +114,8 @@ def _prepare(module: str, tests: list[str]) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
-    for name in ("llmgw", "tests", "templates", "cluster.example"):
+    # .github: templates/llmgw-plan.yml is a relative link to the CI workflow there.
+    for name in ("llmgw", "tests", "templates", "cluster.example", ".github"):
         source = ROOT / name
         if source.exists():
             shutil.copytree(source, work / name, symlinks=True, ignore=ignore)
