@@ -17,6 +17,11 @@ NOW = 1_700_000_000.0
     ("/models/meta-llama/Llama-3.1-8B/",
      {"/models/meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B", "Llama-3.1-8B"}),
     ("/m.gguf", {"/m.gguf", "m.gguf"}),
+    ("/org/name", {"/org/name", "org/name", "name"}),
+    ("/models/MAX/", {"/models/MAX", "models/MAX", "MAX"}),
+    ("/hub/models--gpt2", {"/hub/models--gpt2", "models--gpt2", "hub/models--gpt2", "gpt2"}),
+    ("/hub/models--a--b--c", {"/hub/models--a--b--c", "models--a--b--c", "hub/models--a--b--c",
+                              "a/b/c", "c"}),
     ("/", {""}),
     ("/hub/models--org--name/snapshots/abc",
      {"/hub/models--org--name/snapshots/abc", "abc", "snapshots/abc", "org/name", "name"}),
@@ -28,6 +33,8 @@ def test_weights_keys(path: str, keys: set[str]) -> None:
 @pytest.mark.parametrize(("source", "keys"), [
     ("/models/x/", ["/models/x"]),
     ("org/name", ["org/name", "name"]),
+    ("/models/MAX/", ["/models/MAX"]),
+    ("a/b/c", ["a/b/c", "c"]),
     ("name", ["name", "name"]),
     ("org/name:Q4_K_M", ["org/name:Q4_K_M"]),
     ("org/name@v1", ["org/name@v1"]),
@@ -123,6 +130,7 @@ def test_gpus_ports_and_topology() -> None:
     assert cap.gpu_classes() == ["h100-80g"]
     assert [n.name for n in cap.by_free("h100-80g", 3)] == ["gpu-01"]
     assert list(cap.by_free("h100-80g", 4)) == []
+    assert list(cap.by_free("a100-80g", 1)) == []
 
 
 @pytest.mark.parametrize(("nvlink", "connected", "known"), [
@@ -165,6 +173,24 @@ def test_fabric_not_reported() -> None:
     assert cap.fabric_nodes == {"ib-a": ["gpu-01"]}
 
 
+def test_fabric_status_kept_and_reasons_joined() -> None:
+    cap = capacity(extra_nodes={"gpu-02": {**GPU_NODE, "address": "10.0.0.2"}})
+    node = cap.nodes["gpu-01"]
+    assert node.report is not None
+    status = node.report.fabrics[0]
+    assert node.fabrics == {"ib-a": status}
+    down = status.model_copy(update={"advertised": False, "reasons": ["mlx5_0 DOWN", "no GID"]})
+    report = node.report.model_copy(update={"fabrics": [down]})
+    state = nodes._node_state("gpu-01", node.spec, report)
+    assert state.fabric_problems == {"ib-a": "fabric ib-a not advertised: mlx5_0 DOWN; no GID"}
+    assert state.fabrics == {}
+
+
+def test_every_weights_path_is_filed() -> None:
+    cap = capacity({"gpu-01": {"weights": ["/models/org/a", "/models/org/b"]}})
+    assert cap.nodes["gpu-01"].weights >= {"org/a", "a", "org/b", "b"}
+
+
 def test_take_and_give_back() -> None:
     cap = capacity(extra_nodes={"gpu-02": {**GPU_NODE, "address": "10.0.0.2"}})
     node = cap.nodes["gpu-01"]
@@ -190,6 +216,8 @@ def test_take_and_give_back() -> None:
     assert [n.name for n in cap.by_free("h100-80g", 3)] == ["gpu-01", "gpu-02"]
     cap.give_back("gpu-01", [2], [18001], 7, "m")
     cap.give_back("gpu-01", [], [], 0, "m")  # never below zero
+    cap.give_back("gpu-01", [3], [], 0, "m")  # a GPU nobody held: nothing to undo
+    assert node.used == {}
     assert cap.same_model("m", "gpu-01") == 0
     assert [n.name for n in cap.by_free("h100-80g", 4)] == ["gpu-01", "gpu-02"]
     node.excluded = "cordoned by selector"
