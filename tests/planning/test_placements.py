@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from plan_builders import cluster_from, fleet_from
 
+from llmgw.fleet.types import SourceFacts
 from llmgw.planning import placements
 from llmgw.planning.nodes import GIB, Capacity
 from llmgw.planning.placements import Placement, Request, Slot, label, misfits, place
@@ -177,3 +178,100 @@ def test_cpu_prefers_the_node_with_room_left() -> None:
                                   "cpu-02": {"address": "10.0.0.2"}})
     result = place(capacity, Request("m", 0, spec, "/models/m"))
     assert result == Placement(0, (Slot("cpu-02", None, (), (), port=18000),), memory=24 * GIB)
+
+
+def cpu_place(fleet: dict[str, Any], nodes: dict[str, Any], profile: dict[str, Any] = CPU,
+              held: dict[str, tuple[int, str]] | None = None,
+              source: str = "/models/m") -> Placement | Attempt:
+    capacity, spec = setup(profile, fleet, nodes)
+    for name, (memory, model) in (held or {}).items():
+        capacity.take(name, [], [], memory, model, f"{model}/r9")
+    return place(capacity, Request("m", 0, spec, source))
+
+
+def on(result: Placement | Attempt) -> str:
+    assert isinstance(result, Placement), result
+    return result.slots[0].node
+
+
+TWO_CPU = {"cpu-01": {"address": "10.0.0.1"}, "cpu-02": {"address": "10.0.0.2"}}
+MEM64 = {"cpu-01": {"memory": "64GiB"}, "cpu-02": {"memory": "64GiB"}}
+
+
+def test_cpu_ranking() -> None:
+    # the tightest fit, counting memory llmgw already holds
+    assert on(cpu_place({"cpu-01": {"memory": "64GiB"}, "cpu-02": {"memory": "32GiB"}},
+                        TWO_CPU, held={"cpu-01": (40 * GIB, "x")})) == "cpu-01"
+    # the node with the weights beats the first by name
+    assert on(cpu_place({**MEM64, "cpu-02": {"memory": "64GiB", "weights": ["/models/m"]}},
+                        TWO_CPU)) == "cpu-02"
+    # replicas of one model spread
+    assert on(cpu_place(MEM64, TWO_CPU, held={"cpu-01": (0, "m")})) == "cpu-02"
+    assert on(cpu_place(MEM64, TWO_CPU, held={"cpu-02": (0, "m")})) == "cpu-01"
+    # a GPU node's memory is kept for its engines
+    assert on(cpu_place({"gpu-01": {"memory": "32GiB"}, "cpu-09": {"memory": "64GiB"}},
+                        {"gpu-01": node("10.0.0.1"), "cpu-09": {"address": "10.0.0.9"}})
+              ) == "cpu-09"
+
+
+def test_cpu_without_min_memory_needs_none() -> None:
+    result = cpu_place({"cpu-01": {"memory": "512MiB"}}, {"cpu-01": {"address": "10.0.0.1"}},
+                       profile={"engine": "llama.cpp", "cpu": True})
+    assert result == Placement(0, (Slot("cpu-01", None, (), (), port=18000),), memory=0)
+    capacity, spec = setup({"engine": "llama.cpp", "cpu": True}, {"cpu-01": {"memory": "512MiB"}},
+                           {"cpu-01": {"address": "10.0.0.1"}})
+    assert misfits(capacity, result, spec) == []
+
+
+def test_cpu_disk_too_small() -> None:
+    capacity, spec = setup(CPU, {"cpu-01": {"memory": "64GiB", "disk_free": "1GB"},
+                                 "cpu-02": {"memory": "8GiB"}},
+                           {"cpu-01": {"address": "10.0.0.1", "weights_dirs": ["/models"]},
+                            "cpu-02": {"address": "10.0.0.2"}})
+    capacity.sources["org/m"] = SourceFacts(size_bytes=20 * 10**9)
+    assert reasons(place(capacity, Request("m", 0, spec, "org/m"))) == {
+        "cpu-01": "needs 21 GB, 1.0 GB free in /models",
+        "cpu-02": "has 8 GiB of memory, needs 24",
+    }
+
+
+def test_sglang_ranks_get_a_health_port() -> None:
+    capacity, spec = setup({**MULTI, "engine": "sglang"})
+    result = place(capacity, Request("m", 0, spec, "/models/m"))
+    assert isinstance(result, Placement)
+    assert result.slots == (
+        Slot("gpu-01", "h100-80g", (0, 1), ("GPU-gpu-01-00", "GPU-gpu-01-01"),
+             port=18000, dist_port=18001),
+        Slot("gpu-02", "h100-80g", (0, 1), ("GPU-gpu-02-00", "GPU-gpu-02-01"), aux_port=18000),
+    )
+
+
+def test_why_not_names_every_class() -> None:
+    two = {**node("10.0.0.1"), "gpus": [H100, {"class": "a100-80g", "count": 2}]}
+    capacity, spec = setup({**VLLM2, "gpu_class": ["l40s", "a10"]}, nodes={"gpu-01": two})
+    assert reasons(place(capacity, Request("m", 0, spec, "/models/m"))) == {
+        "gpu-01": "no l40s or a10 GPUs (has 2 a100-80g, 4 h100-80g)"}
+    capacity, spec = setup({**VLLM2, "gpu_class": ["h100-80g", "a100-80g"],
+                            "tensor_parallel": 8}, nodes={"gpu-01": two})
+    assert reasons(place(capacity, Request("m", 0, spec, "/models/m"))) == {
+        "gpu-01": "4 free h100-80g, 2 free a100-80g, needs 8"}
+    slot_ = slot("gpu-01", (0, 1), "l4")
+    assert misfits(capacity, Placement(0, (slot_,)), spec) == [
+        "gpu-01: runs on l4, the profile needs h100-80g or a100-80g",
+        "gpu-01: holds 2 GPUs, the profile needs 8"]
+
+
+def test_misfits_every_gone_gpu() -> None:
+    capacity, spec = setup(VLLM2)
+    assert misfits(capacity, Placement(0, (slot("gpu-01", (-1, -1)),)), spec) == [
+        "gpu-01: GPU GPU-gpu-01--1 is gone", "gpu-01: GPU GPU-gpu-01--1 is gone"]
+
+
+def test_multi_why_not_local_or_unreachable() -> None:
+    capacity, spec = setup(MULTI, {"gpu-02": {"unreachable": "refused"}}, nodes={
+        "gpu-01": {**node("local")}, "gpu-02": node("10.0.0.2")})
+    assert reasons(place(capacity, Request("m", 0, spec, "/models/m"))) == {
+        "": "fabric ib-a (h100-80g): 0 nodes fit, needs 2",
+        "gpu-01": "address is local; a replica across nodes needs a reachable address",
+        "gpu-02": "unreachable: refused",
+    }
