@@ -114,7 +114,8 @@ def _prepare(module: str, tests: list[str]) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
-    for name in ("llmgw", "tests", "templates", "cluster.example"):
+    # .github: templates/llmgw-plan.yml links to the workflow there.
+    for name in ("llmgw", "tests", "templates", "cluster.example", ".github"):
         source = ROOT / name
         if source.exists():
             shutil.copytree(source, work / name, symlinks=True, ignore=ignore)
