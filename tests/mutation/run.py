@@ -35,9 +35,11 @@ SCRATCH = ROOT / ".cache" / "mutation"
 
 PLANNING = ["tests/planning/test_plan_cases.py", "tests/planning/test_phases.py",
             "tests/planning/test_outputs.py", "tests/planning/test_purity.py"]
-RENDERING = ["tests/planning/test_units.py", "tests/planning/test_hostile_units.py"]
+RENDERING = ["tests/planning/test_units.py", "tests/planning/test_hostile_units.py",
+             "tests/planning/test_quoting.py"]
 ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
-           "tests/planning/test_flag_tables.py", "tests/planning/test_engine_placements.py"]
+           "tests/planning/test_flag_tables.py", "tests/planning/test_engine_placements.py",
+           "tests/planning/test_addresses.py"]
 
 # module (under llmgw/) → the tests that hold its rules. Slow end-to-end tests
 # are left out on purpose: a rule only an e2e test holds is a rule to test closer.
@@ -114,7 +116,8 @@ def _prepare(module: str, tests: list[str]) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
-    for name in ("llmgw", "tests", "templates", "cluster.example"):
+    # .github too: templates/llmgw-plan.yml is a relative link into it.
+    for name in ("llmgw", "tests", "templates", "cluster.example", ".github"):
         source = ROOT / name
         if source.exists():
             shutil.copytree(source, work / name, symlinks=True, ignore=ignore)
