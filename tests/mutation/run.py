@@ -39,7 +39,7 @@ RENDERING = ["tests/planning/test_units.py", "tests/planning/test_hostile_units.
              "tests/planning/test_quoting.py"]
 ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
            "tests/planning/test_flag_tables.py", "tests/planning/test_engine_placements.py",
-           "tests/planning/test_addresses.py"]
+           "tests/planning/test_addresses.py", "tests/planning/test_engine_commands.py"]
 
 # module (under llmgw/) → the tests that hold its rules. Slow end-to-end tests
 # are left out on purpose: a rule only an e2e test holds is a rule to test closer.
