@@ -116,7 +116,7 @@ def _prepare(module: str, tests: list[str]) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
-    # .github too: templates/llmgw-plan.yml is a relative link into it.
+    # .github: templates/llmgw-plan.yml links to the workflow there.
     for name in ("llmgw", "tests", "templates", "cluster.example", ".github"):
         source = ROOT / name
         if source.exists():

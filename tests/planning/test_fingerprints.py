@@ -7,6 +7,7 @@ facts that change every second.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,8 @@ def _unit(**fields: object) -> dict[str, object]:
 def test_absent_node() -> None:
     absent = fingerprints.node("gpu-01", None)
     assert (absent.node, absent.reachable) == ("gpu-01", False)
+    # Saved plans carry this digest: it stays what every llmgw version computed.
+    assert absent.digest == hashlib.sha256(b'{"absent":true}').hexdigest()[:16]
     assert absent.digest == fingerprints.node("gpu-02", None).digest
     assert absent.digest != fingerprints.node("gpu-01", _report()).digest
     unreachable = _edit(lambda r: r.__setitem__("reachable", False))
