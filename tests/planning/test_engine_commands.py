@@ -103,6 +103,15 @@ NOT_LLAMA = ("does not apply to llama.cpp (a GGUF file carries its own quantizat
      [(("args", "--port"), "args.--port is set by llmgw (it allocates ports); remove it"),
       (("args", "no-such-flag"), "args.no-such-flag: SGLang 0.5.23 has no option "
        "--no-such-flag; a flag newer than llmgw's table goes under unchecked_args")]),
+    # A reserved flag SGLang does not define: flagged once, never also as unknown.
+    (_profile(engine="sglang", engine_version="0.5.23", args={"--tp": 2}),
+     [(("args", "--tp"), "args.--tp is set by llmgw (from tensor_parallel); remove it")]),
+    # A dotted key keeps its dots: the field is args, the key all the rest.
+    (_profile(engine="vllm", engine_version="0.33.0", args={"compilation-config.mode": False}),
+     [(("args", "compilation-config.mode"),
+       "args.compilation-config.mode: false would need --no-compilation-config.mode, but "
+       "vLLM 0.33.0 defines no --no-compilation-config.mode; remove the key to keep the "
+       "engine's default")]),
     (_profile(engine="vllm", engine_version="0.0.1", env={"RAY_ADDRESS": "x"}),
      [(("env", "RAY_ADDRESS"), f"env.RAY_ADDRESS {RESERVED_ENV}"),
       (("engine_version",), "vLLM 0.0.1 is older than every flag table llmgw has (0.11.2, "
