@@ -35,9 +35,11 @@ SCRATCH = ROOT / ".cache" / "mutation"
 
 PLANNING = ["tests/planning/test_plan_cases.py", "tests/planning/test_phases.py",
             "tests/planning/test_outputs.py", "tests/planning/test_purity.py"]
-RENDERING = ["tests/planning/test_units.py", "tests/planning/test_hostile_units.py"]
+RENDERING = ["tests/planning/test_units.py", "tests/planning/test_hostile_units.py",
+             "tests/planning/test_quoting.py"]
 ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
-           "tests/planning/test_flag_tables.py", "tests/planning/test_engine_placements.py"]
+           "tests/planning/test_flag_tables.py", "tests/planning/test_engine_placements.py",
+           "tests/planning/test_addresses.py", "tests/planning/test_engine_commands.py"]
 
 # module (under llmgw/) → the tests that hold its rules. Slow end-to-end tests
 # are left out on purpose: a rule only an e2e test holds is a rule to test closer.
