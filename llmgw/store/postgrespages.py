@@ -8,6 +8,7 @@ asyncpg on the event loop, through the store's pooled ``_conn`` (every failure a
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 from collections.abc import Mapping, Sequence
@@ -26,10 +27,13 @@ _CONVERSATION = ("SELECT id, user_name, project, title, created_at, updated_at "
                  "FROM conversations")
 
 
-class PostgresPages:
+class PostgresPages(abc.ABC):
+    """The pages' tables on PostgreSQL; mixed into PostgresStore, whose pool serves them."""
+
+    @abc.abstractmethod
     def _conn(self) -> contextlib.AbstractAsyncContextManager[
             asyncpg.pool.PoolConnectionProxy]:
-        raise NotImplementedError  # PostgresStore's
+        """A connection from the store's pool (PostgresStore's)."""
 
     # -- users --------------------------------------------------------------------------
     async def insert_user(self, user: User, password_hash: str) -> bool:

@@ -8,6 +8,7 @@ are on :class:`~llmgw.store.stores.Store`.
 
 from __future__ import annotations
 
+import abc
 import json
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
@@ -25,9 +26,12 @@ _CONVERSATION = ("SELECT id, user_name, project, title, created_at, updated_at "
                  "FROM conversations")
 
 
-class SQLitePages:
+class SQLitePages(abc.ABC):
+    """The pages' tables on SQLite; mixed into SQLiteStore, whose thread runs them."""
+
+    @abc.abstractmethod
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        raise NotImplementedError  # SQLiteStore's
+        """Run ``fn`` on the store's own thread (SQLiteStore's)."""
 
     # -- users --------------------------------------------------------------------------
     async def insert_user(self, user: User, password_hash: str) -> bool:
