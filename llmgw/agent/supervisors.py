@@ -46,6 +46,7 @@ from llmgw.agent import processes, unitfiles, units
 from llmgw.agent.settings import SuperviseSettings
 from llmgw.agent.unitfiles import Labels, UnitFile, UnitFileError
 from llmgw.agent.units import Observation, ProcessState, UnitChange, UnitResult
+from llmgw.fleet.types import UNSEEN_EXIT
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ WANTED = ("running", "stopped")  # what a unit's ``wanted`` file may say
 _CLEAN = ("exited with status 0",) + tuple(
     f"killed by {sig}" for sig in ("SIGHUP", "SIGINT", "SIGTERM", "SIGPIPE")
 )
+
 
 
 @dataclass
@@ -76,6 +78,12 @@ class _Slot:
     given_up: bool = False
     last_exit: str = ""
     since: float | None = None
+    # Drift evidence (units.Evidence): restarts since llmgw last started the unit,
+    # when the main process last ended, recent crash times, who stopped it.
+    restarts: int = 0
+    last_exit_at: float | None = None
+    crashes: list[float] = field(default_factory=list)
+    stopped_by: str = ""
 
     @property
     def pid_file(self) -> Path:
@@ -103,9 +111,13 @@ class Supervisor:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
+        self.ledger = units.Ledger(self.state_dir / "ledger")
         if not self.readonly:
             self.units_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._load()
+        if not self.readonly:
+            self.ledger.adopt({name: text for name, slot in self._slots.items()
+                               if (text := self._unit_text(slot)) is not None})
 
     @property
     def units_dir(self) -> Path:
@@ -183,6 +195,7 @@ class Supervisor:
             "%s: pid %d from the pid file is gone or is another process now; not adopted",
             slot.name, recorded.pid,
         )
+        slot.last_exit = UNSEEN_EXIT
         if not self.readonly:
             slot.pid_file.unlink(missing_ok=True)
         return None
@@ -202,11 +215,19 @@ class Supervisor:
     async def _apply_one(self, change: UnitChange) -> UnitResult:
         if change.action == "remove":
             slot = self._slots.pop(change.name, None)
+            self.ledger.forget(change.name)
             if slot is None:
                 return UnitResult(change.name, ok=True)
             await self._stop(slot)
             shutil.rmtree(slot.directory, ignore_errors=True)
             return UnitResult(change.name, ok=True, changed=True)
+        if change.action == "stop" and not change.unit_text:
+            # A hold: stop the unit as it is; its files stay for a later start.
+            held = self._slots.get(change.name)
+            if held is None:
+                return UnitResult(change.name, ok=True)
+            units.write(held.directory / "wanted", "stopped")
+            return UnitResult(change.name, ok=True, changed=await self._stop(held))
         unit, _ = units.check(change)
         secret_text = units.render_secrets(change.secret_env)
         slot = self._slots.get(change.name)
@@ -220,6 +241,7 @@ class Supervisor:
             units.write(slot.directory / "secret.env", secret_text, mode=0o600),
         ]
         changed = any(written)
+        self.ledger.record(change.name, change.unit_text)
         if change.action == "stop":
             units.write(slot.directory / "wanted", "stopped")
             stopped = await self._stop(slot)
@@ -231,6 +253,7 @@ class Supervisor:
         units.write(slot.directory / "wanted", "running")
         if slot.run is None:
             slot.wanted, slot.failures, slot.given_up, slot.next_start = True, 0, False, 0.0
+            slot.restarts = 0
             self._start(slot, unit)
             return UnitResult(change.name, ok=True, changed=True)
         slot.wanted = True
@@ -258,7 +281,14 @@ class Supervisor:
                 detail = f"{slot.last_exit}; restarting in {wait:.1f}s" if slot.last_exit else ""
             else:
                 state, detail = "stopped", slot.last_exit or detail
-            observations.append(Observation(slot.name, labels, state, pid, slot.since, detail))
+            text = self._unit_text(slot)
+            evidence = units.Evidence(
+                restarts=slot.restarts, last_exit=slot.last_exit, last_exit_at=slot.last_exit_at,
+                crashes=tuple(slot.crashes), stopped_by=slot.stopped_by if state == "stopped"
+                else "", written=text is not None and self.ledger.vouches(slot.name, text),
+            )
+            observations.append(Observation(slot.name, labels, state, pid, slot.since, detail,
+                                            evidence))
         return observations
 
     async def logs(self, name: str, lines: int) -> list[str]:
@@ -297,6 +327,12 @@ class Supervisor:
                     await self._stop(slot, persist=False)
 
     # ---- processes ----------------------------------------------------------
+
+    def _unit_text(self, slot: _Slot) -> str | None:
+        try:
+            return (slot.directory / "unit").read_text()
+        except (OSError, ValueError):
+            return None
 
     def _unit(self, slot: _Slot) -> UnitFile:
         raw = (slot.directory / "unit").read_bytes()
@@ -352,6 +388,7 @@ class Supervisor:
         now = time.time()
         print_ = processes.fingerprint(popen.pid) or processes.Fingerprint(popen.pid, 0, "", "")
         slot.run, slot.since, slot.wanted = _Run(print_, popen, now), now, True
+        slot.stopped_by = ""
         self._write_pid(slot)
         log.info("%s: started pid %d", slot.name, popen.pid)
 
@@ -372,7 +409,7 @@ class Supervisor:
         current = processes.fingerprint(run.print.pid)
         if current is not None and current.start_ticks == run.print.start_ticks:
             return True, ""
-        return False, "exited (status unknown: started before this agent)"
+        return False, UNSEEN_EXIT
 
     def _reap(self, slot: _Slot) -> None:
         """Notice a main process that ended; kill what is left of its group; plan a restart."""
@@ -394,6 +431,13 @@ class Supervisor:
             processes.signal_group(pgid, signal.SIGKILL)
         ran_for = time.time() - slot.run.started_at
         slot.run, slot.since, slot.last_exit = None, time.time(), how
+        slot.last_exit_at = slot.since
+        if how in _CLEAN:
+            # A server does not end cleanly on its own: a signal llmgw did not send (engines
+            # catch SIGTERM and exit 0) means someone stopped it.
+            slot.stopped_by = "operator"
+        elif how not in _CLEAN and how != UNSEEN_EXIT:
+            slot.crashes = [*slot.crashes, slot.since][-units.CRASHES_KEPT:]
         slot.pid_file.unlink(missing_ok=True)
         with slot.log_file.open("ab") as output:
             output.write(f"-- llmgw: main process {how}\n".encode())
@@ -416,6 +460,7 @@ class Supervisor:
                 slot.given_up = True
                 slot.last_exit = f"{how}; gave up after {slot.failures - 1} restarts"
                 return
+            slot.restarts += 1
             base = unitfiles.parse_timespan(unit.value("Service", "RestartSec") or "0") or 0.0
             delay = max(base, self.settings.restart_backoff) * 2 ** (slot.failures - 1)
             slot.next_start = time.monotonic() + min(delay, self.settings.restart_backoff_max)
@@ -429,6 +474,8 @@ class Supervisor:
         slot.wanted = slot.wanted and not persist
         if persist and slot.directory.exists():
             units.write(slot.directory / "wanted", "stopped")
+        if persist:
+            slot.stopped_by = "llmgw"  # also when it was waiting for a restart (a hold)
         run = slot.run
         if run is None:
             return False
@@ -447,6 +494,7 @@ class Supervisor:
             await self._wait_group(run, pgid, 10.0)
         _, how = self._alive(run)
         slot.run, slot.since, slot.last_exit = None, time.time(), f"stopped ({how})"
+        slot.last_exit_at = slot.since
         slot.given_up, slot.failures = False, 0
         slot.pid_file.unlink(missing_ok=True)
         return True

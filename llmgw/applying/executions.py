@@ -157,6 +157,9 @@ async def execute(
     return Outcome(list(outcomes.values()), clock() - started)
 
 
+_VERBS = {"remove": "removing", "stop": "stopping"}
+
+
 def _first_calls(changes: Sequence[Change]) -> dict[str, list[tuple[Change, UnitChange]]]:
     """Per node: every operation that can run now, removes (which free capacity) first.
 
@@ -185,6 +188,8 @@ def _waits(change: Change) -> bool:
 def _unit_change(op: UnitOp) -> UnitChange:
     if op.action == "remove":
         return UnitChange(op.unit, "", action="remove")
+    if op.action == "stop":  # a hold: the agent stops the unit and keeps its files
+        return UnitChange(op.unit, "", action="stop")
     if op.files is None:
         raise ValueError(f"unit {op.unit} on {op.node} has no rendered files to start")
     files = op.files
@@ -202,8 +207,7 @@ async def _call_all(
 
     async def one(node: str, items: list[tuple[Change, UnitChange]]) -> None:
         for change, unit in items:
-            emit(change, node, unit.name, "removing" if unit.action == "remove" else "writing",
-                 "")
+            emit(change, node, unit.name, _VERBS.get(unit.action, "writing"), "")
         async with limit:
             try:
                 results = await agents.call(
@@ -216,7 +220,7 @@ async def _call_all(
                 return
         for (change, unit), result in zip(items, results, strict=False):
             if result.ok:
-                state = "removed" if unit.action == "remove" else "starting"
+                state = {"remove": "removed", "stop": "stopped"}.get(unit.action, "starting")
                 emit(change, node, unit.name, state, "")
             else:
                 outcomes[id(change)].fail(f"{unit.name} on {node}: {result.error}")

@@ -45,7 +45,7 @@ from llmgw.daemon.leaders import LEASE, Leadership, NotLeader
 from llmgw.engines import profiles
 from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.metrics.collectors import FleetCollector
-from llmgw.planning import outputs, plans
+from llmgw.planning import drifts, outputs, plans
 from llmgw.planning.types import Plan
 from llmgw.router import catalogs
 from llmgw.router.apps import Router
@@ -111,6 +111,7 @@ class Daemon:
         self._reasons: set[str] = set()
         self._watchers: list[asyncio.Task[None]] = []
         self._last_units: dict[str, list[Unit]] = {}
+        self._held: set[tuple[str, int, str, tuple[str, ...]]] = set()  # logged already
         self.leadership = leadership
         self.store = store
         self.router_id = router_id  # our own router's id in the store's demand signals
@@ -224,6 +225,12 @@ class Daemon:
         plan = plans.plan(self.cluster, fleet, self.clock(), self._demand(),
                           revision=state.revision)
         state.plan, state.planned_at = plan, self.clock()
+        if self.collector is not None:
+            self.collector.observe_plan(plan)
+        held = {(h.model, h.replica, h.drift, h.reasons) for h in plan.held}
+        for model, replica, kind, why in sorted(held - self._held):  # once, not every tick
+            log.warning("held %s r%d (%s): %s", model, replica, drifts.title(kind), "; ".join(why))
+        self._held = held
         if not plan.has_changes:
             if state.applied_revision != state.revision and not plan.unplaceable:
                 state.applied_revision = state.revision

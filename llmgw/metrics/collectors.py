@@ -12,6 +12,7 @@ Usage::
     collector = collectors.FleetCollector()
     registry.register(collector)
     collector.observe(fleet)      # after each observation
+    collector.observe_plan(plan)  # after each plan: drift per class and node
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmgw.fleet.types import Fleet, Gpu, NodeReport, Unit
+from llmgw.metrics.drifts import DriftCounts
+from llmgw.planning.types import Plan
 
 GPU_STATES = ("used", "free", "faulty")
 REPLICA_STATES = ("fetching", "starting", "loading", "ready", "failed", "stopped", "unknown")
@@ -57,6 +60,11 @@ def replica_states(fleet: Fleet) -> dict[tuple[str, int], str]:
 class FleetCollector(Collector):
     def __init__(self) -> None:
         self._fleet: Fleet | None = None
+        self.drifts = DriftCounts()
+
+    def observe_plan(self, plan: Plan) -> None:
+        """Count the plan's drift (:mod:`llmgw.metrics.drifts`)."""
+        self.drifts.observe(plan)
 
     def observe(self, fleet: Fleet) -> None:
         """Export ``fleet`` from now on (the reference swap is atomic for scraping threads)."""
@@ -64,10 +72,10 @@ class FleetCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         # Declared so registering never calls collect() before a fleet exists.
-        return list(_families(None))
+        return [*_families(None), *DriftCounts().families()]
 
     def collect(self) -> Iterable[Metric]:
-        return list(_families(self._fleet))
+        return [*_families(self._fleet), *self.drifts.families()]
 
 
 def _families(fleet: Fleet | None) -> Iterator[Metric]:
