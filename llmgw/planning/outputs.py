@@ -166,6 +166,8 @@ def _no_changes(plan: Plan) -> str:
     if plan.unplaceable:
         return "No changes can be made, and the fleet does not match the cluster: " \
             "replicas cannot be placed (see below)."
+    if plan.held:
+        return "No changes: what differs is held, not repaired (see below)."
     if plan.unknown:
         return "No changes: the fleet matches the cluster on every node that answered."
     return "No changes: the fleet matches the cluster."

@@ -45,6 +45,7 @@ ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
 # are left out on purpose: a rule only an e2e test holds is a rule to test closer.
 MODULES: dict[str, list[str]] = {
     "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
+    "planning/drifts.py": [*PLANNING, "tests/planning/test_drifts.py"],
     "planning/fingerprints.py": [*PLANNING, "tests/planning/test_fingerprints.py"],
     "planning/nodes.py": [*PLANNING, "tests/planning/test_nodes.py"],
     "planning/outputs.py": PLANNING,

@@ -1,0 +1,134 @@
+"""Drift classes beyond the plan cases: the unit rules one by one, the crash-loop
+window's edges, node lost in events and JSON, and the class in every output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from plan_builders import cluster_from, fleet_from
+from test_plan_cases import CASES, load_case, run_case
+
+from llmgw.fleet.types import UNSEEN_EXIT, NodeReport, Unit
+from llmgw.metrics.drifts import DriftCounts
+from llmgw.planning import drifts, outputs, replicas
+from llmgw.planning.replicas import Member, ObservedReplica
+from llmgw.planning.types import Plan
+from llmgw.spec.repairs import CrashLoop
+
+NOW = 1_700_000_000.0
+
+
+def unit(**fields: object) -> Unit:
+    base: dict[str, object] = {"name": "llmgw-m-r0-s0.service", "model": "m", "replica": 0,
+                               "digest": "d", "state": "ready"}
+    return Unit.model_validate(base | fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "report", "kind"),
+    [
+        pytest.param({}, {}, None, id="ready"),
+        pytest.param({"state": "starting"}, {}, None, id="starting-no-crash"),
+        pytest.param({"state": "starting", "crashes": [NOW - 5]}, {}, "engine_crash",
+                     id="restarting-after-crash"),
+        pytest.param({"state": "failed"}, {}, "engine_crash", id="failed"),
+        pytest.param({"state": "stopped", "stopped_by": "operator",
+                      "last_exit": "killed by SIGTERM"}, {}, "stopped_by_hand", id="operator"),
+        pytest.param({"state": "stopped", "stopped_by": "llmgw", "crashes": [NOW - 5]}, {},
+                     "engine_crash", id="held-by-llmgw"),
+        pytest.param({"state": "stopped"}, {"agent_started_at": NOW - 10}, "agent_restarted",
+                     id="never-ran-since-agent-start"),
+        pytest.param({"state": "stopped"}, {}, "stopped_by_hand", id="old-agent-no-evidence"),
+        pytest.param({"state": "stopped", "last_exit": "exited with status 0"},
+                     {"agent_started_at": NOW - 10}, "stopped_by_hand", id="exit-seen"),
+        pytest.param({"state": "failed", "last_exit": UNSEEN_EXIT}, {}, "agent_restarted",
+                     id="ended-unseen"),
+    ],
+)
+def test_unit_rules(fields: dict[str, object], report: dict[str, object], kind: str | None,
+                    ) -> None:
+    found = drifts.unit_finding("n1", unit(**fields), NodeReport(node="n1", **report), NOW)
+    assert (found.kind if found else None) == kind
+
+
+def _replica(crashes: list[float]) -> ObservedReplica:
+    replica = ObservedReplica("m", 0)
+    replica.members[0] = Member("n1", unit(state="failed", crashes=crashes), {}, True)
+    return replica
+
+
+def test_crash_loop_counts_only_crashes_inside_the_window() -> None:
+    rule = CrashLoop(crashes=3, window=60)
+    assert drifts.crash_loop(_replica([NOW - 30, NOW - 20, NOW - 10]), rule, NOW)
+    assert not drifts.crash_loop(_replica([NOW - 60, NOW - 20, NOW - 10]), rule, NOW)  # edge
+    assert drifts.crash_loop(_replica([NOW - 59.9, NOW - 20, NOW]), rule, NOW)
+    assert not drifts.crash_loop(_replica([NOW - 20, NOW - 10]), rule, NOW)
+    assert not drifts.crash_loop(_replica([NOW - 30, NOW - 20, NOW - 10]), None, NOW)
+    assert not drifts.crash_loop(_replica([NOW - 2, NOW - 1, NOW + 5]), rule, NOW)  # future
+
+
+def _case(name: str) -> Plan:
+    [path] = list(Path(CASES).glob(f"{name}-*.yaml"))
+    return run_case(load_case(path))[0]
+
+
+def test_node_lost_is_an_event_and_in_the_json() -> None:
+    plan = _case("87")
+    assert ("node_lost", "gpu-02", "llama-8b r0") in drifts.events(plan)
+    assert ("declared_change", "gpu-01", "qwen-7b r0") in drifts.events(plan)
+    data = json.loads(outputs.json_text(plan))
+    assert [u["drift"] for u in data["unknown"]] == ["node_lost"]
+    assert [c["drift"] for c in data["changes"]] == ["declared_change"]
+
+
+def test_every_output_names_the_class_and_the_hold() -> None:
+    plan = _case("77")
+    text = outputs.text(plan)
+    assert "= llama-8b r0 will be held (stopped, not restarted)" in text
+    assert "why (engine crash): crash loop: gpu-01:" in text
+    assert "evidence: gpu-01: llmgw-llama-8b-r0-s0.service restarting (killed by SIGSEGV" in text
+    assert "Held (drift shown, not repaired):" in text
+    assert text.rstrip().endswith("1 to hold. 1 replica held (not repaired).")
+    data = json.loads(outputs.json_text(plan))
+    assert data["summary"]["hold"] == 1 and data["summary"]["held"] == 1
+    [change] = data["changes"]
+    assert change["action"] == "hold" and change["drift"] == "engine_crash"
+    assert [r["unit"] for r in change["removes"]] == ["llmgw-llama-8b-r0-s0.service"]
+    assert data["held"][0]["drift"] == "engine_crash"
+    markdown = outputs.markdown(plan)
+    assert "engine crash: crash loop" in markdown and "| held |" in markdown
+    [phase] = plan.changes[0].phases()
+    assert [(op.node, op.action) for op in phase] == [("gpu-01", "stop")]
+
+
+def test_a_lasting_drift_counts_once_and_again_when_it_returns() -> None:
+    counts = DriftCounts()
+    crash = _case("75")
+    calm = _case("20")
+    for plan in (crash, crash, calm, crash):
+        counts.observe(plan)
+    [total, held] = list(counts.families())
+    samples = {(s.labels["class"], s.labels["node"]): s.value for s in total.samples
+               if s.name == "llmgw_drift_total"}
+    assert samples[("engine_crash", "gpu-01")] == 2
+    looped = _case("76")
+    counts.observe(looped)
+    [_, held] = list(counts.families())
+    assert [(s.labels["class"], s.value) for s in held.samples] == [("engine_crash", 1)]
+
+
+def test_stranger_units_are_never_adopted_as_replicas() -> None:
+    cluster = cluster_from({
+        "nodes": {"gpu-01": {"address": "10.0.0.1", "gpus": [{"class": "l40s-45g", "count": 2}]}},
+        "models": {"m": {"source": "org/m", "profiles": [{"engine": "vllm",
+                                                          "gpu_class": "l40s-45g"}]}},
+    })
+    fleet = fleet_from(cluster, None, [{"model": "m", "replica": 0, "on": {"gpu-01": [0]},
+                                        "written": False}], NOW)
+    assert drifts.kept_strangers(cluster, fleet) == frozenset()  # repair on: nothing kept
+    observation = replicas.collect(cluster, fleet)
+    assert observation.replicas == {}
+    assert [o.reason for o in observation.orphans] == [
+        "llmgw-m-r0-s0.service on gpu-01 was not written by llmgw"]
