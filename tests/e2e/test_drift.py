@@ -71,7 +71,8 @@ def test_a_crash_loop_is_held_and_a_stop_by_hand_is_classified(
     assert any("killed by SIGKILL" in line for line in entry["evidence"])
     # Held, not restarted: it stays down while the daemon plans again and again.
     iterations = status["iterations"]
-    served.wait(lambda s: s["iterations"] >= iterations + 3, "three more iterations")
+    status = served.wait(lambda s: s["iterations"] >= iterations + 3, "three more iterations")
+    assert [r["state"] for r in status["replicas"] if r["model"] == "tiny"] == ["stopped"]
     assert "tiny" not in running(engines)
     assert "will be held" in served.log.read_text()
 
