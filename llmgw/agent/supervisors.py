@@ -18,8 +18,13 @@ or CI job expects of PATH, HF_HOME and the like. It mirrors what llmgw's units a
   process whose fingerprint still matches — a reused pid is never adopted,
   never signalled.
 
+Drift evidence (:class:`llmgw.agent.units.Evidence`) is kept per unit in
+its ``evidence`` file — restarts, how and when the engine last ended, recent
+crash times, who stopped it — so a hold or a crash history outlives an agent
+restart; the unit files this agent wrote are in its ledger (``ledger/``).
+
 State directory layout, per unit: ``units/<name>/{unit,env,secret.env,
-wanted,pid,log}``. A state file that cannot be read back (not UTF-8, not
+wanted,pid,log,evidence}``. A state file that cannot be read back (not UTF-8, not
 the format this module writes: a disk error, a hand edit, a crash mid-write
 on a filesystem without atomic rename) is moved aside with a warning rather
 than taking the agent down: a bad pid or ``wanted`` file is renamed to
@@ -140,6 +145,7 @@ class Supervisor:
             except OSError:
                 pass  # unreadable now is not corrupt: observe() reports it
             wanted = self._state_file(slot, "wanted", lambda text: text in WANTED)
+            self._load_evidence(slot)
             slot.run = self._adopt(slot)
             slot.wanted = wanted == "running" if wanted is not None else slot.run is not None
             if slot.run is not None:
@@ -166,6 +172,26 @@ class Supervisor:
             log.warning("%s: %s is not a %s file llmgw wrote; moved aside to %s",
                         slot.name, path, name, aside.name)
         return None
+
+    def _load_evidence(self, slot: _Slot) -> None:
+        """The drift evidence an earlier agent kept (``evidence``), so a hold or a crash
+        history outlives an agent restart."""
+        raw = self._state_file(slot, "evidence", _valid_evidence)
+        if raw is None:
+            return
+        data = json.loads(raw)
+        slot.restarts, slot.last_exit = int(data["restarts"]), str(data["last_exit"])
+        slot.last_exit_at = data["last_exit_at"]
+        slot.crashes = [float(t) for t in data["crashes"]][-units.CRASHES_KEPT:]
+        slot.stopped_by = str(data["stopped_by"])
+
+    def _save_evidence(self, slot: _Slot) -> None:
+        if self.readonly or not slot.directory.exists():
+            return
+        data = {"restarts": slot.restarts, "last_exit": slot.last_exit,
+                "last_exit_at": slot.last_exit_at, "crashes": slot.crashes,
+                "stopped_by": slot.stopped_by}
+        units.write(slot.directory / "evidence", json.dumps(data) + "\n", mode=0o600)
 
     def _set_aside_unit(self, slot: _Slot, why: str) -> None:
         """Move a unit whose unit file is unusable out of the way, with a warning."""
@@ -389,6 +415,7 @@ class Supervisor:
         print_ = processes.fingerprint(popen.pid) or processes.Fingerprint(popen.pid, 0, "", "")
         slot.run, slot.since, slot.wanted = _Run(print_, popen, now), now, True
         slot.stopped_by = ""
+        self._save_evidence(slot)
         self._write_pid(slot)
         log.info("%s: started pid %d", slot.name, popen.pid)
 
@@ -441,6 +468,11 @@ class Supervisor:
         slot.pid_file.unlink(missing_ok=True)
         with slot.log_file.open("ab") as output:
             output.write(f"-- llmgw: main process {how}\n".encode())
+        self._reap_settled(slot, how, ran_for)
+        self._save_evidence(slot)
+
+    def _reap_settled(self, slot: _Slot, how: str, ran_for: float) -> None:
+        """Plan a restart, give up, or end the unit, after its main process ended."""
         if not slot.wanted:
             return
         try:
@@ -466,6 +498,8 @@ class Supervisor:
             slot.next_start = time.monotonic() + min(delay, self.settings.restart_backoff_max)
         elif clean:
             slot.wanted = False  # a clean exit under on-failure ends the unit, as in systemd
+            # and it stays ended across an agent restart, as a `systemctl stop` would.
+            units.write(slot.directory / "wanted", "stopped")
         else:
             slot.given_up = True
 
@@ -476,6 +510,7 @@ class Supervisor:
             units.write(slot.directory / "wanted", "stopped")
         if persist:
             slot.stopped_by = "llmgw"  # also when it was waiting for a restart (a hold)
+            self._save_evidence(slot)
         run = slot.run
         if run is None:
             return False
@@ -497,6 +532,7 @@ class Supervisor:
         slot.last_exit_at = slot.since
         slot.given_up, slot.failures = False, 0
         slot.pid_file.unlink(missing_ok=True)
+        self._save_evidence(slot)
         return True
 
     async def _wait_group(self, run: _Run, pgid: int, timeout: float) -> bool:
@@ -536,3 +572,16 @@ def _valid_pid_file(text: str) -> bool:
     except (ValueError, KeyError, TypeError):
         return False
     return isinstance(data.get("boot_id"), str) and isinstance(data.get("cmdline_sha256"), str)
+
+
+def _valid_evidence(text: str) -> bool:
+    """Whether ``text`` is an evidence file as :meth:`Supervisor._save_evidence` writes it."""
+    try:
+        data = json.loads(text)
+        int(data["restarts"]), [float(t) for t in data["crashes"]]
+        at = data["last_exit_at"]
+        float(at) if at is not None else None
+    except (ValueError, KeyError, TypeError):
+        return False
+    return (isinstance(data.get("last_exit"), str)
+            and data.get("stopped_by") in ("", "llmgw", "operator"))

@@ -14,9 +14,13 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from agent_support import eventually, free_port, node_settings, unit_name, unit_text
 from test_agent_grpc import Served, root, serving  # noqa: F401 (root is a fixture)
 
+from llmgw.agent.settings import SuperviseSettings
+from llmgw.agent.supervisors import Supervisor
+from llmgw.agent.units import Evidence
 from llmgw.fleet.types import Unit
 from llmgw.proto.conversions import UnitChange
 
@@ -126,3 +130,32 @@ async def test_a_hold_while_the_agent_waits_to_restart_says_llmgw_stopped_it(
         unit = await _unit(served)
         assert unit is not None and unit.state == "stopped" and unit.stopped_by == "llmgw"
         assert unit.last_exit == "killed by SIGKILL" and len(unit.crashes) == 1
+
+
+# The first Supervisor stands for an agent that died: its handles on running
+# children are dropped without waiting, which Python reports as a ResourceWarning.
+@pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")
+async def test_a_hold_and_its_crashes_outlive_an_agent_restart(tmp_path: Path) -> None:
+    fast = SuperviseSettings(restart_backoff=0.05, restart_backoff_max=0.2, stop_timeout=2.0)
+    first = Supervisor(tmp_path / "state", fast)
+    await first.apply([UnitChange(unit_name(), unit_text(args="--exit-after 0.1 --exit-code 3"))])
+
+    async def crashed() -> Evidence | None:
+        await first.tick()
+        [obs] = await first.observe()
+        return obs.evidence if obs.evidence and len(obs.evidence.crashes) >= 2 else None
+
+    await eventually(crashed, what="two crashes")
+    await first.apply([UnitChange(unit_name(), "", action="stop")])  # the daemon's hold
+    [held] = await first.observe()
+    assert held.evidence is not None
+
+    again = Supervisor(tmp_path / "state", fast)  # the agent restarted
+    [obs] = await again.observe()
+    assert obs.process == "stopped" and obs.evidence is not None
+    assert obs.evidence.stopped_by == "llmgw"
+    assert obs.evidence.crashes == held.evidence.crashes
+    assert obs.evidence.last_exit == held.evidence.last_exit
+    await again.tick()
+    [still] = await again.observe()
+    assert still.process == "stopped"  # the restarted agent does not start a held unit
