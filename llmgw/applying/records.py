@@ -77,7 +77,7 @@ def _change(item: ChangeOutcome) -> ChangeEntry:
         model=change.model, replica=change.replica, action=change.action,
         nodes=tuple(nodes), why=why, ok=item.ok,
         error=None if item.ok else _error(item, secrets), duration=item.elapsed,
-        new_replica=change.new_replica,
+        new_replica=change.new_replica, drift_class=change.drift,
     )
 
 

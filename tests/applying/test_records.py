@@ -40,6 +40,15 @@ def test_a_change_is_journaled_with_its_nodes_reasons_and_duration() -> None:
             got.duration) == ("chat", 0, "replace", ("gpu-1", "gpu-2"), True, None, 3.5)
     assert got.new_replica == 1
     assert got.why.startswith("args changed: --max-model-len 8192 → 16384; ")
+    assert got.drift_class == "declared_change"
+
+
+def test_a_change_is_journaled_with_its_class_of_drift() -> None:
+    item = outcome(True, [], [])
+    item.change = Change("restart", "chat", 0, ("gpu-1: llmgw-chat-r0-s0.service failed",),
+                         shards=(shard("gpu-1"),), drift="engine_crash",
+                         evidence=("gpu-1: llmgw-chat-r0-s0.service failed (killed by SIGKILL)",))
+    assert entry_of(item).drift_class == "engine_crash"
 
 
 def test_a_failure_keeps_the_reason_and_the_engines_last_log_line() -> None:
