@@ -246,7 +246,7 @@ def settle(plan: Plan, cluster: Cluster, fleet: Fleet, now: float) -> Plan:
     for change in plan.changes:
         key = (change.model, change.replica)
         touched.add(key)
-        finding = _classify(change, findings.get(key), fleet)
+        finding = _classify(change, findings.get(key), observed.get(key), fleet)
         change = replace(change, drift=finding.kind, evidence=finding.evidence)
         nodes = _nodes(change)
         if finding.kind != "declared_change" and not repairs(settings, finding.kind):
@@ -300,7 +300,9 @@ def events(plan: Plan) -> list[tuple[str, str, str]]:
     return sorted(found)
 
 
-def _classify(change: Change, finding: Finding | None, fleet: Fleet) -> Finding:
+def _classify(
+    change: Change, finding: Finding | None, replica: ObservedReplica | None, fleet: Fleet,
+) -> Finding:
     if change.action == "destroy":
         strangers = [f"{s.node}: {s.unit} was not written by llmgw (no agent's ledger "
                      "matches its file)" for s in change.removes
@@ -312,15 +314,18 @@ def _classify(change: Change, finding: Finding | None, fleet: Fleet) -> Finding:
     if change.action == "restart" or finding.kind in ("hardware_fault", "foreign_process"):
         return finding
     # A replace whose replica is also in trouble: the trouble is the cause only when
-    # nothing about its spec changed (the reasons name no field).
-    if all(line in set(finding.evidence) or _trouble_line(line) for line in change.reasons):
+    # the plan gives no other reason (no field of its spec changed).
+    if replica is not None and set(change.reasons) <= _trouble_reasons(replica):
         return finding
     return Finding("declared_change")
 
 
-def _trouble_line(line: str) -> bool:
-    return (" failed" in line or " stopped" in line or "missing on" in line
-            or "spec is unknown" in line)
+def _trouble_reasons(replica: ObservedReplica) -> set[str]:
+    """The reasons the planner gives for a replica's troubles, and nothing else."""
+    lines = {replicas.failure(m) for m in replica.members.values()
+             if m.unit.state in ("failed", "stopped")}
+    lines |= {f"shard {rank} missing on {node}" for rank, node in replica.missing()}
+    return lines | {"its spec is unknown (no X-Llmgw-Spec label)"}
 
 
 def _kept_strangers(cluster: Cluster, fleet: Fleet) -> list[Held]:

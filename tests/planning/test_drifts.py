@@ -132,3 +132,17 @@ def test_stranger_units_are_never_adopted_as_replicas() -> None:
     assert observation.replicas == {}
     assert [o.reason for o in observation.orphans] == [
         "llmgw-m-r0-s0.service on gpu-01 was not written by llmgw"]
+
+
+@pytest.mark.parametrize(
+    ("case", "classes"),
+    [
+        ("21", ["replace declared_change"]),  # args changed
+        ("23", ["restart engine_crash"]),  # failed, from an agent without evidence
+        ("31", ["replace hardware_fault"]),  # ECC errors on its GPU
+        ("34", ["replace stopped_by_hand"]),  # a shard's unit gone from a node that answers
+        ("43", ["replace hardware_fault"]),  # its GPU gone
+    ],
+)
+def test_the_earlier_cases_get_their_classes(case: str, classes: list[str]) -> None:
+    assert [f"{c.action} {c.drift}" for c in _case(case).changes] == classes
