@@ -16,7 +16,16 @@ process listens on 127.0.0.1 only and the run is bounded by ``--duration``.
 llmgw runs as it does in production: keys checked against SQLite, usage
 rows written, metrics recorded. Numbers are printed, never asserted.
 
+A second table, streaming at the router's limit: a second upstream answers
+every request with a chat-completions stream of STREAM_CHUNKS chunks, each
+written on its own (tests/support/upstream.py, ``--stream-chunks``); wrk
+counts the SSE chunks of whole answers with a Lua script (CHUNKS_LUA).
+Rows: direct, llmgw (and llmgw+uvloop), nginx; columns: chunks/s, ratios,
+and CPU µs per chunk of each path's process and of the upstream, from /proc.
+``--profile FILE`` then samples llmgw with py-spy under the same load.
+
     .venv/bin/python tests/bench/router.py [--duration 2] [--rounds 3] [--connections 32]
+        [--only requests|streaming] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BODY = '{"model":"bench","messages":[{"role":"user","content":"Say hello to the benchmark."}]}'
 STREAM_BODY = BODY[:-1] + ',"stream":true}'
+STREAM_CHUNKS = 200  # content chunks per answer in the streaming rows
 
 NGINX_CONF = """\
 worker_processes 1;
@@ -149,6 +160,86 @@ def wrk(url: str, body: str, key: str, connections: int, duration: float, tmp: P
     return Measure(rps, percentiles[50], percentiles[99])
 
 
+# Counts the content chunks ("data: {") of every answer; an answer counts only when it is
+# whole: status 200, all its chunks and its [DONE]. A stream still running when wrk stops
+# is not counted at all (see docs/benchmarks.md for what that costs the figure).
+CHUNKS_LUA = """\
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) chunks, whole, broken = 0, 0, 0 end
+function response(status, headers, body)
+  local n, at = 0, 1
+  while true do
+    local found = string.find(body, "data: {", at, true)
+    if not found then break end
+    n, at = n + 1, found + 7
+  end
+  if status == 200 and n == %(expected)d and string.find(body, "data: [DONE]", 1, true) then
+    chunks, whole = chunks + n, whole + 1
+  else
+    broken = broken + 1
+  end
+end
+function done(summary, latency, requests)
+  local c, w, b = 0, 0, 0
+  for _, t in ipairs(threads) do
+    c, w, b = c + t:get("chunks"), w + t:get("whole"), b + t:get("broken")
+  end
+  io.write(string.format("chunks %%d whole %%d broken %%d seconds %%f\\n",
+                         c, w, b, summary.duration / 1e6))
+end
+"""
+
+
+def wrk_chunks(url: str, key: str, connections: int, duration: float,
+               tmp: Path) -> tuple[int, float]:
+    """SSE content chunks that reached the clients in whole answers, and wrk's seconds."""
+    script = tmp / "chunks.lua"
+    script.write_text(
+        'wrk.method = "POST"\n'
+        f"wrk.body = '{STREAM_BODY}'\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {key}"\n'
+        + CHUNKS_LUA % {"expected": STREAM_CHUNKS}
+    )
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "-s", str(script),
+         url + "/v1/chat/completions"],
+        capture_output=True, text=True, timeout=duration + 30, check=True,
+    ).stdout
+    found = re.search(r"^chunks (\d+) whole (\d+) broken (\d+) seconds ([\d.]+)$", out, re.M)
+    if found is None or "Socket errors" in out or int(found.group(3)) or not int(found.group(2)):
+        raise RuntimeError(f"errors while measuring streams through {url}:\n{out}")
+    return int(found.group(1)), float(found.group(4))
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of ``pid`` and of its children, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0.0
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(cpu_seconds(int(child)) for child in children)
+
+
+@dataclass
+class Streamed:
+    rate: float  # chunks/s
+    cpu_us: float  # CPU µs per chunk of the path's own process (0: none, the direct row)
+    upstream_cpu_us: float  # CPU µs per chunk of the upstream
+
+
+def measure_streams(target: Target, upstream: int, connections: int, duration: float,
+                    tmp: Path) -> Streamed:
+    before = cpu_seconds(target.pid) if target.pid else 0.0, cpu_seconds(upstream)
+    chunks, seconds = wrk_chunks(target.url, target.key, connections, duration, tmp)
+    after = cpu_seconds(target.pid) if target.pid else 0.0, cpu_seconds(upstream)
+    return Streamed(chunks / seconds, 1e6 * (after[0] - before[0]) / chunks,
+                    1e6 * (after[1] - before[1]) / chunks)
+
+
 def measure_once(target: Target, mode: str, args: argparse.Namespace, tmp: Path) -> Measure:
     body = BODY if mode == "plain" else STREAM_BODY
     try:
@@ -164,6 +255,10 @@ class Target:
     name: str
     url: str
     key: str = "none"
+    pid: int = 0  # the process serving it, when the bench started it (to profile)
+
+
+NOTES: list[str] = []  # printed after the tables: rows skipped and why
 
 
 def serve_router(port: int, upstream: int, db: str, key_file: str, loop: str) -> None:
@@ -232,6 +327,13 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="measurements per figure (best)")
     parser.add_argument("--connections", type=int, default=32, help="concurrent clients")
+    parser.add_argument("--only", choices=("requests", "streaming"),
+                        help="run one table: requests/s and latency, or streaming chunks/s")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="after the streaming rounds, sample llmgw with py-spy under the "
+                             "same load; write the collapsed stacks to FILE, print the top")
+    parser.add_argument("--profile-top", type=int, default=15, metavar="N",
+                        help="functions listed by --profile (default 15)")
     parser.add_argument("--serve-router", nargs=5,
                         metavar=("PORT", "UPSTREAM", "DB", "KEYFILE", "LOOP"),
                         help=argparse.SUPPRESS)
@@ -250,10 +352,22 @@ def main() -> int:
     if missing:
         print(f"skipped: {', '.join(missing)} not installed (`make sysdeps`)")
         return 0
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    python = sys.executable
     args.load_before = os.getloadavg()[0]
-    notes = []
+    if importlib.util.find_spec("uvloop") is None:
+        NOTES.append("llmgw+uvloop: uvloop not installed, row skipped")
+    if args.only != "streaming":
+        requests_rows(args)
+    if args.only != "requests":
+        streaming_rows(args)
+    for note in NOTES:
+        print(f"note: {note}")
+    return 0
+
+
+def requests_rows(args: argparse.Namespace) -> None:
+    """Requests/s and latency of plain and (short) streaming answers, every path."""
+    python = sys.executable
+    notes = NOTES
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmpdir, \
             contextlib.ExitStack() as running:
         tmp = Path(tmpdir)
@@ -262,31 +376,14 @@ def main() -> int:
             process([python, str(ROOT / "tests/support/upstream.py"), "--port", str(up)], up))
         targets = [Target("direct", f"http://127.0.0.1:{up}")]
 
-        loops = ["asyncio"]
-        if importlib.util.find_spec("uvloop") is not None:
-            loops.append("uvloop")  # the same router on uvloop's event loop, for comparison
-        else:
-            notes.append("llmgw+uvloop: uvloop not installed, row skipped")
-        for loop in loops:
-            port = free_port()
-            key_file = tmp / f"key-{loop}"
-            argv = [python, __file__, "--serve-router", str(port), str(up),
-                    str(tmp / f"llmgw-{loop}.db"), str(key_file), loop]
-            running.enter_context(process(argv, port, cwd=ROOT))
-            name = "llmgw" if loop == "asyncio" else f"llmgw+{loop}"
-            targets.append(Target(name, f"http://127.0.0.1:{port}", key_file.read_text()))
+        targets += start_routers(tmp / "requests", up, running)
 
         port = free_port()
         running.enter_context(process([python, __file__, "--serve-bare", str(port), str(up)],
                                       port, cwd=ROOT))
         targets.append(Target("bare aiohttp", f"http://127.0.0.1:{port}"))
 
-        port = free_port()
-        conf = tmp / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(tmp=tmp, upstream=up, port=port))
-        running.enter_context(process(
-            [nginx, "-p", str(tmp), "-e", str(tmp / "nginx-error.log"), "-c", str(conf)], port))
-        targets.append(Target("nginx", f"http://127.0.0.1:{port}"))
+        targets.append(start_nginx(tmp / "nginx", up, running))
 
         if importlib.util.find_spec("litellm") is None:
             notes.append("litellm: not installed, row skipped (it is not an llmgw "
@@ -316,15 +413,142 @@ def main() -> int:
                         max(best.rps, m.rps), min(best.p50_us, m.p50_us),
                         min(best.p99_us, m.p99_us))
     print(table(results, args))
-    for note in notes:
-        print(f"note: {note}")
     llmgw, nginx_row = results["llmgw"], results["nginx"]
     for mode in ("plain", "stream"):
         added = llmgw[mode].p50_us - results["direct"][mode].p50_us
         ratio = llmgw[mode].rps / nginx_row[mode].rps
         print(f"{mode}: llmgw adds {added / 1000:.3f} ms at p50 (target < 1 ms); "
               f"{ratio:.2f}× nginx's requests/s (target ≥ 0.5×)")
-    return 0
+
+
+def streaming_rows(args: argparse.Namespace) -> None:
+    """SSE chunks/s of long streams (STREAM_CHUNKS chunks, each sent on its own)."""
+    python = sys.executable
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmpdir, \
+            contextlib.ExitStack() as running:
+        tmp = Path(tmpdir)
+        up = free_port()
+        upstream = running.enter_context(process(
+            [python, str(ROOT / "tests/support/upstream.py"), "--port", str(up),
+             "--stream-chunks", str(STREAM_CHUNKS)], up))
+        targets = [Target("direct", f"http://127.0.0.1:{up}")]
+        routers = start_routers(tmp / "streaming", up, running)
+        targets += routers
+        targets.append(start_nginx(tmp / "nginx", up, running))
+        runs: dict[str, list[Streamed]] = {target.name: [] for target in targets}
+        for target in targets:
+            wrk_chunks(target.url, target.key, args.connections, 1, tmp)  # warm
+        for _ in range(args.rounds):
+            for target in targets:
+                try:
+                    runs[target.name].append(measure_streams(
+                        target, upstream.pid, args.connections, args.duration, tmp))
+                except RuntimeError as exc:
+                    raise RuntimeError(f"{target.name}, streaming: {exc}") from None
+        if args.profile:
+            profile(routers[0], args, tmp)
+    best = {name: max(run.rate for run in row) for name, row in runs.items()}
+    print()
+    print(f"streaming: {STREAM_CHUNKS} chat-completion chunks per answer, each written on "
+          f"its own by the upstream; wrk, 1 thread, {args.connections} connections; "
+          f"SSE chunks/s in whole answers, best of {args.rounds} interleaved "
+          f"{args.duration:g} s runs (CPU per chunk: median); CPUs: {os.cpu_count()}; "
+          f"load average at start: {args.load_before:.1f}")
+    print()
+    print("| path | chunks/s | × direct | × nginx | CPU µs/chunk, path | "
+          "CPU µs/chunk, upstream |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, row in runs.items():
+        rate = best[name]
+        cpu = statistics.median(run.cpu_us for run in row)
+        upstream_cpu = statistics.median(run.upstream_cpu_us for run in row)
+        print(f"| {name} | {rate:,.0f} | {rate / best['direct']:.2f} | "
+              f"{rate / best['nginx']:.2f} | {'—' if name == 'direct' else f'{cpu:.1f}'} | "
+              f"{upstream_cpu:.1f} |")
+    print(f"streaming: llmgw relays {best['llmgw'] / best['nginx']:.2f}× nginx's chunks/s "
+          "(target ≥ 0.9×)")
+
+
+def start_routers(tmp: Path, upstream: int, running: contextlib.ExitStack) -> list[Target]:
+    """llmgw in front of ``upstream``: on asyncio's loop, and on uvloop's when installed."""
+    tmp.mkdir(exist_ok=True)
+    loops = ["asyncio"]
+    if importlib.util.find_spec("uvloop") is not None:
+        loops.append("uvloop")  # the same router on uvloop's event loop, for comparison
+    targets = []
+    for loop in loops:
+        port = free_port()
+        key_file = tmp / f"key-{loop}"
+        argv = [sys.executable, __file__, "--serve-router", str(port), str(upstream),
+                str(tmp / f"llmgw-{loop}.db"), str(key_file), loop]
+        proc = running.enter_context(process(argv, port, cwd=ROOT))
+        name = "llmgw" if loop == "asyncio" else f"llmgw+{loop}"
+        targets.append(Target(name, f"http://127.0.0.1:{port}", key_file.read_text(),
+                              pid=proc.pid))
+    return targets
+
+
+def start_nginx(tmp: Path, upstream: int, running: contextlib.ExitStack) -> Target:
+    """Debian's nginx, one worker, in front of ``upstream`` (config: NGINX_CONF)."""
+    tmp.mkdir(exist_ok=True)
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    port = free_port()
+    conf = tmp / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(tmp=tmp, upstream=upstream, port=port))
+    proc = running.enter_context(process(
+        [nginx, "-p", str(tmp), "-e", str(tmp / "nginx-error.log"), "-c", str(conf)], port))
+    return Target("nginx", f"http://127.0.0.1:{port}", pid=proc.pid)
+
+
+def profile(target: Target, args: argparse.Namespace, tmp: Path) -> None:
+    """py-spy samples ``target``'s process under the streaming load, after the measured
+    rounds (sampling costs CPU); writes the collapsed stacks and prints the top functions."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        NOTES.append("profile: py-spy not installed (`pip install -e '.[bench]'`), skipped")
+        return
+    seconds = max(int(args.duration * 2), 2)
+    spy = subprocess.Popen([py_spy, "record", "--pid", str(target.pid), "--format", "raw",
+                            "--rate", "250", "--duration", str(seconds), "--nonblocking",
+                            "--output", str(args.profile)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.5)  # attached before the load starts
+    wrk_chunks(target.url, target.key, args.connections, seconds, tmp)
+    if spy.wait(seconds + 30) != 0:
+        NOTES.append(f"profile: py-spy failed: {spy.communicate()[1].decode()[-500:]}")
+        return
+    print()
+    print(profile_summary(Path(args.profile).read_text(), args.profile_top))
+
+
+def profile_summary(collapsed: str, top: int) -> str:
+    """The functions with most samples, from py-spy's collapsed stacks (``a;b;c 12``):
+    self (the function was running) and total (it was on the stack), in % of all samples."""
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        # "name (path:line)" -> "name (path)": one entry per function, not per line
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            total[frame] = total.get(frame, 0) + n
+    lines = [f"py-spy, llmgw under the streaming load: {samples} samples", "",
+             "| self | total | function |", "|---:|---:|---|"]
+    for frame, n in sorted(own.items(), key=lambda item: -item[1])[:top]:
+        lines.append(f"| {100 * n / samples:.1f} % | {100 * total[frame] / samples:.1f} % | "
+                     f"`{_short(frame)}` |")
+    return "\n".join(lines)
+
+
+def _short(frame: str) -> str:
+    """A frame without the directories of its file: ``write (aiohttp/http_writer.py)``."""
+    return re.sub(r"\((?:.*/)?((?:[^/]+/)?[^/]+\.py)\)", r"(\1)", frame)
 
 
 def table(results: dict[str, dict[str, Measure]], args: argparse.Namespace) -> str:
