@@ -213,31 +213,39 @@ def wrk_chunks(url: str, key: str, connections: int, duration: float,
     return int(found.group(1)), float(found.group(4))
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) of ``pid`` and of its children, from /proc."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU time (user, system) of ``pid`` and of its children, from /proc."""
+    if not pid:
+        return 0.0, 0.0
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
-        return 0.0
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return own + sum(cpu_seconds(int(child)) for child in children)
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    user, system = int(fields[11]) / tick, int(fields[12]) / tick
+    for child in children:
+        more = cpu_seconds(int(child))
+        user, system = user + more[0], system + more[1]
+    return user, system
 
 
 @dataclass
 class Streamed:
     rate: float  # chunks/s
-    cpu_us: float  # CPU µs per chunk of the path's own process (0: none, the direct row)
-    upstream_cpu_us: float  # CPU µs per chunk of the upstream
+    user_us: float  # CPU µs per chunk of the path's own process, user (0: the direct row)
+    system_us: float  # and in the kernel on its behalf (its syscalls)
+    upstream_us: float  # CPU µs per chunk of the upstream, user + system
 
 
 def measure_streams(target: Target, upstream: int, connections: int, duration: float,
                     tmp: Path) -> Streamed:
-    before = cpu_seconds(target.pid) if target.pid else 0.0, cpu_seconds(upstream)
+    path, up = cpu_seconds(target.pid), cpu_seconds(upstream)
     chunks, seconds = wrk_chunks(target.url, target.key, connections, duration, tmp)
-    after = cpu_seconds(target.pid) if target.pid else 0.0, cpu_seconds(upstream)
-    return Streamed(chunks / seconds, 1e6 * (after[0] - before[0]) / chunks,
-                    1e6 * (after[1] - before[1]) / chunks)
+    path_after, up_after = cpu_seconds(target.pid), cpu_seconds(upstream)
+    return Streamed(chunks / seconds, 1e6 * (path_after[0] - path[0]) / chunks,
+                    1e6 * (path_after[1] - path[1]) / chunks,
+                    1e6 * (sum(up_after) - sum(up)) / chunks)
 
 
 def measure_once(target: Target, mode: str, args: argparse.Namespace, tmp: Path) -> Measure:
@@ -332,6 +340,9 @@ def main() -> int:
     parser.add_argument("--profile", metavar="FILE",
                         help="after the streaming rounds, sample llmgw with py-spy under the "
                              "same load; write the collapsed stacks to FILE, print the top")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="streaming table: add rows for the llmgw package in DIR (another "
+                             "version, e.g. `git archive` of a commit), for before/after")
     parser.add_argument("--profile-top", type=int, default=15, metavar="N",
                         help="functions listed by --profile (default 15)")
     parser.add_argument("--serve-router", nargs=5,
@@ -434,6 +445,8 @@ def streaming_rows(args: argparse.Namespace) -> None:
         targets = [Target("direct", f"http://127.0.0.1:{up}")]
         routers = start_routers(tmp / "streaming", up, running)
         targets += routers
+        if args.baseline:
+            targets += start_routers(tmp / "baseline", up, running, baseline=args.baseline)
         targets.append(start_nginx(tmp / "nginx", up, running))
         runs: dict[str, list[Streamed]] = {target.name: [] for target in targets}
         for target in targets:
@@ -455,34 +468,47 @@ def streaming_rows(args: argparse.Namespace) -> None:
           f"{args.duration:g} s runs (CPU per chunk: median); CPUs: {os.cpu_count()}; "
           f"load average at start: {args.load_before:.1f}")
     print()
-    print("| path | chunks/s | × direct | × nginx | CPU µs/chunk, path | "
-          "CPU µs/chunk, upstream |")
+    print("| path | chunks/s | × direct | × nginx | path CPU µs/chunk (user + sys) | "
+          "upstream CPU µs/chunk |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, row in runs.items():
         rate = best[name]
-        cpu = statistics.median(run.cpu_us for run in row)
-        upstream_cpu = statistics.median(run.upstream_cpu_us for run in row)
+        user = statistics.median(run.user_us for run in row)
+        system = statistics.median(run.system_us for run in row)
+        cpu = "—" if name == "direct" else f"{user + system:.1f} ({user:.1f} + {system:.1f})"
         print(f"| {name} | {rate:,.0f} | {rate / best['direct']:.2f} | "
-              f"{rate / best['nginx']:.2f} | {'—' if name == 'direct' else f'{cpu:.1f}'} | "
-              f"{upstream_cpu:.1f} |")
+              f"{rate / best['nginx']:.2f} | {cpu} | "
+              f"{statistics.median(run.upstream_us for run in row):.1f} |")
     print(f"streaming: llmgw relays {best['llmgw'] / best['nginx']:.2f}× nginx's chunks/s "
           "(target ≥ 0.9×)")
 
 
-def start_routers(tmp: Path, upstream: int, running: contextlib.ExitStack) -> list[Target]:
-    """llmgw in front of ``upstream``: on asyncio's loop, and on uvloop's when installed."""
+def start_routers(tmp: Path, upstream: int, running: contextlib.ExitStack,
+                  baseline: str | None = None) -> list[Target]:
+    """llmgw in front of ``upstream``: on asyncio's loop, and on uvloop's when installed.
+
+    ``baseline``: a directory with another version's ``llmgw`` package (``git archive``
+    of a commit), run instead of this one's, for a before/after in one run.
+    """
     tmp.mkdir(exist_ok=True)
     loops = ["asyncio"]
     if importlib.util.find_spec("uvloop") is not None:
         loops.append("uvloop")  # the same router on uvloop's event loop, for comparison
+    env = None
+    if baseline is not None:
+        if not (Path(baseline) / "llmgw" / "router").is_dir():
+            raise SystemExit(f"--baseline {baseline}: no llmgw/router package there")
+        env = {**os.environ, "PYTHONPATH": str(Path(baseline).resolve())}
     targets = []
     for loop in loops:
         port = free_port()
         key_file = tmp / f"key-{loop}"
         argv = [sys.executable, __file__, "--serve-router", str(port), str(upstream),
                 str(tmp / f"llmgw-{loop}.db"), str(key_file), loop]
-        proc = running.enter_context(process(argv, port, cwd=ROOT))
+        proc = running.enter_context(process(argv, port, cwd=ROOT, env=env))
         name = "llmgw" if loop == "asyncio" else f"llmgw+{loop}"
+        if baseline is not None:
+            name += " (baseline)"
         targets.append(Target(name, f"http://127.0.0.1:{port}", key_file.read_text(),
                               pid=proc.pid))
     return targets
