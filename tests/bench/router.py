@@ -114,14 +114,19 @@ def wait_port(port: int, timeout: float = 30) -> None:
 
 @contextlib.contextmanager
 def process(argv: list[str], port: int, **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    # stderr goes to a file, not a pipe: a server that logs more than a pipe holds (64 KiB)
+    # while nobody reads it would block mid-run and stall its row.
+    errors = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errors,
                             start_new_session=True, **kwargs)  # type: ignore[call-overload]
     try:
         try:
             wait_port(port)
         except RuntimeError:
             proc.kill()
-            why = proc.communicate()[1].decode()
+            proc.wait()
+            errors.seek(0)
+            why = errors.read().decode(errors="replace")
             raise RuntimeError(f"{argv[0]} did not start: {why}") from None
         yield proc
     finally:
@@ -132,6 +137,7 @@ def process(argv: list[str], port: int, **kwargs: object) -> Iterator[subprocess
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        errors.close()
 
 
 _UNITS = {"us": 1.0, "ms": 1000.0, "s": 1_000_000.0}
@@ -303,8 +309,12 @@ def serve_router(port: int, upstream: int, db: str, key_file: str, loop: str) ->
             asyncio.run(main())
 
 
-def serve_bare(port: int, upstream: int) -> None:
-    """The floor: an aiohttp proxy doing nothing but forward (no keys, usage, metrics)."""
+def serve_bare(port: int, upstream: int, relay: bool) -> None:
+    """The floor: an aiohttp proxy doing nothing but forward (no keys, usage, metrics).
+
+    ``relay``: pass a body on as its reads arrive (the streaming table's floor) instead
+    of reading it whole first.
+    """
     import aiohttp
     from aiohttp import web
 
@@ -315,6 +325,18 @@ def serve_bare(port: int, upstream: int) -> None:
             body = await request.read()
             async with session.post(f"http://127.0.0.1:{upstream}{request.path}", data=body,
                                     headers={"Content-Type": "application/json"}) as reply:
+                if relay:
+                    response = web.StreamResponse(
+                        status=reply.status,
+                        headers={"Content-Type": reply.headers["Content-Type"]})
+                    try:
+                        await response.prepare(request)
+                        async for data in reply.content.iter_any():
+                            await response.write(data)
+                        await response.write_eof()
+                    except ConnectionResetError:
+                        pass  # wrk stopped mid-stream; a traceback would fill the stderr pipe
+                    return response
                 data = await reply.read()
                 return web.Response(status=reply.status, body=data,
                                     headers={"Content-Type": reply.headers["Content-Type"]})
@@ -348,11 +370,12 @@ def main() -> int:
     parser.add_argument("--serve-router", nargs=5,
                         metavar=("PORT", "UPSTREAM", "DB", "KEYFILE", "LOOP"),
                         help=argparse.SUPPRESS)
-    parser.add_argument("--serve-bare", nargs=2, metavar=("PORT", "UPSTREAM"),
+    parser.add_argument("--serve-bare", nargs=3, metavar=("PORT", "UPSTREAM", "MODE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_bare:
-        serve_bare(int(args.serve_bare[0]), int(args.serve_bare[1]))
+        port, upstream, mode = args.serve_bare
+        serve_bare(int(port), int(upstream), relay=mode == "relay")
         return 0
     if args.serve_router:
         port, upstream, db, key_file, loop = args.serve_router
@@ -390,7 +413,8 @@ def requests_rows(args: argparse.Namespace) -> None:
         targets += start_routers(tmp / "requests", up, running)
 
         port = free_port()
-        running.enter_context(process([python, __file__, "--serve-bare", str(port), str(up)],
+        running.enter_context(process([python, __file__, "--serve-bare", str(port), str(up),
+                                       "buffer"],
                                       port, cwd=ROOT))
         targets.append(Target("bare aiohttp", f"http://127.0.0.1:{port}"))
 
@@ -447,6 +471,10 @@ def streaming_rows(args: argparse.Namespace) -> None:
         targets += routers
         if args.baseline:
             targets += start_routers(tmp / "baseline", up, running, baseline=args.baseline)
+        port = free_port()
+        bare = running.enter_context(process(
+            [python, __file__, "--serve-bare", str(port), str(up), "relay"], port, cwd=ROOT))
+        targets.append(Target("bare aiohttp relay", f"http://127.0.0.1:{port}", pid=bare.pid))
         targets.append(start_nginx(tmp / "nginx", up, running))
         runs: dict[str, list[Streamed]] = {target.name: [] for target in targets}
         for target in targets:
