@@ -50,6 +50,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support.streamloads import (  # noqa: E402
+    Load,
+    Streamed,
+    measure_streams,
+    profile_summary,
+    wrk_chunks,
+)
+
 BODY = '{"model":"bench","messages":[{"role":"user","content":"Say hello to the benchmark."}]}'
 STREAM_BODY = BODY[:-1] + ',"stream":true}'
 STREAM_CHUNKS = 200  # content chunks per answer in the streaming rows
@@ -164,94 +174,6 @@ def wrk(url: str, body: str, key: str, connections: int, duration: float, tmp: P
         for p, v, u in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
     }
     return Measure(rps, percentiles[50], percentiles[99])
-
-
-# Counts the content chunks ("data: {") of every answer; an answer counts only when it is
-# whole: status 200, all its chunks and its [DONE]. A stream still running when wrk stops
-# is not counted at all (see docs/benchmarks.md for what that costs the figure).
-CHUNKS_LUA = """\
-local threads = {}
-function setup(thread) table.insert(threads, thread) end
-function init(args) chunks, whole, broken = 0, 0, 0 end
-function response(status, headers, body)
-  local n, at = 0, 1
-  while true do
-    local found = string.find(body, "data: {", at, true)
-    if not found then break end
-    n, at = n + 1, found + 7
-  end
-  if status == 200 and n == %(expected)d and string.find(body, "data: [DONE]", 1, true) then
-    chunks, whole = chunks + n, whole + 1
-  else
-    broken = broken + 1
-  end
-end
-function done(summary, latency, requests)
-  local c, w, b = 0, 0, 0
-  for _, t in ipairs(threads) do
-    c, w, b = c + t:get("chunks"), w + t:get("whole"), b + t:get("broken")
-  end
-  io.write(string.format("chunks %%d whole %%d broken %%d seconds %%f\\n",
-                         c, w, b, summary.duration / 1e6))
-end
-"""
-
-
-def wrk_chunks(url: str, key: str, connections: int, duration: float,
-               tmp: Path) -> tuple[int, float]:
-    """SSE content chunks that reached the clients in whole answers, and wrk's seconds."""
-    script = tmp / "chunks.lua"
-    script.write_text(
-        'wrk.method = "POST"\n'
-        f"wrk.body = '{STREAM_BODY}'\n"
-        'wrk.headers["Content-Type"] = "application/json"\n'
-        f'wrk.headers["Authorization"] = "Bearer {key}"\n'
-        + CHUNKS_LUA % {"expected": STREAM_CHUNKS}
-    )
-    out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "-s", str(script),
-         url + "/v1/chat/completions"],
-        capture_output=True, text=True, timeout=duration + 30, check=True,
-    ).stdout
-    found = re.search(r"^chunks (\d+) whole (\d+) broken (\d+) seconds ([\d.]+)$", out, re.M)
-    if found is None or "Socket errors" in out or int(found.group(3)) or not int(found.group(2)):
-        raise RuntimeError(f"errors while measuring streams through {url}:\n{out}")
-    return int(found.group(1)), float(found.group(4))
-
-
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """CPU time (user, system) of ``pid`` and of its children, from /proc."""
-    if not pid:
-        return 0.0, 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return 0.0, 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    user, system = int(fields[11]) / tick, int(fields[12]) / tick
-    for child in children:
-        more = cpu_seconds(int(child))
-        user, system = user + more[0], system + more[1]
-    return user, system
-
-
-@dataclass
-class Streamed:
-    rate: float  # chunks/s
-    user_us: float  # CPU µs per chunk of the path's own process, user (0: the direct row)
-    system_us: float  # and in the kernel on its behalf (its syscalls)
-    upstream_us: float  # CPU µs per chunk of the upstream, user + system
-
-
-def measure_streams(target: Target, upstream: int, connections: int, duration: float,
-                    tmp: Path) -> Streamed:
-    path, up = cpu_seconds(target.pid), cpu_seconds(upstream)
-    chunks, seconds = wrk_chunks(target.url, target.key, connections, duration, tmp)
-    path_after, up_after = cpu_seconds(target.pid), cpu_seconds(upstream)
-    return Streamed(chunks / seconds, 1e6 * (path_after[0] - path[0]) / chunks,
-                    1e6 * (path_after[1] - path[1]) / chunks,
-                    1e6 * (sum(up_after) - sum(up)) / chunks)
 
 
 def measure_once(target: Target, mode: str, args: argparse.Namespace, tmp: Path) -> Measure:
@@ -476,18 +398,20 @@ def streaming_rows(args: argparse.Namespace) -> None:
             [python, __file__, "--serve-bare", str(port), str(up), "relay"], port, cwd=ROOT))
         targets.append(Target("bare aiohttp relay", f"http://127.0.0.1:{port}", pid=bare.pid))
         targets.append(start_nginx(tmp / "nginx", up, running))
+        load = Load(STREAM_BODY, STREAM_CHUNKS, args.connections)
         runs: dict[str, list[Streamed]] = {target.name: [] for target in targets}
         for target in targets:
-            wrk_chunks(target.url, target.key, args.connections, 1, tmp)  # warm
+            wrk_chunks(target.url, target.key, load, 1, tmp)  # warm
         for _ in range(args.rounds):
             for target in targets:
                 try:
                     runs[target.name].append(measure_streams(
-                        target, upstream.pid, args.connections, args.duration, tmp))
+                        target.url, target.key, target.pid, upstream.pid, load,
+                        args.duration, tmp))
                 except RuntimeError as exc:
                     raise RuntimeError(f"{target.name}, streaming: {exc}") from None
         if args.profile:
-            profile(routers[0], args, tmp)
+            profile(routers[0], load, args, tmp)
     best = {name: max(run.rate for run in row) for name, row in runs.items()}
     print()
     print(f"streaming: {STREAM_CHUNKS} chat-completion chunks per answer, each written on "
@@ -554,7 +478,7 @@ def start_nginx(tmp: Path, upstream: int, running: contextlib.ExitStack) -> Targ
     return Target("nginx", f"http://127.0.0.1:{port}", pid=proc.pid)
 
 
-def profile(target: Target, args: argparse.Namespace, tmp: Path) -> None:
+def profile(target: Target, load: Load, args: argparse.Namespace, tmp: Path) -> None:
     """py-spy samples ``target``'s process under the streaming load, after the measured
     rounds (sampling costs CPU); writes the collapsed stacks and prints the top functions."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -567,42 +491,12 @@ def profile(target: Target, args: argparse.Namespace, tmp: Path) -> None:
                             "--output", str(args.profile)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(0.5)  # attached before the load starts
-    wrk_chunks(target.url, target.key, args.connections, seconds, tmp)
+    wrk_chunks(target.url, target.key, load, seconds, tmp)
     if spy.wait(seconds + 30) != 0:
         NOTES.append(f"profile: py-spy failed: {spy.communicate()[1].decode()[-500:]}")
         return
     print()
     print(profile_summary(Path(args.profile).read_text(), args.profile_top))
-
-
-def profile_summary(collapsed: str, top: int) -> str:
-    """The functions with most samples, from py-spy's collapsed stacks (``a;b;c 12``):
-    self (the function was running) and total (it was on the stack), in % of all samples."""
-    own: dict[str, int] = {}
-    total: dict[str, int] = {}
-    samples = 0
-    for line in collapsed.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        samples += n
-        # "name (path:line)" -> "name (path)": one entry per function, not per line
-        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
-        own[frames[-1]] = own.get(frames[-1], 0) + n
-        for frame in set(frames):
-            total[frame] = total.get(frame, 0) + n
-    lines = [f"py-spy, llmgw under the streaming load: {samples} samples", "",
-             "| self | total | function |", "|---:|---:|---|"]
-    for frame, n in sorted(own.items(), key=lambda item: -item[1])[:top]:
-        lines.append(f"| {100 * n / samples:.1f} % | {100 * total[frame] / samples:.1f} % | "
-                     f"`{_short(frame)}` |")
-    return "\n".join(lines)
-
-
-def _short(frame: str) -> str:
-    """A frame without the directories of its file: ``write (aiohttp/http_writer.py)``."""
-    return re.sub(r"\((?:.*/)?((?:[^/]+/)?[^/]+\.py)\)", r"(\1)", frame)
 
 
 def table(results: dict[str, dict[str, Measure]], args: argparse.Namespace) -> str:
