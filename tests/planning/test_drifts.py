@@ -12,9 +12,9 @@ from test_plan_cases import CASES, load_case, run_case
 
 from llmgw.fleet.types import UNSEEN_EXIT, NodeReport, Unit
 from llmgw.metrics.drifts import DriftCounts
-from llmgw.planning import drifts, outputs, replicas
+from llmgw.planning import drifts, outputs, plans, replicas
 from llmgw.planning.replicas import Member, ObservedReplica
-from llmgw.planning.types import Plan
+from llmgw.planning.types import ObservedShard, Plan
 from llmgw.spec.repairs import CrashLoop
 
 NOW = 1_700_000_000.0
@@ -146,3 +146,55 @@ def test_stranger_units_are_never_adopted_as_replicas() -> None:
 )
 def test_the_earlier_cases_get_their_classes(case: str, classes: list[str]) -> None:
     assert [f"{c.action} {c.drift}" for c in _case(case).changes] == classes
+
+
+def test_evidence_reads_as_the_agent_reported_it() -> None:
+    def line(**fields: object) -> str:
+        found = drifts.unit_finding("n1", unit(**fields), NodeReport(node="n1"), NOW)
+        assert found is not None
+        return found.evidence[0]
+
+    assert line(state="failed", last_exit="killed by SIGKILL", last_exit_at=NOW - 0.5,
+                restarts=1, crashes=[NOW - 90]) == (
+        "n1: llmgw-m-r0-s0.service failed (killed by SIGKILL, just now), restarted 1 time, "
+        "1 crash since 1m30s ago")
+    assert line(state="failed", last_exit="exited with status 3", last_exit_at=NOW - 1,
+                restarts=2, crashes=[NOW - 3, NOW - 1]) == (
+        "n1: llmgw-m-r0-s0.service failed (exited with status 3, 1s ago), restarted 2 times, "
+        "2 crashes since 3s ago")
+    assert line(state="stopped", stopped_by="operator", last_exit="killed by SIGTERM") == (
+        "n1: llmgw-m-r0-s0.service stopped by someone other than llmgw (killed by SIGTERM, "
+        "at an unknown time)")
+    assert drifts.unit_finding("n1", unit(state="failed"), None, NOW) == drifts.Finding(
+        "engine_crash", ())
+
+
+def test_a_hold_stops_exactly_the_units_that_run() -> None:
+    plan, _, fleet, _ = run_case(load_case(next(Path(CASES).glob("77-*.yaml"))))
+    [observed] = fleet.nodes["gpu-01"].units
+    [hold] = plan.changes
+    assert hold.removes == (ObservedShard(
+        node="gpu-01", unit=observed.name, rank=0, digest=observed.digest, state="starting",
+        port=observed.port, detail=observed.detail),)
+
+
+@pytest.mark.parametrize(
+    ("entry", "kind"),
+    [
+        ({"state": "failed", "log_tail": ["fatal: out of memory"]}, "engine_crash"),
+        ({"state": "stopped", "stopped_by": "operator"}, "stopped_by_hand"),
+    ],
+)
+def test_an_unlabelled_replica_in_trouble_is_replaced_for_its_trouble(
+    entry: dict[str, object], kind: str,
+) -> None:
+    cluster = cluster_from({
+        "nodes": {"gpu-01": {"address": "10.0.0.1", "gpus": [{"class": "l40s-45g", "count": 2}]}},
+        "models": {"m": {"source": "org/m", "profiles": [{"engine": "vllm",
+                                                          "gpu_class": "l40s-45g"}]}},
+    })
+    fleet = fleet_from(cluster, None, [{"model": "m", "replica": 0, "on": {"gpu-01": [0]},
+                                        "labels": False, **entry}], NOW)
+    plan = plans.plan(cluster, fleet, NOW)
+    assert [(c.action, c.drift) for c in plan.changes] == [("replace", kind)]
+    assert "its spec is unknown (no X-Llmgw-Spec label)" in plan.changes[0].reasons
