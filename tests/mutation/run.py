@@ -58,7 +58,7 @@ MODULES: dict[str, list[str]] = {
     "planning/outputs.py": PLANNING,
     "planning/placements.py": [*PLANNING, "tests/planning/test_placements.py"],
     "planning/plans.py": PLANNING,
-    "planning/replicas.py": PLANNING,
+    "planning/replicas.py": [*PLANNING, "tests/planning/test_replicas.py"],
     "planning/scaling.py": [*PLANNING, "tests/planning/test_scaling.py"],
     "planning/shards.py": PLANNING,
     "rendering/quoting.py": RENDERING,
