@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -360,6 +361,20 @@ def test_current_of_a_replica_with_a_shard_missing_is_none() -> None:
     assert isinstance(placed, Placement)
     assert current(capacity, running(capacity, fleet, placed, drop=1)) is None
     assert current(capacity, running(capacity, fleet, placed, drop=0)) is None
+
+
+def test_current_of_a_replica_whose_specs_name_no_nodes_is_none() -> None:
+    capacity, fleet, spec = two_profiles(VLLM2)
+    placed = place(capacity, Request("m", 1, spec, "/models/m"))
+    assert isinstance(placed, Placement)
+    replica = running(capacity, fleet, placed)
+    for nodes in ([], None):
+        member = replica.members[0]
+        head = {**(member.spec or {}), "nodes": nodes}
+        if nodes is None:
+            del head["nodes"]
+        replica.members[0] = replace(member, spec=head)
+        assert current(capacity, replica) is None
 
 
 def test_current_marks_a_gpu_the_node_no_longer_reports() -> None:
