@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from plan_builders import cluster_from, fleet_from
 
-from llmgw.fleet.types import Demand, Fleet
+from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.planning import plans, replicas, shards
 
 NOW = 1_700_000_000.0
@@ -113,3 +113,62 @@ def test_a_label_that_does_not_match_its_digest() -> None:
     assert replicas.collect(cluster, fleet).warnings == [
         f"gpu-01: {UNIT}: its X-Llmgw-Spec label does not match its digest; treating its "
         "spec as unknown"]
+
+
+# -- failure(): why a unit failed, in one line ---------------------------------
+
+
+def failed(detail: str = "", log_tail: tuple[str, ...] = ()) -> replicas.Member:
+    unit = Unit(name=UNIT, model="m", replica=0, digest="0" * 16, state="failed",
+                detail=detail, log_tail=list(log_tail))
+    return replicas.Member("gpu-01", unit, None, True)
+
+
+@pytest.mark.parametrize(("detail", "log_tail", "line"), [
+    # the last two lines that name an error say more than a generic last line
+    ("exited with status 1", ("loading", "ValueError: bad config", "OSError: no such file",
+                              "RuntimeError: CUDA error", "shutting down"),
+     "OSError: no such file | RuntimeError: CUDA error"),
+    ("exited with status 1", ("permission denied: /dev/nvidia0", "  "),
+     "permission denied: /dev/nvidia0"),
+    # no error line: the agent's detail, else the last line of the log
+    ("exited with status 1", ("starting", "stopping"), "exited with status 1"),
+    ("", ("starting", "  stopping  ", "   "), "stopping"),
+    ("", (), ""),
+])
+def test_failure_names_the_cause(detail: str, log_tail: tuple[str, ...], line: str) -> None:
+    expected = f"gpu-01: {UNIT} failed" + (f": {line}" if line else "")
+    assert replicas.failure(failed(detail, log_tail)) == expected
+
+
+def test_failure_is_bounded() -> None:
+    text = replicas.failure(failed("x" * 1000))
+    assert text == f"gpu-01: {UNIT} failed: " + "x" * 297 + "..."
+
+
+# -- collect(): one replica per (model, replica), duplicates set aside ---------
+
+
+def test_a_second_copy_of_a_shard_is_an_orphan_and_the_rest_is_still_read() -> None:
+    cluster = cluster_from(CLUSTER)
+    one = fleet_from(cluster, None, [{"model": "m", "replica": 0, "fabric": "ib-a",
+                                      "on": {"gpu-01": [0], "gpu-02": [0]}}], NOW)
+    copy = next(u for u in one.nodes["gpu-01"].units if u.rank == 0)
+    later = copy.model_copy(update={"replica": 7, "name": "llmgw-m-r7-s0.service",
+                                    "labels": {}})
+    second = one.nodes["gpu-02"]
+    fleet = one.model_copy(update={"nodes": {
+        **one.nodes, "gpu-02": second.model_copy(update={"units": [*second.units, copy, later]})}})
+    seen = replicas.collect(cluster, fleet)
+    assert [(o.node, o.unit, o.reason) for o in seen.orphans] == [
+        ("gpu-02", copy, "duplicate of shard 0 on gpu-01")]
+    assert seen.replicas[("m", 0)].members[0].node == "gpu-01"
+    assert sorted(seen.replicas) == [("m", 0), ("m", 7)]
+
+
+def test_since_is_the_first_shards() -> None:
+    head, other = failed(), failed()
+    head.unit = head.unit.model_copy(update={"since": 100.0})
+    other.unit = other.unit.model_copy(update={"rank": 1, "since": 200.0})
+    assert replicas.ObservedReplica("m", 0, {0: head, 1: other}).since() == 100.0
+    assert replicas.ObservedReplica("m", 0, {1: other}).since() is None
