@@ -8,9 +8,9 @@ module — mutants, killed, survived, score — and, with ``--survivors``, the
 diff of every surviving mutant. ``--sample N`` tests N mutants per module,
 drawn with a seed made of the module's name (the same code gives the same
 sample, so a score before and after new tests compares like with like);
-each mutant that survives them is then run against *every* test in the
-module's test files, not only those mutmut saw reach the mutated function,
-and counts as caught when they fail. Accepted survivors (equivalent mutants, or
+each mutant that survives them, or that mutmut saw no test reach, is then
+run against *every* test in the module's test files and counts as caught
+when they fail, as survived when they pass. Accepted survivors (equivalent mutants, or
 ones argued harmless) are listed with their reasons in docs/testing.md;
 ``--check`` exits 1 when a module scores under ``--min`` (default 90 %).
 
@@ -188,16 +188,18 @@ def _run(module: str, tests: list[str], mutmut: str, sample: int = 0) -> Score:
     for name, code in sorted(exits.items()):
         status = STATUS.get(code, "suspicious") if code is not None else "not checked"
         counts[status] = counts.get(status, 0) + 1
-        if status == "survived":
+        if status == "survived" or (sample and status == "no tests"):
             survivors.append(name)
     if sample and survivors:
-        # mutmut ran only the tests it saw reach the mutated function; the module's
-        # whole test files get the last word (after they pass with no mutant).
+        # mutmut ran only the tests it saw reach the mutated function (none, for
+        # "no tests"); the module's whole test files get the last word, after they
+        # pass with no mutant.
         if _pytest(work, tests, "") != 0:
             raise SystemExit(f"{module}: its tests fail with no mutant active (in {work})")
         caught = [name for name in survivors if _pytest(work, tests, name) != 0]
+        counts.pop("no tests", None)
         counts["killed"] = counts.get("killed", 0) + len(caught)
-        counts["survived"] -= len(caught)
+        counts["survived"] = len(survivors) - len(caught)
         survivors = [name for name in survivors if name not in caught]
     return Score(module, counts, survivors, time.monotonic() - started)
 
