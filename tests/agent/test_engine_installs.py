@@ -1,0 +1,177 @@
+"""vLLM-style engine installs on simulated nodes, from a local package index.
+
+A real wheel (``tests/support/indexes.py``: a small pure-Python ``vllm``
+whose ``vllm --version`` prints its version) is served by a PEP 503 index
+(``python -m http.server``); the agent behind a real sshd installs it into
+``<engines dir>/vllm-0.11.0`` with ``pip install --require-hashes --no-deps``
+in a fresh venv, driven through ``InstallEngine`` over the SSH tunnel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import indexes
+from support.indexes import Index
+from support.plugin import SimClusterFactory
+
+from llmgw.agent import installs
+from llmgw.fleet.types import NodeReport
+from llmgw.spec import loading
+from llmgw.transport import pools
+from llmgw.transport.agent_client import AgentClient, EngineProgress
+
+VERSION = "0.11.0"
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return indexes.build_standin(tmp_path_factory.mktemp("standin"), "vllm", VERSION)
+
+
+@pytest.fixture
+def index(standin: Path, tmp_path: Path) -> Iterator[Index]:
+    served = Index(tmp_path / "index")
+    served.add(standin)
+    served.start()
+    yield served
+    served.stop()
+
+
+def requirements(wheel: Path, digest: str | None = None) -> str:
+    """What ``pip-compile --generate-hashes`` writes for the one package."""
+    return (f"vllm=={VERSION} \\\n    --hash=sha256:{digest or indexes.sha256(wheel)}\n"
+            "    # via -r requirements.in\n")
+
+
+async def install(pool: pools.Pool, node: str, text: str, url: str) -> list[EngineProgress]:
+    agent = await pool.client(node)
+    return [p async for p in agent.install_engine("vllm", VERSION, requirements=text,
+                                                  index_url=url)]
+
+
+async def report(pool: pools.Pool, node: str) -> NodeReport:
+    return await pool.call(node, lambda agent: agent.report())
+
+
+def leftovers(engines: Path) -> list[str]:
+    return sorted(p.name for p in engines.iterdir() if p.name != installs.INCOMING)
+
+
+async def test_vllm_is_installed_into_its_own_venv_from_the_index(
+    sim_cluster: SimClusterFactory, index: Index, standin: Path,
+) -> None:
+    sim = sim_cluster(1, hardware=["h100-ib"])
+    cluster = loading.load(sim.write_cluster())
+    engines = sim.nodes["node-01"].root / "engines"
+    async with pools.Pool(cluster, sim.cluster_dir) as pool:
+        steps = await install(pool, "node-01", requirements(standin), index.url)
+        last = steps[-1]
+        assert last.fetch.state == "done", last
+        assert last.fetch.kind == "engine" and last.fetch.target == f"vllm {VERSION}"
+        assert last.path == str(engines / f"vllm-{VERSION}")
+        # Progress was shown on the way: the download with its bytes.
+        assert any(p.step.startswith("downloading wheels") for p in steps)
+        assert max(p.fetch.bytes_done for p in steps) > 0
+        facts = (await report(pool, "node-01")).host
+        assert facts is not None and facts.engines_dir == str(engines)
+        assert [(e.engine, e.version, e.path) for e in facts.installed_engines] == [
+            ("vllm", VERSION, str(engines / f"vllm-{VERSION}"))]
+    assert leftovers(engines) == [f"vllm-{VERSION}"]
+    venv = engines / f"vllm-{VERSION}"
+    # A venv of its own, not the system's site-packages; its script runs after the move.
+    assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
+    ran = subprocess.run([venv / "bin" / "vllm", "--version"], capture_output=True, text=True,
+                         check=True)
+    assert ran.stdout.strip() == VERSION
+
+
+async def test_a_wrong_hash_fails_with_the_reason_and_leaves_nothing(
+    sim_cluster: SimClusterFactory, index: Index, standin: Path,
+) -> None:
+    sim = sim_cluster(1, hardware=["h100-ib"])
+    cluster = loading.load(sim.write_cluster())
+    engines = sim.nodes["node-01"].root / "engines"
+    wrong = "0" * 64
+    async with pools.Pool(cluster, sim.cluster_dir) as pool:
+        steps = await install(pool, "node-01", requirements(standin, wrong), index.url)
+        last = steps[-1].fetch
+        assert last.state == "failed"
+        assert "THESE PACKAGES DO NOT MATCH THE HASHES" in last.error
+        assert f"Expected sha256 {wrong}" in last.error
+        assert f"Got        {indexes.sha256(standin)}" in last.error
+        node = await report(pool, "node-01")
+        assert [(f.kind, f.state, f.error) for f in node.fetches] == [
+            ("engine", "failed", last.error)]
+        assert node.host is not None and node.host.installed_engines == []
+    assert leftovers(engines) == [], "no half-installed directory"
+
+
+async def test_concurrent_requests_share_one_install(
+    sim_cluster: SimClusterFactory, index: Index, standin: Path,
+) -> None:
+    sim = sim_cluster(1, hardware=["h100-ib"])
+    cluster = loading.load(sim.write_cluster())
+    async with pools.Pool(cluster, sim.cluster_dir) as pool:
+        first, second = await asyncio.gather(
+            install(pool, "node-01", requirements(standin), index.url),
+            install(pool, "node-01", requirements(standin), index.url))
+    assert first[-1].fetch.state == second[-1].fetch.state == "done"
+    assert first[-1].fetch.started_at == second[-1].fetch.started_at, "one install, joined"
+    assert index.downloads(standin.name) == 1
+
+
+async def test_a_node_without_a_gpu_skips_vllm_without_a_fault(
+    sim_cluster: SimClusterFactory, index: Index, standin: Path,
+) -> None:
+    sim = sim_cluster(1, hardware=["cpu-only"])
+    cluster = loading.load(sim.write_cluster())
+    async with pools.Pool(cluster, sim.cluster_dir) as pool:
+        steps = await install(pool, "node-01", requirements(standin), index.url)
+        node = await report(pool, "node-01")
+    assert steps[-1].fetch.state == "skipped"
+    assert steps[-1].fetch.error == "this node has no GPU: vllm is not installed here"
+    assert [f.state for f in node.fetches] == ["skipped"]
+    assert index.downloads(standin.name) == 0
+
+
+@pytest.mark.parametrize(
+    ("engine", "text", "binary", "message"), [
+        pytest.param("vllm", "vllm==0.11.0\n", "", "requirements line 1: 'vllm==0.11.0' is not",
+                     id="no-hash"),
+        pytest.param("vllm", f"vllm>=0.11 --hash=sha256:{'a' * 64}\n", "", "line 1:",
+                     id="not-pinned"),
+        pytest.param("vllm", f"--index-url http://evil/\nvllm==0.11.0 --hash=sha256:{'a' * 64}",
+                     "", "line 1: '--index-url http://evil/'", id="option-redirects-pip"),
+        pytest.param("vllm", "# nothing\n", "", "name no package", id="empty"),
+        pytest.param("vllm", "", "/tmp/llama-server", "give requirements", id="binary-for-vllm"),
+        pytest.param("llama.cpp", "x==1 --hash=sha256:" + "a" * 64, "", "give binary",
+                     id="requirements-for-llama"),
+        pytest.param("ollama", "", "x", "is not one of vllm, sglang, llama.cpp", id="engine"),
+    ])
+def test_requests_are_checked_before_anything_runs(
+    engine: str, text: str, binary: str, message: str,
+) -> None:
+    with pytest.raises(installs.InstallError, match=None) as caught:
+        installs.request(engine, VERSION, binary=binary, requirements=text)
+    assert message in str(caught.value)
+
+
+def test_a_version_that_is_not_one_is_refused() -> None:
+    with pytest.raises(installs.InstallError, match="is not a version"):
+        installs.request("vllm", "../../etc", requirements="x")
+
+
+async def test_the_grpc_refusal_names_the_problem(sim_cluster: SimClusterFactory) -> None:
+    sim = sim_cluster(1, hardware=["h100-ib"])
+    cluster = loading.load(sim.write_cluster())
+    async with pools.Pool(cluster, sim.cluster_dir) as pool:
+        agent: AgentClient = await pool.client("node-01")
+        with pytest.raises(Exception, match="requirements line 1") as caught:
+            _ = [p async for p in agent.install_engine("vllm", VERSION,
+                                                       requirements="vllm==0.11.0")]
+    assert "INVALID_ARGUMENT" in str(caught.value)
