@@ -175,3 +175,31 @@ async def test_the_grpc_refusal_names_the_problem(sim_cluster: SimClusterFactory
             _ = [p async for p in agent.install_engine("vllm", VERSION,
                                                        requirements="vllm==0.11.0")]
     assert "INVALID_ARGUMENT" in str(caught.value)
+
+
+async def test_a_binary_that_does_not_run_is_never_moved_into_place(
+    sim_cluster: SimClusterFactory,
+) -> None:
+    sim = sim_cluster(1, hardware=["cpu-only"])
+    cluster = loading.load(sim.write_cluster())
+    engines = sim.nodes["node-01"].root / "engines"
+    async with pools.Pool(cluster, sim.cluster_dir) as pool:
+        await report(pool, "node-01")  # the agent made its directories when it started
+        shipped = engines / installs.INCOMING / "llama-server"
+        shipped.write_text("#!/bin/sh\necho 'error while loading shared libraries: libgomp.so.1'"
+                           " >&2\nexit 127\n")
+        agent = await pool.client("node-01")
+        steps = [p async for p in agent.install_engine("llama.cpp", "11434.0.0",
+                                                       binary=str(shipped))]
+        assert steps[-1].fetch.state == "failed"
+        assert steps[-1].fetch.error == (
+            "llama-server --version exited 127: "
+            "error while loading shared libraries: libgomp.so.1")
+        # A binary from anywhere but the incoming directory is refused.
+        elsewhere = sim.root / "llama-server"
+        elsewhere.write_text("#!/bin/sh\nexit 0\n")
+        steps = [p async for p in agent.install_engine("llama.cpp", "11434.0.0",
+                                                       binary=str(elsewhere))]
+        assert steps[-1].fetch.state == "failed"
+        assert "the binary must be under" in steps[-1].fetch.error
+    assert leftovers(engines) == []
