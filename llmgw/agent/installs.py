@@ -16,8 +16,9 @@ Layout: ``<engines.dir>/<engine>-<version>`` (``vllm-0.11.0``,
   them (state ``skipped``): not a fault.
 
 An install is built under a scratch name (``.<engine>-<version>.partial-<random>``)
-and its program run (``--version``, ``--help`` for SGLang; exit 0, and vLLM
-must print the version asked for); only then is it renamed to its final name.
+and its program run (``llama-server --version``, ``vllm --version``, for
+SGLang ``python -c "import sglang; print(sglang.__version__)"``: exit 0, and
+vLLM and SGLang must print the version asked for); only then is it renamed to its final name.
 A directory with the final name is therefore a complete install; a failed
 one leaves nothing, and scratch directories a killed agent left are removed
 when the next starts. One install per (engine, version) runs at a time: a
@@ -59,6 +60,7 @@ VERSION = re.compile(r"^\d+(\.\d+){0,3}([.-]?(post|rc|dev)\d+)?$")
 INCOMING = ".incoming"
 PARTIAL = ".partial-"
 MAX_REQUIREMENTS = 1 << 20
+URL = re.compile(r"^https?://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+$")
 CHECK_TIMEOUT = 120.0
 OUTPUT_LINES = 40
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -66,7 +68,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CHECKS: dict[str, tuple[str, ...]] = {
     "llama.cpp": ("bin/llama-server", "--version"),
     "vllm": ("bin/vllm", "--version"),
-    "sglang": ("bin/python", "-m", "sglang.launch_server", "--help"),
+    # SGLang's install guide verifies an install so; the version must be the one asked for.
+    "sglang": ("bin/python", "-c", "import sglang; print(sglang.__version__)"),
 }
 # A requirement line: name, optional extras, ==version, then its hashes.
 REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?==\S+"
@@ -89,6 +92,7 @@ class Request:
     binary: str = ""
     requirements: str = ""
     index_url: str = ""
+    extra_index_urls: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -126,7 +130,7 @@ class Progress:
 
 
 def request(engine: str, version: str, *, binary: str = "", requirements: str = "",
-            index_url: str = "") -> Request:
+            index_url: str = "", extra_index_urls: Sequence[str] = ()) -> Request:
     """A checked request; raises :class:`InstallError` saying what is wrong."""
     if engine not in ENGINES:
         raise InstallError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
@@ -141,9 +145,12 @@ def request(engine: str, version: str, *, binary: str = "", requirements: str = 
             raise InstallError(f"{engine} installs a venv from requirements pinned by hash: "
                                "give requirements, not a binary")
         check_requirements(requirements)
-        if index_url and not re.match(r"^https?://[^\s'\"\\]+$", index_url):
-            raise InstallError(f"index URL {index_url!r} is not an http(s) URL")
-    return Request(engine, version, binary, requirements, index_url)
+        for url in ([index_url] if index_url else []) + list(extra_index_urls):
+            if not URL.match(url):
+                raise InstallError(f"index URL {url!r} is not an http(s) URL")
+    if engine == "llama.cpp" and (index_url or extra_index_urls):
+        raise InstallError("llama.cpp installs a shipped binary: it uses no index")
+    return Request(engine, version, binary, requirements, index_url, tuple(extra_index_urls))
 
 
 def check_requirements(text: str) -> None:
@@ -316,7 +323,8 @@ class Installer:
         except TimeoutError:
             progress.at("failed", state="failed",
                         error=f"gave up after {self.settings.install_timeout:.0f}s")
-        except InstallError as exc:
+        except (InstallError, OSError) as exc:
+            # OSError: the node's disk said no (full, read-only, permissions).
             progress.at("failed", state="failed", error=str(exc))
             log.warning("installing %s failed: %s", progress.target, exc)
         self._poke()
@@ -337,13 +345,15 @@ class Installer:
 
     async def _install(self, wanted: Request, progress: Progress, final: Path) -> None:
         self.prepare()
+        shipped = self._shipped(wanted) if wanted.engine == "llama.cpp" else None
         scratch = self.root / f".{wanted.name}{PARTIAL}{secrets.token_hex(4)}"
         scratch.mkdir(mode=0o755)
         try:
-            if wanted.engine == "llama.cpp":
-                await asyncio.to_thread(self._copy_binary, wanted, progress, scratch)
+            if shipped is not None:
+                await asyncio.to_thread(_copy_binary, shipped, progress, scratch)
             else:
-                await _venv(wanted, progress, scratch, wanted.index_url or self.settings.index_url)
+                indexes = [wanted.index_url or self.settings.index_url, *wanted.extra_index_urls]
+                await _venv(wanted, progress, scratch, indexes)
             progress.at("checking that it runs")
             await _check(wanted, scratch)
             if wanted.engine != "llama.cpp":
@@ -356,31 +366,36 @@ class Installer:
                 # Another agent finished it first: that one is complete too.
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        if wanted.engine == "llama.cpp":
-            Path(wanted.binary).unlink(missing_ok=True)
+            if shipped is not None:  # copied or not, a new attempt ships it again
+                shipped.unlink(missing_ok=True)
 
-    def _copy_binary(self, wanted: Request, progress: Progress, scratch: Path) -> None:
+    def _shipped(self, wanted: Request) -> Path:
+        """The shipped binary, which must be in the incoming directory (nowhere else)."""
         incoming = (self.root / INCOMING).resolve()
         source = Path(wanted.binary).resolve()
         if incoming not in source.parents:
             raise InstallError(f"the binary must be under {incoming}, where `llmgw engine "
                                f"install` ships it; got {wanted.binary}")
-        try:
-            size = source.stat().st_size
-        except OSError as exc:
-            raise InstallError(f"{wanted.binary}: {exc.strerror or exc}") from None
-        (scratch / "bin").mkdir()
-        target = scratch / "bin" / "llama-server"
-        progress.at("copying llama-server", bytes_total=size)
-        begun = time.monotonic()
-        with source.open("rb") as src, target.open("wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-                progress.bytes_done += len(chunk)
-                elapsed = time.monotonic() - begun
-                progress.rate_bps = progress.bytes_done / elapsed if elapsed > 0 else None
-                progress.updated_at = time.time()
-        target.chmod(0o755)
+        if not source.is_file():
+            raise InstallError(f"{wanted.binary}: no such file (was it shipped?)")
+        return source
+
+
+def _copy_binary(source: Path, progress: Progress, scratch: Path) -> None:
+    """``source`` to ``scratch/bin/llama-server``, executable, its bytes counted."""
+    size = source.stat().st_size
+    (scratch / "bin").mkdir()
+    target = scratch / "bin" / "llama-server"
+    progress.at("copying llama-server", bytes_total=size)
+    begun = time.monotonic()
+    with source.open("rb") as src, target.open("wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+            progress.bytes_done += len(chunk)
+            elapsed = time.monotonic() - begun
+            progress.rate_bps = progress.bytes_done / elapsed if elapsed > 0 else None
+            progress.updated_at = time.time()
+    target.chmod(0o755)
 
 
 def with_engine(change: UnitChange, installed: Path) -> UnitChange:
@@ -399,7 +414,8 @@ def fetch_of(progress: Progress, units: Sequence[str] = ()) -> Fetch:
     )
 
 
-async def _venv(wanted: Request, progress: Progress, scratch: Path, index_url: str) -> None:
+async def _venv(wanted: Request, progress: Progress, scratch: Path,
+                indexes: Sequence[str]) -> None:
     """A fresh venv in ``scratch``, with the hash-pinned requirements installed by its own pip."""
     progress.at("creating the venv")
     # The base interpreter the agent runs on; a venv of it, never its site-packages.
@@ -413,7 +429,8 @@ async def _venv(wanted: Request, progress: Progress, scratch: Path, index_url: s
     progress.at("downloading wheels")
     download = asyncio.create_task(_command(
         [*pip, "download", "--require-hashes", "--no-deps", "--only-binary", ":all:",
-         "--progress-bar", "off", "--index-url", index_url, "--dest", str(wheels),
+         "--progress-bar", "off", "--index-url", indexes[0],
+         *(f"--extra-index-url={url}" for url in indexes[1:]), "--dest", str(wheels),
          "-r", str(requirements)], "pip download"))
     begun = time.monotonic()
     while not download.done():
@@ -435,10 +452,11 @@ async def _check(wanted: Request, scratch: Path) -> None:
     argv = [str(scratch / program), *args]
     if not Path(argv[0]).exists():
         raise InstallError(f"the install has no {program}")
-    output = await _command(argv, f"{program} {' '.join(args)}", timeout=CHECK_TIMEOUT)
-    if wanted.engine == "vllm" and wanted.version not in output:
-        raise InstallError(f"{program} --version says {output.strip()[:200]!r}, not "
-                           f"{wanted.version}: the requirements install another version")
+    name = f"{Path(program).name} {' '.join(args)}"
+    output = await _command(argv, name, timeout=CHECK_TIMEOUT)
+    if wanted.engine != "llama.cpp" and wanted.version not in output:
+        raise InstallError(f"{name} says {output.strip()[:200]!r}, not {wanted.version}: "
+                           "the requirements install another version")
 
 
 def _relocate(scratch: Path, final: Path) -> None:

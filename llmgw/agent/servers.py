@@ -202,7 +202,8 @@ class Service(agent_pb2_grpc.AgentServicer):
         try:
             wanted = installs.request(request.engine, request.version, binary=request.binary,
                                       requirements=request.requirements,
-                                      index_url=request.index_url)
+                                      index_url=request.index_url,
+                                      extra_index_urls=list(request.extra_index_urls))
         except installs.InstallError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         progress = self.agent.installer.start(wanted)

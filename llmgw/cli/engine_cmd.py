@@ -52,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     install.add_argument("--index-url", default="", metavar="URL",
                          help="vLLM, SGLang: the index to install from (default: the agent's "
                          "engines.index_url)")
+    install.add_argument("--extra-index-url", action="append", default=[], metavar="URL",
+                         help="vLLM, SGLang: another index to search (repeatable); the hashes "
+                         "decide what is accepted")
     clusters.add_cluster_flag(install)
     add_timeout_flag(install)
     install.set_defaults(handler=run_install)
@@ -85,10 +88,12 @@ def wanted_from(args: argparse.Namespace) -> Wanted:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{args.requirements}: cannot read: {exc}") from None
     try:
-        installs.request(engine, version, requirements=text, index_url=args.index_url)
+        installs.request(engine, version, requirements=text, index_url=args.index_url,
+                         extra_index_urls=args.extra_index_url)
     except installs.InstallError as exc:
         raise UserError(f"{args.requirements}: {exc}") from None
-    return Wanted(engine, version, requirements=text, index_url=args.index_url)
+    return Wanted(engine, version, requirements=text, index_url=args.index_url,
+                  extra_index_urls=tuple(args.extra_index_url))
 
 
 def run_install(args: argparse.Namespace) -> int:

@@ -51,6 +51,7 @@ class Wanted:
     binary: Path | None = None  # llama.cpp: the llama-server to ship
     requirements: str = ""  # vLLM, SGLang: hash-pinned requirements
     index_url: str = ""  # empty: the agent's engines.index_url
+    extra_index_urls: tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
@@ -112,7 +113,7 @@ async def _install(pool: pools.Pool, node: str, wanted: Wanted, shown: _Shown) -
     last = None
     async for progress in agent.install_engine(
             wanted.engine, wanted.version, binary=binary, requirements=wanted.requirements,
-            index_url=wanted.index_url):
+            index_url=wanted.index_url, extra_index_urls=wanted.extra_index_urls):
         last = progress
         fetch = progress.fetch
         amount = f" ({human_bytes(fetch.bytes_done)})" if fetch.bytes_done else ""

@@ -1196,11 +1196,18 @@ class EngineInstallRequest(_message.Message):
     BINARY_FIELD_NUMBER: _builtins.int
     REQUIREMENTS_FIELD_NUMBER: _builtins.int
     INDEX_URL_FIELD_NUMBER: _builtins.int
+    EXTRA_INDEX_URLS_FIELD_NUMBER: _builtins.int
     engine: _builtins.str
     version: _builtins.str
     binary: _builtins.str
     requirements: _builtins.str
     index_url: _builtins.str
+    @_builtins.property
+    def extra_index_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Also searched (vLLM's CUDA builds of torch live on PyTorch's own index);
+        the hashes decide what is accepted, wherever it comes from.
+        """
+
     def __init__(
         self,
         *,
@@ -1209,10 +1216,11 @@ class EngineInstallRequest(_message.Message):
         binary: _builtins.str = ...,
         requirements: _builtins.str = ...,
         index_url: _builtins.str = ...,
+        extra_index_urls: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["binary", b"binary", "engine", b"engine", "index_url", b"index_url", "requirements", b"requirements", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["binary", b"binary", "engine", b"engine", "extra_index_urls", b"extra_index_urls", "index_url", b"index_url", "requirements", b"requirements", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

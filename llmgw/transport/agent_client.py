@@ -96,11 +96,12 @@ class AgentClient:
 
     async def install_engine(
         self, engine: str, version: str, *, binary: str = "", requirements: str = "",
-        index_url: str = "",
+        index_url: str = "", extra_index_urls: Sequence[str] = (),
     ) -> AsyncIterator[EngineProgress]:
         """Start (or join) an engine install on the node; its progress until it ends."""
         request = pb.EngineInstallRequest(engine=engine, version=version, binary=binary,
-                                          requirements=requirements, index_url=index_url)
+                                          requirements=requirements, index_url=index_url,
+                                          extra_index_urls=list(extra_index_urls))
         call = self._stub.InstallEngine(request)
         try:
             async for item in call:

@@ -125,6 +125,27 @@ async def test_concurrent_requests_share_one_install(
     assert index.downloads(standin.name) == 1
 
 
+async def test_an_extra_index_is_searched_too(
+    sim_cluster: SimClusterFactory, index: Index, standin: Path, tmp_path: Path,
+) -> None:
+    empty = Index(tmp_path / "empty")  # the site's own mirror, without this package
+    (empty.root / "simple").mkdir(parents=True)
+    (empty.root / "simple" / "index.html").write_text("<!DOCTYPE html><html></html>\n")
+    empty.start()
+    sim = sim_cluster(1, hardware=["h100-ib"])
+    cluster = loading.load(sim.write_cluster())
+    try:
+        async with pools.Pool(cluster, sim.cluster_dir) as pool:
+            agent = await pool.client("node-01")
+            steps = [p async for p in agent.install_engine(
+                "vllm", VERSION, requirements=requirements(standin), index_url=empty.url,
+                extra_index_urls=[index.url])]
+    finally:
+        empty.stop()
+    assert steps[-1].fetch.state == "done", steps[-1]
+    assert index.downloads(standin.name) == 1
+
+
 async def test_a_node_without_a_gpu_skips_vllm_without_a_fault(
     sim_cluster: SimClusterFactory, index: Index, standin: Path,
 ) -> None:
@@ -152,12 +173,15 @@ async def test_a_node_without_a_gpu_skips_vllm_without_a_fault(
         pytest.param("llama.cpp", "x==1 --hash=sha256:" + "a" * 64, "", "give binary",
                      id="requirements-for-llama"),
         pytest.param("ollama", "", "x", "is not one of vllm, sglang, llama.cpp", id="engine"),
+        pytest.param("vllm", f"vllm==0.11.0 --hash=sha256:{'a' * 64}", "",
+                     "index URL 'file:///etc' is not an http(s) URL", id="index-not-http"),
     ])
 def test_requests_are_checked_before_anything_runs(
     engine: str, text: str, binary: str, message: str,
 ) -> None:
     with pytest.raises(installs.InstallError, match=None) as caught:
-        installs.request(engine, VERSION, binary=binary, requirements=text)
+        installs.request(engine, VERSION, binary=binary, requirements=text,
+                         extra_index_urls=["file:///etc"] if "index" in message else [])
     assert message in str(caught.value)
 
 
