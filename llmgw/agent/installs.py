@@ -60,6 +60,8 @@ VERSION = re.compile(r"^\d+(\.\d+){0,3}([.-]?(post|rc|dev)\d+)?$")
 INCOMING = ".incoming"
 PARTIAL = ".partial-"
 MAX_REQUIREMENTS = 1 << 20
+# pip's "    vllm==0.11.0 from https://…/vllm-0.11.0-py3-none-any.whl#sha256=… (from -r …):"
+FROM = re.compile(r"^\s+(?P<requirement>\S+==\S+) from (?P<url>[^\s#]+)")
 URL = re.compile(r"^https?://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+$")
 CHECK_TIMEOUT = 120.0
 OUTPUT_LINES = 40
@@ -504,10 +506,16 @@ async def _command(argv: list[str], what: str, *, timeout: float | None = None) 
 
 
 def _why(output: str) -> str:
-    """The lines of a failed command that say why (pip's ERROR, Expected and Got lines)."""
-    lines = [line.rstrip() for line in output.splitlines() if line.strip()]
-    telling = [line.strip() for line in lines
-               if line.lstrip().startswith(("ERROR", "Expected", "Got", "error"))
-               or "==" in line and "from" in line]
-    chosen = telling or lines[-5:]
-    return " | ".join(chosen)[:2000] or "no output"
+    """The lines of a failed command that say why: pip's ERROR (its first sentence), the
+    package and where it came from, Expected and Got; else the last lines."""
+    telling = []
+    for line in output.splitlines():
+        text = " ".join(line.split())
+        if text.startswith("ERROR"):
+            telling.append(text.split(". ", 1)[0].rstrip(".") + ".")
+        elif text.startswith(("Expected", "Got")):
+            telling.append(text)
+        elif found := FROM.match(line):
+            telling.append(f"{found['requirement']} from {found['url']}")
+    lines = [" ".join(line.split()) for line in output.splitlines() if line.strip()]
+    return " | ".join(telling or lines[-5:])[:2000] or "no output"

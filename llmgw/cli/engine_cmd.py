@@ -132,12 +132,12 @@ def render_list(fleet: Fleet) -> str:
         lines.append(f"{name}  engines in {facts.engines_dir}")
         for found in facts.installed_engines:
             lines.append(f"  {found.engine} {found.version}  {found.path}")
+        if not facts.installed_engines:
+            lines.append("  (none installed)")
         for fetch in report.fetches:
             if fetch.kind == "engine" and fetch.state != "done":
                 detail = f": {fetch.error}" if fetch.error else ""
                 lines.append(f"  {fetch.target}  {fetch.state}{detail}")
-        if not facts.installed_engines:
-            lines.append("  (none installed)")
     return "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,7 @@ async def _install(pool: pools.Pool, node: str, wanted: Wanted, shown: _Shown) -
         last = progress
         fetch = progress.fetch
         amount = f" ({human_bytes(fetch.bytes_done)})" if fetch.bytes_done else ""
-        if fetch.state in ("queued", "running"):
+        if fetch.state == "running":
             shown(f"{progress.step}{amount}")
     if last is None:
         return Outcome(node, "failed", "the agent ended the install without an answer")
@@ -140,16 +141,16 @@ async def _ship(pool: pools.Pool, node: str, wanted: Wanted, engines_dir: str,
               f"{secrets.token_hex(4)}.{wanted.binary.name}")
     size = wanted.binary.stat().st_size
     transport = pool.transport(node)
-    steps = [0]
+    quarters = [0]
 
     def progress(done: int, total: int) -> None:
-        tenth = done * 10 // max(total, 1)
-        if tenth > steps[0] or done == total:
-            steps[0] = tenth
-            shown(f"shipping {wanted.binary.name if wanted.binary else ''}: "
-                  f"{human_bytes(done)} of {human_bytes(total)}")
+        quarter = done * 4 // max(total, 1)
+        if quarter > quarters[0] and done < total:
+            quarters[0] = quarter
+            shown(f"shipping: {human_bytes(done)} of {human_bytes(total)}")
 
     shown(f"shipping {wanted.binary.name} ({human_bytes(size)}) over SFTP")
+    begun = time.monotonic()
     try:
         if isinstance(transport, SSHTransport):
             await transport.upload(wanted.binary, remote, progress)
@@ -159,4 +160,5 @@ async def _ship(pool: pools.Pool, node: str, wanted: Wanted, engines_dir: str,
             raise ShipError("this transport cannot copy files")
     except (OSError, asyncssh.Error) as exc:
         raise ShipError(f"copying {wanted.binary.name} to {remote} failed: {exc}") from None
+    shown(f"shipped {human_bytes(size)} in {time.monotonic() - begun:.1f}s")
     return remote
