@@ -85,6 +85,14 @@ class InstallError(Exception):
     """An install that cannot be done; the message is for the operator."""
 
 
+class RequirementsError(InstallError):
+    """A requirements line that is not ``name==version --hash=sha256:…``; ``line`` is 1-based."""
+
+    def __init__(self, line: int, detail: str) -> None:
+        super().__init__(f"requirements line {line}: {detail}")
+        self.line, self.detail = line, detail
+
+
 @dataclass(frozen=True)
 class Request:
     """One engine version to install, checked (see :func:`request`)."""
@@ -178,8 +186,8 @@ def check_requirements(text: str) -> None:
         raise InstallError("the requirements name no package")
     for number, line in logical:
         if not REQUIREMENT.match(line):
-            raise InstallError(f"requirements line {number}: {line[:120]!r} is not "
-                               "`name==version --hash=sha256:…` (options and URLs are refused)")
+            raise RequirementsError(number, f"{line[:120]!r} is not `name==version "
+                                    "--hash=sha256:…` (options and URLs are refused)")
 
 
 def directory_name(engine: str, version: str) -> str:

@@ -90,6 +90,8 @@ def wanted_from(args: argparse.Namespace) -> Wanted:
     try:
         installs.request(engine, version, requirements=text, index_url=args.index_url,
                          extra_index_urls=args.extra_index_url)
+    except installs.RequirementsError as exc:
+        raise UserError(f"{args.requirements}:{exc.line}:1: {exc.detail}") from None
     except installs.InstallError as exc:
         raise UserError(f"{args.requirements}: {exc}") from None
     return Wanted(engine, version, requirements=text, index_url=args.index_url,
