@@ -13,7 +13,8 @@ Layout: ``<engines.dir>/<engine>-<version>`` (``vllm-0.11.0``,
   mirror), then ``pip install --require-hashes --no-deps --no-index`` from
   those files. A wrong hash fails the download with pip's own lines saying
   which package, what was expected and what came. A node without a GPU skips
-  them (state ``skipped``): not a fault.
+  them (state ``skipped`` in the answer, and nothing in the report): not a
+  fault.
 
 An install is built under a scratch name (``.<engine>-<version>.partial-<random>``)
 and its program run (``llama-server --version``, ``vllm --version``, for
@@ -241,8 +242,11 @@ class Installer:
         return found
 
     def reports(self) -> list[Fetch]:
+        """Installs under way, done or failed; a skip is no fault, so it is not reported."""
         found = []
         for key, progress in sorted(self._progress.items()):
+            if progress.state == "skipped":
+                continue
             units = sorted(u for u, (k, _) in self._waiting.items() if k == key)
             found.append(fetch_of(progress, units))
         return found

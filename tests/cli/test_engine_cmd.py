@@ -42,3 +42,23 @@ def test_bad_input_is_refused_with_a_located_error(
     assert code == 1
     assert message in err, err
     assert "Traceback" not in err
+
+
+def test_engine_installs_are_listed_by_engine_list_not_weights_list() -> None:
+    from llmgw.cli import engine_cmd, weights_cmd
+    from llmgw.fleet.types import Fetch, Fleet, HostFacts, InstalledEngine, NodeReport
+
+    report = NodeReport(
+        node="gpu-01",
+        fetches=[Fetch(kind="engine", target="vllm 0.11.0", state="failed", error="bad hash"),
+                 Fetch(kind="weights", target="org/model", state="running", bytes_done=5)],
+        host=HostFacts(engines_dir="/opt/llmgw/engines", installed_engines=[InstalledEngine(
+            engine="llama.cpp", version="11434.0.0",
+            path="/opt/llmgw/engines/llama.cpp-11434.0.0")]))
+    fleet = Fleet(nodes={"gpu-01": report})
+    assert engine_cmd.render_list(fleet) == (
+        "gpu-01  engines in /opt/llmgw/engines\n"
+        "  llama.cpp 11434.0.0  /opt/llmgw/engines/llama.cpp-11434.0.0\n"
+        "  vllm 0.11.0  failed: bad hash\n")
+    weights = weights_cmd.render_list(fleet)
+    assert "org/model" in weights and "vllm" not in weights
