@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import logging
 import os
 import re
@@ -289,19 +290,22 @@ class Installer:
 
     # ---- installing ----------------------------------------------------------
 
+    def sweep(self) -> None:
+        """Remove what a killed install left (when the agent starts; nothing is made)."""
+        for entry in self.root.glob(f".*{PARTIAL}*"):
+            log.info("removing %s, left by an install that did not finish", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+
     def prepare(self) -> None:
-        """Make the root and its incoming directory; remove what a killed install left."""
+        """Make the root and its incoming directory (first install), and sweep."""
         incoming = self.root / INCOMING
         incoming.mkdir(parents=True, exist_ok=True)
         # The SSH user ships binaries here; the agent's group may write.
         with contextlib.suppress(OSError, KeyError):
             os.chmod(incoming, 0o2770)
             if self._group:
-                import grp
                 os.chown(incoming, -1, grp.getgrnam(self._group).gr_gid)
-        for entry in self.root.glob(f".*{PARTIAL}*"):
-            log.info("removing %s, left by an install that did not finish", entry)
-            shutil.rmtree(entry, ignore_errors=True)
+        self.sweep()
 
     def start(self, wanted: Request) -> Progress:
         """Start the install of ``wanted``, or join the one running; its progress."""

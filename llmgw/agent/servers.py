@@ -282,11 +282,7 @@ async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> 
     agent = Agent(settings)
     server = await start(agent)
     await agent.fetcher.resume()
-    try:
-        agent.installer.prepare()
-    except OSError as exc:
-        log.warning("engines directory %s: %s: engine installs will fail until it is writable",
-                    agent.installer.root, exc.strerror or exc)
+    agent.installer.sweep()
     monitor = asyncio.create_task(agent.monitor.run())
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

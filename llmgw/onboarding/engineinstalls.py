@@ -20,6 +20,7 @@ stops the others.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import time
@@ -155,6 +156,7 @@ async def _ship(pool: pools.Pool, node: str, wanted: Wanted, engines_dir: str,
         if isinstance(transport, SSHTransport):
             await transport.upload(wanted.binary, remote, progress)
         elif isinstance(transport, LocalTransport):
+            os.makedirs(os.path.dirname(remote), exist_ok=True)
             shutil.copyfile(wanted.binary, remote)
         else:
             raise ShipError("this transport cannot copy files")

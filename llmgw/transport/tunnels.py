@@ -164,6 +164,8 @@ class SSHTransport:
                      progress: Callable[[int, int], None] | None = None) -> None:
         """Copy ``local`` to ``remote`` on the node over SFTP, on the pooled connection.
 
+        The remote directory is made if it is missing.
+
         ``progress(done, total)`` is called as bytes go. Raises
         :class:`NodeUnreachable` when the node cannot be reached, ``OSError``
         (or ``asyncssh.SFTPError``) when the copy itself fails.
@@ -172,6 +174,7 @@ class SSHTransport:
         assert self._conn is not None
         handler = (lambda _src, _dst, done, total: progress(done, total)) if progress else None
         async with self._conn.start_sftp_client() as sftp:
+            await sftp.makedirs(os.path.dirname(remote), exist_ok=True)
             await sftp.put(str(local), remote, progress_handler=handler)
 
     async def _connect(self) -> None:

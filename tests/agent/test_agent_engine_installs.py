@@ -209,8 +209,8 @@ async def test_a_binary_that_does_not_run_is_never_moved_into_place(
     cluster = loading.load(sim.write_cluster())
     engines = sim.nodes["node-01"].root / "engines"
     async with pools.Pool(cluster, sim.cluster_dir) as pool:
-        await report(pool, "node-01")  # the agent made its directories when it started
-        shipped = engines / installs.INCOMING / "llama-server"
+        shipped = engines / installs.INCOMING / "llama-server"  # where SFTP puts it
+        shipped.parent.mkdir(parents=True)
         shipped.write_text("#!/bin/sh\necho 'error while loading shared libraries: libgomp.so.1'"
                            " >&2\nexit 127\n")
         agent = await pool.client("node-01")
@@ -228,3 +228,23 @@ async def test_a_binary_that_does_not_run_is_never_moved_into_place(
         assert steps[-1].fetch.state == "failed"
         assert "the binary must be under" in steps[-1].fetch.error
     assert leftovers(engines) == []
+
+
+async def test_an_agent_start_sweeps_what_a_killed_install_left(
+    sim_cluster: SimClusterFactory,
+) -> None:
+    sim = sim_cluster(1, hardware=["cpu-only"])
+    node = sim.nodes["node-01"]
+    engines = node.root / "engines"
+    assert not engines.exists(), "nothing is made before an install needs it"
+    node.stop_agent()
+    (engines / f".llama.cpp-11434.0.0{installs.PARTIAL}dead" / "bin").mkdir(parents=True)
+    (engines / "llama.cpp-11434.0.0" / "bin").mkdir(parents=True)
+    sim.start_agent(node)
+    cluster = loading.load(sim.write_cluster())
+    async with pools.Pool(cluster, sim.cluster_dir) as pool:
+        facts = (await report(pool, "node-01")).host
+    assert leftovers(engines) == ["llama.cpp-11434.0.0"]
+    assert facts is not None
+    assert [(e.engine, e.version) for e in facts.installed_engines] == [
+        ("llama.cpp", "11434.0.0")]
