@@ -29,8 +29,8 @@ second request joins it. Progress and failures are reported as
 Units whose spec names an ``engine_version`` run that version's ``bin/``
 first on their PATH (engines' argv start with ``/usr/bin/env PROGRAM``).
 Until it is installed they are held stopped and reported ``failed`` (nothing
-is installing: what to run) or ``installing``; when the install completes
-they start.
+is installing: what to run) or ``fetching`` with ``installing vllm 0.11.0:
+<step>`` as detail; when the install completes they start.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ class Installer:
         return found
 
     def overlay(self, unit: str) -> tuple[str, str] | None:
-        """A held unit's state: ("installing"|"failed", detail)."""
+        """A held unit's state: ("fetching"|"failed", detail)."""
         waiting = self._waiting.get(unit)
         if waiting is None:
             return None
@@ -266,7 +266,9 @@ class Installer:
             return "failed", f"installing {engine} {version} failed: {progress.error}"
         if progress.state == "skipped":
             return "failed", f"{engine} {version} skipped: {progress.error}"
-        return "installing", f"installing {engine} {version}: {progress.step}"
+        # "fetching": the unit waits for something to arrive before its engine starts, as
+        # for weights; every consumer of unit states knows it (plans keep the replica).
+        return "fetching", f"installing {engine} {version}: {progress.step}"
 
     # ---- units ---------------------------------------------------------------
 

@@ -10,10 +10,14 @@ in a fresh venv, driven through ``InstallEngine`` over the SSH tunnel.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import agent_support
 import pytest
 from support import indexes
 from support.indexes import Index
@@ -23,7 +27,7 @@ from llmgw.agent import installs
 from llmgw.fleet.types import NodeReport
 from llmgw.spec import loading
 from llmgw.transport import pools
-from llmgw.transport.agent_client import AgentClient, EngineProgress
+from llmgw.transport.agent_client import AgentClient, EngineProgress, UnitChange
 
 VERSION = "0.11.0"
 
@@ -248,3 +252,36 @@ async def test_an_agent_start_sweeps_what_a_killed_install_left(
     assert facts is not None
     assert [(e.engine, e.version) for e in facts.installed_engines] == [
         ("llama.cpp", "11434.0.0")]
+
+
+async def test_a_unit_of_a_version_not_installed_waits_and_says_why(
+    sim_cluster: SimClusterFactory, standin: Path,
+) -> None:
+    sim = sim_cluster(1, hardware=["h100-ib"])
+    cluster = loading.load(sim.write_cluster())
+    spec = json.dumps({"v": 1, "engine": "vllm", "engine_version": VERSION},
+                      separators=(",", ":"))
+    text = agent_support.unit_text().replace('X-Llmgw-Spec={"v":1}', f"X-Llmgw-Spec={spec}")
+    change = UnitChange(agent_support.unit_name(), text, "", {}, "start")
+    with socket.socket() as hole:  # an index that accepts and never answers: pip waits
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(4)
+        url = f"http://127.0.0.1:{hole.getsockname()[1]}/simple"
+        async with pools.Pool(cluster, sim.cluster_dir) as pool:
+            [result] = await pool.call("node-01", lambda agent: agent.apply_units([change]))
+            assert result.ok, result
+            [unit] = (await report(pool, "node-01")).units
+            assert (unit.state, unit.detail, unit.pid) == (
+                "failed", f"engine vllm {VERSION} is not installed on this node: run "
+                f"`llmgw engine install NODE vllm=={VERSION}`", None)
+            agent = await pool.client("node-01")
+            async with contextlib.aclosing(agent.install_engine(
+                    "vllm", VERSION, requirements=requirements(standin),
+                    index_url=url)) as progress:
+                async for step in progress:
+                    if step.step.startswith("downloading wheels"):
+                        break
+            [unit] = (await report(pool, "node-01")).units
+    assert unit.state == "fetching", unit
+    assert unit.detail.startswith(f"installing vllm {VERSION}: downloading wheels"), unit
+    assert unit.pid is None, "held until its engine is installed"
