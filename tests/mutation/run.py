@@ -54,6 +54,7 @@ ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
 MODULES: dict[str, list[str]] = {
     "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
     "planning/fingerprints.py": [*PLANNING, "tests/planning/test_fingerprints.py"],
+    "planning/installs.py": PLANNING,
     "planning/nodes.py": [*PLANNING, "tests/planning/test_nodes.py",
                           "tests/planning/test_fabric_changes.py"],
     "planning/outputs.py": PLANNING,
