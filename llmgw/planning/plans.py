@@ -29,7 +29,16 @@ from typing import Any
 
 from llmgw.engines import launches
 from llmgw.fleet.types import Demand, Fleet, NodeReport
-from llmgw.planning import diffs, drifts, fingerprints, placements, replicas, scaling, shards
+from llmgw.planning import (
+    diffs,
+    drifts,
+    fingerprints,
+    installs,
+    placements,
+    replicas,
+    scaling,
+    shards,
+)
 from llmgw.planning.nodes import Capacity
 from llmgw.planning.placements import Placement, Request
 from llmgw.planning.replicas import ObservedReplica
@@ -68,7 +77,8 @@ def plan(
     ``demand`` is what the router has seen (default: nothing).
     """
     planner = _Planner(cluster, fleet, now, demand or Demand(), policy or Policy())
-    return drifts.settle(planner.run(revision), cluster, fleet, now)
+    return drifts.settle(installs.noted(planner.run(revision), planner.reports), cluster,
+                         fleet, now)
 
 
 @dataclass(frozen=True)
@@ -115,7 +125,7 @@ class _Planner:
     # -- the steps ----------------------------------------------------------
 
     def run(self, revision: str | None) -> Plan:
-        self._warn_blind_nodes()
+        self.warnings += drifts.blind_nodes(self.cluster, self.reports)
         self._destroy_orphans()
         self._hold_observed()
         used_before = self._gpus_in_use()
@@ -142,9 +152,6 @@ class _Planner:
                         for name in sorted({*self.cluster.nodes, *self.reports})),
             warnings=tuple(self.warnings),
         )
-
-    def _warn_blind_nodes(self) -> None:
-        self.warnings += drifts.blind_nodes(self.cluster, self.reports)
 
     def _destroy_orphans(self) -> None:
         groups: dict[Key, list[replicas.Orphan]] = {}
