@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from llmgw.cli import clusters
+from llmgw.cli import clusters, removals
 from llmgw.cli.errors import UserError
 from llmgw.fleet.types import NodeReport
 from llmgw.onboarding import enrolments, yamledits
@@ -26,7 +26,7 @@ DEFAULT_PREFIX = "/opt/llmgw"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("node", help="add a machine to the cluster")
+    parser = subparsers.add_parser("node", help="add a machine to the cluster, or remove one")
     commands = parser.add_subparsers(dest="node_command", metavar="COMMAND", required=True)
     add = commands.add_parser(
         "add", help="pin its host key, install and start the agent, add it to nodes.yaml",
@@ -46,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="local cache of the wheels shipped to nodes")
     clusters.add_cluster_flag(add)
     add.set_defaults(handler=run_add)
+    removals.register(commands)
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
