@@ -19,6 +19,8 @@ install    failed: no space left
 
 from __future__ import annotations
 
+import math
+import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -94,15 +96,18 @@ class Checklist:
         """Ask under the list; the list is redrawn over the question once answered."""
         with self._lock:
             self._paused = True
+        answer = ""
         try:
             answer = self._ask(question)
         except EOFError:
-            answer = ""
+            pass
         finally:
             with self._lock:
                 self._paused = False
-                if self.live:
-                    self._drawn += 1 + question.count("\n")  # the question and its answer
+                if self.live:  # the question and the answer typed after it, as wrapped
+                    width = self._columns()
+                    self._drawn += sum(max(1, math.ceil(len(line) / width))
+                                       for line in (question + answer).split("\n"))
         self._draw()
         return answer
 
@@ -133,10 +138,16 @@ class Checklist:
                 return
             if self._drawn:
                 self.out.write(f"\x1b[{self._drawn}F\x1b[J")  # up to our first line, clear below
+            width = self._columns()
             for row in self.rows.values():
-                self.out.write(self._text(row) + "\n")
+                text = self._text(row)  # one screen line each, or the redraw would drift
+                self.out.write((text if len(text) < width else text[:width - 2] + "…") + "\n")
             self._drawn = len(self.rows)
             self.out.flush()
+
+    @staticmethod
+    def _columns() -> int:
+        return max(20, shutil.get_terminal_size((100, 24)).columns)
 
     def _line(self, text: str) -> None:
         self.out.write(text + "\n")

@@ -96,8 +96,8 @@ def run_add(args: argparse.Namespace) -> int:
             raise UserError(f"{target.known_hosts_name} offers {fingerprint}: compare it with "
                             "`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the node's "
                             "console, then pass --fingerprint " + fingerprint)
-        answer = steps.ask(f"{target.known_hosts_name} offers {fingerprint}. Is this the key "
-                           "the node's console shows? [yes/no] ")
+        answer = steps.ask(f"{fingerprint}: is this the key the node's console shows "
+                           "(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`)? [yes/no] ")
         return answer.strip().lower() == "yes"
 
     async def run() -> NodeReport:

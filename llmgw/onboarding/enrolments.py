@@ -199,8 +199,7 @@ class Enrolment:
     async def pin(self, expected: str | None, confirm: Callable[[str], bool]) -> None:
         known_hosts = Path(self.cluster.cluster.ssh.known_hosts)
         pinned = hostkeys.load(known_hosts)
-        self.progress.begin("host key", f"fetching the key {self.target.known_hosts_name} "
-                            "offers")
+        self.progress.begin("host key", f"asking {self.target.known_hosts_name} for its key")
         try:
             key = await asyncio.wait_for(
                 asyncssh.get_server_host_key(self.target.host, self.target.port), 15)
@@ -217,6 +216,8 @@ class Enrolment:
                              f"{known_hosts} pins {', '.join(already)}: check the node before "
                              "changing the pin")
         if offered not in already:
+            self.progress.begin("host key", f"{self.target.known_hosts_name} offers a key "
+                                "not pinned yet")
             if expected is not None and expected != offered:
                 raise EnrolError(f"the node offers {offered}, not {expected}: nothing was "
                                  "pinned or sent")

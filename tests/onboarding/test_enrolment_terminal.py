@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import pty
 import re
@@ -51,7 +52,7 @@ class Terminal:
     def __init__(self, argv: list[str], cwd: Path) -> None:
         self.master, slave = pty.openpty()
         self.process = subprocess.Popen(argv, cwd=cwd, stdin=slave, stdout=slave, stderr=slave,
-                                        env={**os.environ, "TERM": "xterm"},
+                                        env={**os.environ, "TERM": "xterm", "COLUMNS": "80"},
                                         start_new_session=True)
         os.close(slave)
         self.screen = ""  # everything drawn so far, escape sequences included
@@ -137,12 +138,15 @@ def test_terminal_add_then_again_then_upgrade_in_place(
     term = Terminal([sys.executable, "-m", "llmgw", *base], tmp_path)
     term.expect(r"· host key\s*\r\n  · preflight\s*\r\n  · install\s*\r\n  · agent\s*\r\n"
                 r"  · report\s*\r\n  · fabrics\s*\r\n  · nodes\.yaml")
-    term.expect(rf"offers {re.escape(node.host_fingerprint())}\. Is this the key the node's "
-                r"console shows\? \[yes/no\] ")
+    term.expect(rf"» host key   \[127\.0\.0\.1\]:{node.port} offers a key not pinned yet")
+    question = (f"{node.host_fingerprint()}: is this the key the node's console shows "
+                "(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`)? [yes/no] ")
+    term.expect(re.escape(question))
     assert (cluster / "known_hosts").read_text() == ""  # nothing pinned before the answer
     term.type("yes")
     # Redrawn in place: back up over the list and the question, clear, draw again.
-    term.expect(r"\x1b\[8F\x1b\[J  » host key")
+    # Redrawn over the 7 rows and the question with its answer, as 80 columns wrap them.
+    term.expect(rf"\x1b\[{7 + math.ceil(len(question + 'yes') / 80)}F\x1b\[J  » host key")
     term.expect(r"\x1b\[7F\x1b\[J  ✓ host key   SHA256:\S+ pinned in ")
     term.expect(r"» install    .*\(\d+s\)")  # a running step shows what it does, and for how long
     term.expect(r"✓ report     8 GPUs, \d+ GiB, 4 RDMA adapters")
