@@ -10,9 +10,9 @@ Steps, each one line (:mod:`llmgw.onboarding.removals` has the rules):
    kept; diff printed), then the moves applied: each replica created on
    another node and Ready before its units here are removed.
 3. **units** — whatever llmgw unit is still on the node is removed.
-4. **remove** — the node's entry and its known_hosts line deleted; the diff
-   printed, to commit. ``--stop-agent`` stops and disables its agent;
-   ``--uninstall`` also deletes what ``node add`` installed.
+4. **remove** — the node's entry deleted from nodes.yaml, the diff printed
+   to commit; ``--stop-agent`` stops and disables its agent, ``--uninstall``
+   also deletes what ``node add`` installed; then its known_hosts line goes.
 
 A failed move stops at step 2 with the node left draining: running the
 command again picks up from there.
@@ -35,7 +35,7 @@ from llmgw.planning import outputs, plans
 from llmgw.proto.conversions import UnitChange
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import count, parse_duration
-from llmgw.transport import pools
+from llmgw.transport import hostkeys, pools
 from llmgw.transport.failures import NodeUnreachable
 
 
@@ -109,8 +109,9 @@ async def _remove(cluster: Cluster, args: argparse.Namespace, ready_timeout: flo
             say(f"plan       {count(len(report.units), 'unit')} on {name}; "
                 f"{count(len(moves.changes), 'replica')} to move first"
                 + (f", {len(stuck)} with nowhere to go (--force)" if stuck else ""))
-            _write(path, *yamledits.set_node_key(path.read_text(), name, "drain", True),
-                   f"nodes.yaml {name} draining (cordoned: nothing new lands there)")
+            if report.units:
+                _write(path, *yamledits.set_node_key(path.read_text(), name, "drain", True),
+                       f"nodes.yaml {name} draining (cordoned: nothing new lands there)")
             if moves.changes:
                 sys.stdout.write(outputs.text(moves))
                 display = Display(sys.stdout)
@@ -126,18 +127,24 @@ async def _remove(cluster: Cluster, args: argparse.Namespace, ready_timeout: flo
                     return 1
                 say(f"drain      {outcome.summary()}")
             await _remove_units(pool, name)
+    _write(path, *yamledits.remove_node(path.read_text(), name),
+           f"nodes.yaml {name} removed; commit this")
     node = cluster.nodes[name]
+    code = 0
     if args.stop_agent or args.uninstall:
-        say("agent      " + await removals.stop_agent(cluster, args.cluster, name,
-                                                      uninstall=args.uninstall))
+        try:  # before its key is forgotten: that is how it is reached
+            say("agent      " + await removals.stop_agent(cluster, args.cluster, name,
+                                                          uninstall=args.uninstall))
+        except removals.RemoveError as exc:
+            say(f"agent      not stopped: {exc}")
+            code = 1
     known_hosts = Path(cluster.cluster.ssh.known_hosts).expanduser()
     if not known_hosts.is_absolute():
         known_hosts = args.cluster / known_hosts
-    if removals.forget_host(known_hosts, node.address, node.ssh_port or cluster.cluster.ssh.port):
-        say(f"host key   {node.address} forgotten in known_hosts")
-    _write(path, *yamledits.remove_node(path.read_text(), name),
-           f"nodes.yaml {name} removed; commit this")
-    return 0
+    port = node.ssh_port or cluster.cluster.ssh.port
+    if removals.forget_host(known_hosts, node.address, port):
+        say(f"host key   {hostkeys.entry(node.address, port)} forgotten in known_hosts")
+    return code
 
 
 async def _remove_units(pool: pools.Pool, name: str) -> None:
