@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
               for s in ("fail", "warning")}
     bad = sum(doctors.failed(fs) for fs in findings.values())
     print(f"\n{len(findings)} node{'s' if len(findings) != 1 else ''} checked: "
-          f"{counts['fail']} failed, {counts['warning']} warnings"
+          f"{counts['fail']} failed, {counts['warning']} warning"
+          + ("" if counts["warning"] == 1 else "s")
           + (f" ({bad} of {len(findings)} nodes failing)" if len(findings) > 1 and bad else "")
           + ".")
     return 1 if failing else 0

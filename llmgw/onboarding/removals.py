@@ -79,8 +79,9 @@ def refusals(found: list[Stranded]) -> list[str]:
     """Why removing would leave a model unservable: one line per such model."""
     lines = []
     for model in sorted({s.model for s in found if not s.elsewhere}):
-        replicas = ", ".join(f"r{s.replica}" for s in found if s.model == model)
-        lines.append(f"{model}: {replicas} fit on no other node, and no replica runs elsewhere")
+        mine = [f"r{s.replica}" for s in found if s.model == model]
+        lines.append(f"{model}: {', '.join(mine)} {'fits' if len(mine) == 1 else 'fit'} on no "
+                     "other node, and no replica runs elsewhere")
     return lines
 
 
@@ -146,7 +147,7 @@ async def stop_agent(cluster: Cluster, cluster_dir: Path, name: str, *,
             if result.exit_status != 0:
                 raise RemoveError(f"{name}: stopping the agent failed: "
                                   f"{str(result.stderr).strip()[-300:] or result.exit_status}")
-            return (f"agent stopped and {prefix} deleted" if uninstall
-                    else f"agent stopped and disabled (still installed in {prefix})")
+            return (f"stopped, and {prefix} deleted" if uninstall
+                    else f"stopped and disabled (still installed in {prefix})")
     except (OSError, asyncssh.Error) as exc:
         raise RemoveError(f"{name}: cannot log in to stop the agent: {exc}") from None

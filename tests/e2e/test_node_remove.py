@@ -89,7 +89,7 @@ def test_remove_refuses_to_strand_a_model_unless_forced(
     refused = llmgw(directory, "node", "remove", "node-01")
     assert refused.returncode == 1
     assert ("removing node-01 would leave models unservable; nothing was changed:\n"
-            "  - tiny: r0 fit on no other node, and no replica runs elsewhere") in refused.stderr
+            "  - tiny: r0 fits on no other node, and no replica runs elsewhere") in refused.stderr
     assert "Traceback" not in refused.stderr
     assert (directory / "nodes.yaml").read_text() == before
     assert pids(engines) == {"tiny": serving}

@@ -105,7 +105,7 @@ def test_node_add_takes_a_bare_node_to_a_reporting_agent(
                     cwd=tmp_path)
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert "units      none left on bare-01" in removed.stdout
-    assert f"agent      agent stopped and {prefix} deleted" in removed.stdout
+    assert f"agent      stopped, and {prefix} deleted" in removed.stdout
     assert not nodes._alive(agent) and not Path(prefix).exists()
     assert (cluster / "nodes.yaml").read_text() == (
         "# Our machines, one entry each (`llmgw node add`).\nnodes:\n"
