@@ -56,14 +56,16 @@ class Terminal:
                                         start_new_session=True)
         os.close(slave)
         self.screen = ""  # everything drawn so far, escape sequences included
+        self.seen = 0  # where the last match ended
 
     def expect(self, pattern: str) -> re.Match[str]:
         """Read until ``pattern`` appears in what was drawn after the last match."""
-        start = len(self.screen)
+        start = self.seen
         deadline = time.monotonic() + ANSWER_TIMEOUT
         while True:
             found = re.compile(pattern).search(self.screen, start)
             if found:
+                self.seen = found.end()
                 return found
             if time.monotonic() > deadline or not self._read():
                 raise AssertionError(f"never drawn: {pattern!r}; drawn:\n{self.screen[start:]}")
@@ -75,6 +77,13 @@ class Terminal:
         while self._read():
             pass
         return self.process.wait(timeout=60)
+
+    def close(self) -> None:
+        """Kill the command if it still runs (a failed expectation), and the terminal."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=60)
+        os.close(self.master)
 
     def _read(self) -> bool:
         ready, _, _ = select.select([self.master], [], [], 1.0)
@@ -136,30 +145,33 @@ def test_terminal_add_then_again_then_upgrade_in_place(
 
     # 1. At a terminal: a checklist, two questions.
     term = Terminal([sys.executable, "-m", "llmgw", *base], tmp_path)
-    term.expect(r"· host key\s*\r\n  · preflight\s*\r\n  · install\s*\r\n  · agent\s*\r\n"
-                r"  · report\s*\r\n  · fabrics\s*\r\n  · nodes\.yaml")
-    term.expect(rf"» host key   \[127\.0\.0\.1\]:{node.port} offers a key not pinned yet")
-    question = (f"{node.host_fingerprint()}: is this the key the node's console shows "
-                "(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`)? [yes/no] ")
-    term.expect(re.escape(question))
-    assert (cluster / "known_hosts").read_text() == ""  # nothing pinned before the answer
-    term.type("yes")
-    # Redrawn in place: back up over the list and the question, clear, draw again.
-    # Redrawn over the 7 rows and the question with its answer, as 80 columns wrap them.
-    term.expect(rf"\x1b\[{7 + math.ceil(len(question + 'yes') / 80)}F\x1b\[J  » host key")
-    term.expect(r"\x1b\[7F\x1b\[J  ✓ host key   SHA256:\S+ pinned in ")
-    term.expect(r"» install    .*\(\d+s\)")  # a running step shows what it does, and for how long
-    term.expect(r"✓ report     8 GPUs, \d+ GiB, 4 RDMA adapters")
-    term.expect(r"InfiniBand adapters mlx5_0, mlx5_1, mlx5_2, mlx5_3: on which fabric\? "
-                r"\[ib-a/none\] ")
-    term.type("ib-b")
-    term.expect(r"'ib-b' is not a declared fabric\. InfiniBand adapters")
-    term.type("ib-a")
-    term.expect(r"✓ fabrics    ib-a: mlx5_0, mlx5_1, mlx5_2, mlx5_3")
-    term.expect(r"✓ nodes\.yaml gpu-01 written; commit this:")
-    assert term.finish() == 0, term.screen
-    assert "+      ib-a: [mlx5_0, mlx5_1, mlx5_2, mlx5_3]" in term.screen
-    assert "✗" not in term.screen and "Traceback" not in term.screen
+    try:
+        term.expect(r"· host key\s*\r\n  · preflight\s*\r\n  · install\s*\r\n  · agent\s*\r\n"
+                    r"  · report\s*\r\n  · fabrics\s*\r\n  · nodes\.yaml")
+        term.expect(rf"» host key   \[127\.0\.0\.1\]:{node.port} offers a key not pinned yet")
+        question = (f"{node.host_fingerprint()}: is this the key the node's console shows "
+                    "(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`)? [yes/no] ")
+        term.expect(re.escape(question))
+        assert (cluster / "known_hosts").read_text() == ""  # nothing pinned before the answer
+        term.type("yes")
+        # Redrawn in place: up over the 7 rows and the question with its answer (as 80
+        # columns wrap them), clear, draw again.
+        term.expect(rf"\x1b\[{7 + math.ceil(len(question + 'yes') / 80)}F\x1b\[J  » host key")
+        term.expect(r"\x1b\[7F\x1b\[J  ✓ host key   SHA256:\S+ pinned in ")
+        term.expect(r"» install    .*\(\d+s\)")  # what a running step does, and for how long
+        term.expect(r"✓ report     8 GPUs, \d+ GiB, 4 RDMA adapters")
+        term.expect(r"InfiniBand adapters mlx5_0, mlx5_1, mlx5_2, mlx5_3: on which fabric\? "
+                    r"\[ib-a/none\] ")
+        term.type("ib-b")
+        term.expect(r"'ib-b' is not a declared fabric\. InfiniBand adapters")
+        term.type("ib-a")
+        term.expect(r"✓ fabrics    ib-a: mlx5_0, mlx5_1, mlx5_2, mlx5_3")
+        term.expect(r"✓ nodes\.yaml gpu-01 written; commit this:")
+        assert term.finish() == 0, term.screen
+        assert "+      ib-a: [mlx5_0, mlx5_1, mlx5_2, mlx5_3]" in term.screen
+        assert "✗" not in term.screen and "Traceback" not in term.screen
+    finally:
+        term.close()
     nodes_yaml = (cluster / "nodes.yaml").read_text()
     assert "    fabrics:\n      ib-a: [mlx5_0, mlx5_1, mlx5_2, mlx5_3]\n" in nodes_yaml
     assert "hardware: {" in (prefix / "etc" / "agent.yaml").read_text()  # kept
