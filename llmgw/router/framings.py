@@ -140,14 +140,20 @@ class Dechunker:
         """
         if self.error is not None:
             raise self.error
+        if self._state == _SIZE and not self._rest:
+            # The usual read: exactly one whole chunk (an engine writes an event a chunk).
+            eol = data.find(b"\r\n", 0, 10)
+            if eol > 0 and _HEX.issuperset(line := data[:eol]):
+                stop = eol + 2 + int(line, 16)
+                if stop + 2 == len(data) and stop > eol + 2 and data.endswith(b"\r\n") \
+                        and stop - eol - 2 <= MAX_CHUNK:
+                    return data[eol + 2:stop]
         out: list[bytes] = []
         try:
             self._decode(data, out)
         except FramingError as exc:
             self.error = exc
-        if len(out) == 1:
-            return out[0]
-        return b"".join(out)
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def _decode(self, data: bytes, out: list[bytes]) -> None:
         if self._rest:

@@ -409,7 +409,7 @@ class _Sink:
         out = self.feed(payload)
         if out:
             if self.chunked:
-                transport.write(b"".join((b"%x\r\n" % len(out), out, b"\r\n")))  # type: ignore[attr-defined]
+                transport.write(b"%x\r\n%b\r\n" % (len(out), out))  # type: ignore[attr-defined]
             else:
                 transport.write(out)  # type: ignore[attr-defined]
         if self.protocol.writing_paused:

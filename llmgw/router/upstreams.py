@@ -78,6 +78,19 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        dechunker, sink = self._dechunker, self._sink
+        if dechunker is not None and sink is not None and dechunker.error is None:
+            # The relay's path, once per read of a stream: decode, hand on, done.
+            payload = dechunker.feed(data)
+            if dechunker.error is None and not dechunker.done:
+                if payload and not sink(payload):
+                    self.pause()
+                return
+            try:
+                self._chunked_end(dechunker, payload)
+            except framings.FramingError as exc:
+                self._fail(exc)
+            return
         self.received += len(data)
         try:
             if not self.head.done():
@@ -128,14 +141,8 @@ class Connection(asyncio.Protocol):
         dechunker = self._dechunker
         if dechunker is not None:
             data = dechunker.feed(data)
-            if dechunker.error is not None:
-                self._deliver(data)  # what came before the error still reaches the client
-                raise dechunker.error
-            if dechunker.done:
-                if dechunker.extra:
-                    self._keep_alive = False
-                self._deliver(data)
-                self._end()
+            if dechunker.error is not None or dechunker.done:
+                self._chunked_end(dechunker, data)
                 return
         elif self._body == framings.LENGTH:
             if len(data) >= self._left:
@@ -148,6 +155,15 @@ class Connection(asyncio.Protocol):
                 return
             self._left -= len(data)
         self._deliver(data)
+
+    def _chunked_end(self, dechunker: framings.Dechunker, payload: bytes) -> None:
+        """The body's last payload, or what came before a framing error (raised after)."""
+        self._deliver(payload)  # what came before an error still reaches the client
+        if dechunker.error is not None:
+            raise dechunker.error
+        if dechunker.extra:
+            self._keep_alive = False
+        self._end()
 
     def _deliver(self, data: bytes) -> None:
         if not data:

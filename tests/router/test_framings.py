@@ -177,3 +177,14 @@ def test_a_head_without_end_is_refused_at_its_bound() -> None:
     with pytest.raises(FramingError, match="longer than"):
         parse_head(endless)
     assert parse_head(endless[: framings.MAX_HEAD - 1]) is None
+
+
+@pytest.mark.parametrize("read", [
+    b"+5\r\nhello\r\n", b" 5\r\nhello\r\n", b"0x5\r\nhello\r\n", b"5\r\nhelloXY",
+    b"5\r\nhello\n\n", b"-0\r\n\r\n",
+])
+def test_a_read_of_one_hostile_chunk_is_refused(read: bytes) -> None:
+    """The one-whole-chunk read (the usual one) takes a shortcut; it is as strict."""
+    with pytest.raises(FramingError):
+        decode(read)
+    assert decode(b"5\r\nhello\r\n")[0] == b"hello"
