@@ -46,6 +46,7 @@ ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
 MODULES: dict[str, list[str]] = {
     "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
     "planning/fingerprints.py": [*PLANNING, "tests/planning/test_fingerprints.py"],
+    "planning/installs.py": PLANNING,
     "planning/nodes.py": [*PLANNING, "tests/planning/test_nodes.py"],
     "planning/outputs.py": PLANNING,
     "planning/placements.py": [*PLANNING, "tests/planning/test_placements.py"],
