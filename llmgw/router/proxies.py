@@ -1,7 +1,10 @@
 """Forwarding one request to an engine: pick, retry before the first byte, relay.
 
 :class:`Proxy` owns the one :class:`aiohttp.ClientSession` (a pooled,
-keep-alive connector) every request goes through. ``forward`` picks the
+keep-alive connector) plain requests go through, and the pool of engine
+connections streamed requests go through (:mod:`llmgw.router.upstreams`: the
+engine's socket read is relayed to the client's transport in the same callback,
+with flow control both ways). ``forward`` picks the
 replica with the fewest outstanding requests; a connection error or a 5xx
 *before any byte reached the client* is retried once on another replica. For
 a stream that point is the first chunk: the client's response starts only

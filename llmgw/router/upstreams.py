@@ -81,15 +81,17 @@ class Connection(asyncio.Protocol):
         dechunker, sink = self._dechunker, self._sink
         if dechunker is not None and sink is not None and dechunker.error is None:
             # The relay's path, once per read of a stream: decode, hand on, done.
-            payload = dechunker.feed(data)
-            if dechunker.error is None and not dechunker.done:
-                if payload and not sink(payload):
-                    self.pause()
-                return
             try:
+                payload = dechunker.feed(data)
+                if dechunker.error is None and not dechunker.done:
+                    if payload and not sink(payload):
+                        self.pause()
+                    return
                 self._chunked_end(dechunker, payload)
             except framings.FramingError as exc:
                 self._fail(exc)
+            except Exception as exc:  # noqa: BLE001 - a bug must end the stream, not the loop
+                self._fail(ConnectionError(f"the relay failed ({type(exc).__name__})"))
             return
         self.received += len(data)
         try:
@@ -110,6 +112,8 @@ class Connection(asyncio.Protocol):
             self._payload(data)
         except framings.FramingError as exc:
             self._fail(exc)
+        except Exception as exc:  # noqa: BLE001 - the class only: a message may quote bytes
+            self._fail(ConnectionError(f"the relay failed ({type(exc).__name__})"))
 
     def eof_received(self) -> bool:
         self._keep_alive = False

@@ -153,12 +153,14 @@ async def test_a_client_that_reads_nothing_holds_the_engine_back(stack: Stack) -
     stack.route({"chat": [stack.run(flood.start())]})
     host, port = stack.url.removeprefix("http://").split(":")
     body = json.dumps(BODY).encode()
-    reader, writer = await asyncio.open_connection(host, int(port))
+    _, writer = await asyncio.open_connection(host, int(port))
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n"
                  b"Authorization: Bearer " + stack.key().encode() + b"\r\n"
                  b"Content-Type: application/json\r\nContent-Length: "
                  + str(len(body)).encode() + b"\r\n\r\n" + body)
-    reader._transport.pause_reading()  # type: ignore[attr-defined]  # the client reads nothing
+    transport = writer.transport
+    assert isinstance(transport, asyncio.ReadTransport)
+    transport.pause_reading()  # the client reads nothing
     # The engine stops when the buffers between it and the client are full: wait until
     # what it sent stays put, then it must be far from done (without flow control the
     # router would read all 256 MiB into the client's write buffer).
@@ -171,3 +173,27 @@ async def test_a_client_that_reads_nothing_holds_the_engine_back(stack: Stack) -
     await writer.wait_closed()
     stack.run(asyncio.wait_for(flood.closed.wait(), 30))
     stack.run(flood.stop())
+
+
+async def test_a_failing_sink_ends_the_body_with_an_error_that_names_only_its_class() -> None:
+    from llmgw.router import upstreams
+
+    flood = Flood(total=64 << 20)
+    base = await flood.start()
+    pool = upstreams.Pool(connect_timeout=5)
+    conn, _ = await pool.acquire(base)
+    conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Length: 0\r\n\r\n")
+    await conn.head
+    assert await conn.first()
+
+    def sink(payload: bytes) -> bool:
+        raise ValueError(SECRET.decode())
+
+    conn.attach(sink)
+    with pytest.raises(ConnectionError) as caught:
+        await asyncio.wait_for(conn.ended, 30)
+    assert str(caught.value) == "the relay failed (ValueError)"
+    pool.release(base, conn)  # not reusable: closed
+    await asyncio.wait_for(flood.closed.wait(), 30)  # the engine saw the connection close
+    assert flood.sent < flood.total
+    await flood.stop()
