@@ -13,7 +13,7 @@ import asyncio
 import sys
 import time
 
-from llmgw.cli import clusters, inventories, inventory_cmd
+from llmgw.cli import clusters, inventories, inventory_cmd, plan_cmd
 from llmgw.daemon.leaders import LEASE
 from llmgw.spec.models import Cluster
 from llmgw.store import migrations, stores
@@ -35,6 +35,9 @@ def run(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
     fleet = inventory_cmd.collect(cluster, args.cluster, args.timeout)
     sys.stdout.write(inventories.render_status(cluster, fleet, time.time()))
+    for hold in plan_cmd.read_holds(cluster):
+        print(f"{hold.model}: {hold.line()} (`llmgw apply --retry {hold.model}` tries it "
+              "again)")
     if cluster.cluster.store.url and not cluster.cluster.store.url.startswith("sqlite"):
         print(leader_line(cluster))
     return 0

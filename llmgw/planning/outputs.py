@@ -127,6 +127,10 @@ def text(plan: Plan) -> str:
             out.append(f"  ? {unknown.model} r{unknown.replica} on {', '.join(unknown.nodes)}")
             out += [f"      {reason}" for reason in unknown.reasons]
             out.append("")
+    if plan.held:
+        out += ["Held (not replaced again until a commit changes the model or "
+                "`llmgw apply --retry`):", ""]
+        out += [f"  = {hold.model}: {hold.line()}" for hold in plan.held] + [""]
     if plan.warnings:
         out += ["Warnings:", *(f"  - {w}" for w in plan.warnings), ""]
     out.append(plan.summary())
@@ -154,6 +158,9 @@ def _no_changes(plan: Plan) -> str:
     if plan.unplaceable:
         return "No changes can be made, and the fleet does not match the cluster: " \
             "replicas cannot be placed (see below)."
+    if plan.held:
+        return "No changes: the fleet does not match the cluster, but what differs is held " \
+            "after a failed rollout gate (see below)."
     if plan.unknown:
         return "No changes: the fleet matches the cluster on every node that answered."
     return "No changes: the fleet matches the cluster."
@@ -277,6 +284,8 @@ def _markdown_rows(plan: Plan) -> list[str]:
     for unknown in plan.unknown:
         rows.append(_row("`?`", unknown.model, f"r{unknown.replica}", "unknown",
                          ", ".join(unknown.nodes), _inert("; ".join(unknown.reasons))))
+    for hold in plan.held:
+        rows.append(_row("`=`", hold.model, "—", "held", "—", _inert(hold.line())))
     return rows
 
 
@@ -387,7 +396,9 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "nodes": [{"node": n.node, "reachable": n.reachable, "digest": n.digest}
                   for n in plan.nodes],
         "warnings": list(plan.warnings),
-    }
+    } | ({"held": [{"model": h.model, "revision": h.revision, "digest": h.digest,
+                    "reason": h.reason, "held_at": h.held_at, "line": h.line()}
+                   for h in plan.held]} if plan.held else {})
 
 
 def _change_dict(change: Change) -> dict[str, Any]:

@@ -149,6 +149,20 @@ class NodeFingerprint:
 
 
 @dataclass(frozen=True)
+class Hold:
+    model: str
+    digest: str  # of the model's spec that failed (:func:`digest`)
+    revision: str | None  # the cluster directory's git revision, when known
+    reason: str  # the gate's: "p50 TTFT 4.1 s vs 0.3 s"
+    held_at: float  # Unix time
+
+    def line(self) -> str:
+        """``held: revision 1a2b3c failed its gate: p50 TTFT 4.1 s vs 0.3 s``"""
+        what = f"revision {self.revision[:7]}" if self.revision else f"spec {self.digest[:7]}"
+        return f"held: {what} failed its gate: {self.reason}"
+
+
+@dataclass(frozen=True)
 class Plan:
     cluster: str
     now: float
@@ -159,6 +173,7 @@ class Plan:
     capacity: tuple[CapacityRow, ...] = ()
     nodes: tuple[NodeFingerprint, ...] = ()
     warnings: tuple[str, ...] = ()
+    held: tuple[Hold, ...] = ()  # models whose replacement failed its gate (planning.holds)
 
     def count(self, action: Action) -> int:
         return sum(1 for change in self.changes if change.action == action)
@@ -189,4 +204,7 @@ class Plan:
         if self.unknown:
             plural = "s" if len(self.unknown) != 1 else ""
             text += f" {len(self.unknown)} replica{plural} unknown (node not reachable)."
+        if self.held:
+            plural = "s" if len(self.held) != 1 else ""
+            text += f" {len(self.held)} model{plural} held (failed a rollout gate)."
         return text
