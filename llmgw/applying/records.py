@@ -27,8 +27,9 @@ from collections.abc import Mapping
 
 from llmgw.applying.executions import ChangeOutcome, Outcome
 from llmgw.planning import holds
-from llmgw.planning.types import Change, Hold, Plan
+from llmgw.planning.types import Change, Plan
 from llmgw.spec.models import Model
+from llmgw.spec.rollouts import Hold
 from llmgw.store.journals import ApplyEntry, ChangeEntry
 from llmgw.store.stores import Store, StoreError
 

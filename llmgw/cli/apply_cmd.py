@@ -27,9 +27,10 @@ from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.cli.plan_cmd import revision_of
 from llmgw.planning import holds, outputs, plans
-from llmgw.planning.types import Hold, Plan
+from llmgw.planning.types import Plan
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import parse_duration
+from llmgw.spec.rollouts import Hold
 from llmgw.store import migrations, stores
 from llmgw.store.stores import Store, StoreError
 from llmgw.transport import pools

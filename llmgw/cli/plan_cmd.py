@@ -30,9 +30,10 @@ from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.fleet.types import FORMAT_VERSION, Fleet
 from llmgw.planning import holds, outputs, plans
-from llmgw.planning.types import Hold, Plan
+from llmgw.planning.types import Plan
 from llmgw.spec import bounds
 from llmgw.spec.models import Cluster
+from llmgw.spec.rollouts import Hold
 from llmgw.store import migrations, stores
 from llmgw.store.stores import StoreError
 from llmgw.transport import pools

@@ -47,13 +47,14 @@ from llmgw.engines import profiles
 from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.metrics.collectors import FleetCollector
 from llmgw.planning import holds, outputs, plans
-from llmgw.planning.types import Hold, Plan
+from llmgw.planning.types import Plan
 from llmgw.router import catalogs
 from llmgw.router.apps import Router
 from llmgw.router.routes import Endpoint
 from llmgw.spec import loading
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import count
+from llmgw.spec.rollouts import Hold
 from llmgw.store.stores import Store, StoreError
 from llmgw.transport import pools
 from llmgw.transport.failures import NodeUnreachable

@@ -23,8 +23,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 
-from llmgw.planning.types import Hold, Plan
+from llmgw.planning.types import Plan
 from llmgw.spec.models import Model
+from llmgw.spec.rollouts import Hold
 
 _SPEC_FIELDS = {"source", "served_name", "profiles"}
 __all__ = ["Hold", "apply", "digest"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from llmgw.rendering.units import UnitFiles
+from llmgw.spec.rollouts import Hold
 
 FORMAT_VERSION = 1
 
@@ -146,20 +147,6 @@ class NodeFingerprint:
     node: str
     reachable: bool
     digest: str  # of what the plan read from the node's report
-
-
-@dataclass(frozen=True)
-class Hold:
-    model: str
-    digest: str  # of the model's spec that failed (:func:`digest`)
-    revision: str | None  # the cluster directory's git revision, when known
-    reason: str  # the gate's: "p50 TTFT 4.1 s vs 0.3 s"
-    held_at: float  # Unix time
-
-    def line(self) -> str:
-        """``held: revision 1a2b3c failed its gate: p50 TTFT 4.1 s vs 0.3 s``"""
-        what = f"revision {self.revision[:7]}" if self.revision else f"spec {self.digest[:7]}"
-        return f"held: {what} failed its gate: {self.reason}"
 
 
 @dataclass(frozen=True)

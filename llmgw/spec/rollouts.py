@@ -18,6 +18,7 @@ Usage::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -107,6 +108,23 @@ class Rollout(_Strict):
         "cannot start beside the old one (destroy before create); `0` still replaces them, "
         "one at a time.",
     )
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A model whose replacement failed its gate: not replaced again while its spec is
+    the one that failed (:mod:`llmgw.planning.holds`)."""
+
+    model: str
+    digest: str  # of the model's spec that failed (:func:`llmgw.planning.holds.digest`)
+    revision: str | None  # the cluster directory's git revision, when known
+    reason: str  # the gate's: "p50 TTFT 4.1 s vs 0.3 s"
+    held_at: float  # Unix time
+
+    def line(self) -> str:
+        """``held: revision 1a2b3c failed its gate: p50 TTFT 4.1 s vs 0.3 s``"""
+        what = f"revision {self.revision[:7]}" if self.revision else f"spec {self.digest[:7]}"
+        return f"held: {what} failed its gate: {self.reason}"
 
 
 def effective(default: Rollout | None, own: Rollout | None) -> Rollout | None:

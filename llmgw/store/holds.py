@@ -20,7 +20,7 @@ from typing import Any
 
 import asyncpg
 
-from llmgw.planning.types import Hold
+from llmgw.spec.rollouts import Hold
 
 _COLUMNS = "model, digest, revision, reason, held_at"
 

@@ -28,7 +28,7 @@ from typing import Literal
 
 import asyncpg
 
-from llmgw.planning.types import Hold
+from llmgw.spec.rollouts import Hold
 from llmgw.store import holds, journals, migrations
 from llmgw.store.postgrespages import PostgresPages
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError

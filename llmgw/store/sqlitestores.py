@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from llmgw.planning.types import Hold
+from llmgw.spec.rollouts import Hold
 from llmgw.store import databases, holds, journals
 from llmgw.store.sqlitepages import SQLitePages
 from llmgw.store.stores import (
