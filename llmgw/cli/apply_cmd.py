@@ -10,6 +10,8 @@ Models with a ``rollout`` gate are replaced in waves and their new replicas
 probed before the old ones go (there is no router in this process to bake on:
 ``llmgw serve`` does that). A model held after a failed gate is left out of
 the plan until ``--retry`` releases it (all held models, or those named).
+Under ``sync: auto`` ``--retry`` only releases: the daemon, which applies
+there, retries at its next iteration.
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ async def _apply_with(cluster: Cluster, args: argparse.Namespace, previous: Plan
                       ready_timeout: float, store: Store | str) -> int:
     out = sys.stdout
     known = await _holds(cluster, store, args.retry, out)
+    if args.retry is not None and cluster.cluster.sync == "auto":
+        # The daemon applies under sync: auto; a second applier would race it.
+        print("sync is auto: the daemon retries at its next iteration (within "
+              f"{cluster.cluster.drift_interval:g} s); watch `llmgw status`.", file=out)
+        return 0
     async with pools.Pool(cluster, args.cluster) as pool:
         fleet = await pool.fleet()
         for name, report in sorted(fleet.nodes.items()):

@@ -280,9 +280,10 @@ class Daemon:
                     await self.store.release_holds([h.model for h in stale])
                 except StoreError as exc:
                     log.warning("cannot release stale holds: %s", exc)
+        if [h.model for h in plan.held] != [h.model for h in self.state.held]:
+            for hold in plan.held:  # said once, not at every iteration
+                log.warning("%s %s", hold.model, hold.line())
         self.state.held = list(plan.held)
-        for hold in plan.held:
-            log.warning("%s %s", hold.model, hold.line())
         return plan
 
     async def _gated(self, plan: Plan, outcome: Outcome) -> None:
