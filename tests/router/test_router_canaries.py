@@ -76,3 +76,17 @@ def test_tallies_from_several_routers_add_up() -> None:
          "http://y": {"requests": "not a number", "errors": 0}}
     assert tallies.merge([a, b, "junk"]) == {  # type: ignore[list-item]
         "http://x": {"requests": 5, "errors": 1, "inflight": 1, "ttft": [0.1, 0.2, 0.3]}}
+
+
+def test_a_5xx_with_no_replica_left_to_retry_counts_as_an_error(stack: Stack) -> None:
+    only, _ = stack.upstreams
+    only.status = 502
+    stack.route({"chat": [only]})
+    c = client(stack)
+    for _ in range(2):
+        try:
+            c.chat.completions.create(**BODY)
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 502
+    counts = stack.call(stack.router.tallies)[only.url]
+    assert (counts["requests"], counts["errors"]) == (2, 2)
