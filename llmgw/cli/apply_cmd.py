@@ -196,7 +196,8 @@ class Display:
         change = step.change
         line = (f"{outputs.symbol(change)} {change.model} r{change.replica}  "
                 f"{step.node}  {step.unit}  {step.state}  ({step.elapsed:.1f}s)"
-                + (f"  {step.detail}" if step.detail and step.state == "failed" else ""))
+                + (f"  {step.detail}" if step.detail and step.state in (
+                    "failed", "gating", "promoted", "rolled back") else ""))
         if not self.live:
             print(line, file=self.out, flush=True)
             return

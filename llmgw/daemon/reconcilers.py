@@ -480,6 +480,7 @@ def endpoints(cluster: Cluster, fleet: Fleet) -> dict[str, list[Endpoint]]:
 
 def _log_step(step: Step) -> None:
     change = step.change
-    detail = f" ({step.detail})" if step.detail and step.state == "failed" else ""
+    shown = step.state in ("failed", "gating", "promoted", "rolled back")
+    detail = f" ({step.detail})" if step.detail and shown else ""
     log.info("  %s r%d %s %s: %s after %.1fs%s", change.model, change.replica, step.node,
              step.unit, step.state, step.elapsed, detail)
