@@ -150,8 +150,13 @@ class Routes:
                 chosen.picked += 1
             return chosen
         best: Upstream | None = None
-        allowed = [u for u in self._table.get(model, []) if u not in exclude]
-        for upstream in [u for u in allowed if not u.endpoint.share] or allowed:
+        upstreams: Sequence[Upstream] = self._table.get(model, ())
+        if canaries:  # the others, unless no other is left
+            allowed = [u for u in upstreams if u not in exclude]
+            upstreams = [u for u in allowed if not u.endpoint.share] or allowed
+        for upstream in upstreams:
+            if upstream in exclude:
+                continue
             if best is None or (upstream.outstanding, upstream.picked) < (
                 best.outstanding, best.picked
             ):
