@@ -49,6 +49,8 @@ def ok(n: int, ttft: float = 0.3) -> Stats:
                      id="slower-than-the-ratio-fails"),
         pytest.param(ok(10, 0.05), ok(100, 0.02), True, "rollback", "p50 TTFT 50 ms vs 20 ms",
                      id="milliseconds"),
+        pytest.param(ok(10, 0.0125), ok(100, 0.005), True, "rollback",
+                     "p50 TTFT 12 ms vs 5 ms", id="milliseconds-rounded"),
         pytest.param(Stats(12, 0, (9.0,) * 5 + (0.1,) * 7), ok(100, 0.3), True, "promote",
                      "error rate 0.0% vs 0.0%, p50 TTFT 0.1 s vs 0.3 s over 12 requests",
                      id="median-not-mean"),
@@ -84,6 +86,9 @@ PROBE = Probe(timeout=10.0)
                      "probe answer holds no completion text", id="not-json"),
         pytest.param(200, b'{"choices": []}', 0.5, None, "rollback",
                      "probe answer holds no completion text", id="no-choice"),
+        pytest.param(200, json.dumps({"choices": [{"message": {
+                         "content": "", "reasoning_content": "thinking"}}]}).encode(), 0.5,
+                     None, "promote", "probe answered 200 in 0.5 s", id="reasoning-text"),
         pytest.param(200, b'{"choices": [{"text": "ok"}]}', 0.5, None, "promote",
                      "probe answered 200 in 0.5 s", id="text-completion-shape"),
         pytest.param(400, chat("ready"), 0.5, None, "rollback",
@@ -111,7 +116,11 @@ def test_stats_add_up_the_urls_asked_for() -> None:
     tallies = {"http://a": {"requests": 3, "errors": 1, "inflight": 0, "ttft": [0.1, 0.2]},
                "http://b": {"requests": 2, "errors": 0, "inflight": 1, "ttft": [0.3]},
                "http://c": {"requests": 50, "errors": 50, "inflight": 0, "ttft": []}}
-    both = gates.stats(tallies, ["http://a", "http://b", "http://gone"])
+    both = gates.stats(tallies, ["http://gone", "http://a", "http://b"])
     assert both == Stats(5, 1, (0.1, 0.2, 0.3))
     assert both.p50 == 0.2 and both.error_rate == 0.2
     assert Stats().p50 is None and Stats().error_rate == 0.0
+
+
+def test_stats_of_a_replica_with_nothing_tallied_are_zero() -> None:
+    assert gates.stats({"http://a": {}}, ["http://a"]) == Stats()
