@@ -66,6 +66,8 @@ class HardwareSettings(_Strict):
         "peers, else nvidia-smi. `off`: nvidia-smi only (fixture nodes).",
     )
     command_timeout: Duration = Field(10.0, description="Give up on a discovery command then.")
+    sudo: str = Field("sudo", description="sudo: a path, or a name on PATH; `sudo -n true` "
+                      "tells `llmgw doctor` whether a non-root agent's user may act as root.")
 
 
 class SystemdSettings(_Strict):
@@ -103,6 +105,21 @@ class ReadinessSettings(_Strict):
     probe_timeout: Duration = Field(2.0, description="Timeout of one /health or /v1/models probe.")
 
 
+class EngineSettings(_Strict):
+    dir: str = Field(
+        "/opt/llmgw/engines",
+        description="Where engine versions are installed, one directory each "
+        "(`vllm-0.11.0`, `llama.cpp-11434.0.0`); units of a profile naming a version run its "
+        "`bin/`.",
+    )
+    index_url: str = Field(
+        "https://pypi.org/simple",
+        description="The package index vLLM and SGLang venvs install from (an offline site "
+        "points it at its own mirror); a request may name another.",
+    )
+    install_timeout: Duration = Field(3600.0, description="Give up on one install then.")
+
+
 class DeclaredFabricSettings(_Strict):
     kind: Literal["infiniband", "roce"]
     adapters: list[str] = Field(default_factory=list)
@@ -128,6 +145,7 @@ class Settings(_Strict):
     supervise: SuperviseSettings = Field(default_factory=SuperviseSettings)
     readiness: ReadinessSettings = Field(default_factory=ReadinessSettings)
     declared: DeclaredSettings = Field(default_factory=DeclaredSettings)
+    engines: EngineSettings = Field(default_factory=EngineSettings)
     log_lines_max: int = Field(1000, ge=1, le=100_000, description="Most lines UnitLogs returns.")
 
     @property
@@ -169,10 +187,11 @@ def _resolve(data: Any, base: Path) -> Any:
         if isinstance(node, dict) and isinstance(node.get(path[-1]), str):
             node[path[-1]] = str(base / node[path[-1]])
     hardware = data.get("hardware")
-    # nvidia_smi is a command name unless written as a path ("./nvidia-smi").
-    if isinstance(hardware, dict) and isinstance(hardware.get("nvidia_smi"), str):
-        if "/" in hardware["nvidia_smi"]:
-            hardware["nvidia_smi"] = str(base / hardware["nvidia_smi"])
+    # nvidia_smi and sudo are command names unless written as paths ("./nvidia-smi").
+    for program in ("nvidia_smi", "sudo"):
+        if isinstance(hardware, dict) and isinstance(hardware.get(program), str):
+            if "/" in hardware[program]:
+                hardware[program] = str(base / hardware[program])
     declared = data.get("declared")
     if isinstance(declared, dict) and isinstance(declared.get("weights_dirs"), list):
         declared["weights_dirs"] = [

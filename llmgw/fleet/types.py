@@ -51,6 +51,8 @@ class Gpu(Observed):
     mig_mode: str | None = Field(
         None, description="`Enabled` or `Disabled` (mig.mode.current); None: the GPU has no MIG."
     )
+    persistence_mode: str | None = Field(
+        None, description="`Enabled` or `Disabled` (persistence_mode); None: unknown.")
 
     @property
     def faults(self) -> list[str]:
@@ -141,7 +143,8 @@ class Fetch(Observed):
 
     kind: Literal["weights", "engine"] = "weights"
     target: str = Field(description="What is fetched, as the cluster wrote it.")
-    state: Literal["queued", "running", "done", "failed"] = "queued"
+    # skipped: an engine this node has no use for (vLLM or SGLang without a GPU); no fault.
+    state: Literal["queued", "running", "done", "failed", "skipped"] = "queued"
     bytes_done: int = 0
     bytes_total: int | None = Field(None, description="None while the source has not said.")
     rate_bps: float | None = Field(None, description="Bytes per second over this attempt.")
@@ -192,6 +195,15 @@ class EngineBinary(Observed):
     executable: bool = False
 
 
+class InstalledEngine(Observed):
+    """An engine version llmgw installed on the node (complete installs only)."""
+
+    engine: str  # vllm | sglang | llama.cpp
+    version: str
+    path: str = Field(description="Its directory: <engines_dir>/<engine>-<version>.")
+    program: str = Field("", description="The binary run with --version before it was moved in.")
+
+
 class HostFacts(Observed):
     """What ``llmgw doctor`` checks beyond placement: limits, engines, ports, Python."""
 
@@ -203,6 +215,14 @@ class HostFacts(Observed):
         default_factory=list, description="Engine programs found on the agent's PATH.")
     listening_ports: list[int] | None = Field(
         None, description="TCP ports in LISTEN state on the node; None when unknown.")
+    agent_uid: int | None = Field(None, description="The agent's real uid; None when unknown.")
+    sudo: bool | None = Field(
+        None, description="Whether the agent's user may run `sudo -n`; None when it is root "
+        "or that is unknown.")
+    engines_dir: str | None = Field(
+        None, description="Where the agent installs engine versions; None: an older agent.")
+    installed_engines: list[InstalledEngine] = Field(
+        default_factory=list, description="Engine versions installed under engines_dir.")
 
 
 class NodeReport(Observed):

@@ -190,6 +190,7 @@ class Gpu(_message.Message):
     PROCESSES_FIELD_NUMBER: _builtins.int
     PCI_DEVICE_ID_FIELD_NUMBER: _builtins.int
     MIG_MODE_FIELD_NUMBER: _builtins.int
+    PERSISTENCE_MODE_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     name: _builtins.str
@@ -203,6 +204,8 @@ class Gpu(_message.Message):
     pci_device_id: _builtins.str
     mig_mode: _builtins.str
     """Enabled | Disabled; unset: no MIG"""
+    persistence_mode: _builtins.str
+    """Enabled | Disabled; unset: unknown"""
     @_builtins.property
     def nvlink_peers(self) -> Global___IndexList:
         """unset: topology unknown (no NVML)"""
@@ -226,10 +229,11 @@ class Gpu(_message.Message):
         processes: _abc.Iterable[Global___GpuProcess] | None = ...,
         pci_device_id: _builtins.str | None = ...,
         mig_mode: _builtins.str | None = ...,
+        persistence_mode: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_mig_mode", b"_mig_mode", "_pci_bus_id", b"_pci_bus_id", "_pci_device_id", b"_pci_device_id", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "mig_mode", b"mig_mode", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pci_device_id", b"pci_device_id", "utilization_pct", b"utilization_pct"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_mig_mode", b"_mig_mode", "_pci_bus_id", b"_pci_bus_id", "_pci_device_id", b"_pci_device_id", "_persistence_mode", b"_persistence_mode", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "mig_mode", b"mig_mode", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pci_device_id", b"pci_device_id", "persistence_mode", b"persistence_mode", "utilization_pct", b"utilization_pct"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_mig_mode", b"_mig_mode", "_pci_bus_id", b"_pci_bus_id", "_pci_device_id", b"_pci_device_id", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "gpu_class", b"gpu_class", "index", b"index", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "mig_mode", b"mig_mode", "name", b"name", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pci_device_id", b"pci_device_id", "processes", b"processes", "utilization_pct", b"utilization_pct", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_mig_mode", b"_mig_mode", "_pci_bus_id", b"_pci_bus_id", "_pci_device_id", b"_pci_device_id", "_persistence_mode", b"_persistence_mode", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "gpu_class", b"gpu_class", "index", b"index", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "mig_mode", b"mig_mode", "name", b"name", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pci_device_id", b"pci_device_id", "persistence_mode", b"persistence_mode", "processes", b"processes", "utilization_pct", b"utilization_pct", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__compute_capability: _TypeAlias = _typing.Literal["compute_capability"]  # noqa: Y015
     _WhichOneofArgType__compute_capability: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability"]  # noqa: Y015
@@ -245,6 +249,8 @@ class Gpu(_message.Message):
     _WhichOneofArgType__pci_bus_id: _TypeAlias = _typing.Literal["_pci_bus_id", b"_pci_bus_id"]  # noqa: Y015
     _WhichOneofReturnType__pci_device_id: _TypeAlias = _typing.Literal["pci_device_id"]  # noqa: Y015
     _WhichOneofArgType__pci_device_id: _TypeAlias = _typing.Literal["_pci_device_id", b"_pci_device_id"]  # noqa: Y015
+    _WhichOneofReturnType__persistence_mode: _TypeAlias = _typing.Literal["persistence_mode"]  # noqa: Y015
+    _WhichOneofArgType__persistence_mode: _TypeAlias = _typing.Literal["_persistence_mode", b"_persistence_mode"]  # noqa: Y015
     _WhichOneofReturnType__utilization_pct: _TypeAlias = _typing.Literal["utilization_pct"]  # noqa: Y015
     _WhichOneofArgType__utilization_pct: _TypeAlias = _typing.Literal["_utilization_pct", b"_utilization_pct"]  # noqa: Y015
     @_typing.overload
@@ -261,6 +267,8 @@ class Gpu(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pci_bus_id) -> _WhichOneofReturnType__pci_bus_id | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pci_device_id) -> _WhichOneofReturnType__pci_device_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__persistence_mode) -> _WhichOneofReturnType__persistence_mode | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__utilization_pct) -> _WhichOneofReturnType__utilization_pct | None: ...
 
@@ -803,10 +811,20 @@ class HostFacts(_message.Message):
     MEMLOCK_UNLIMITED_FIELD_NUMBER: _builtins.int
     ENGINES_FIELD_NUMBER: _builtins.int
     LISTENING_PORTS_FIELD_NUMBER: _builtins.int
+    AGENT_UID_FIELD_NUMBER: _builtins.int
+    SUDO_FIELD_NUMBER: _builtins.int
+    ENGINES_DIR_FIELD_NUMBER: _builtins.int
+    INSTALLED_ENGINES_FIELD_NUMBER: _builtins.int
     python_version: _builtins.str
     memlock_bytes: _builtins.int
     """RLIMIT_MEMLOCK (soft) of the agent; absent: unknown"""
     memlock_unlimited: _builtins.bool
+    agent_uid: _builtins.int
+    """the agent's real uid (proc_root/self/status)"""
+    sudo: _builtins.bool
+    """its user may `sudo -n`; unset: root, or unknown"""
+    engines_dir: _builtins.str
+    """where the agent installs engine versions"""
     @_builtins.property
     def engines(self) -> _containers.RepeatedCompositeFieldContainer[Global___EngineBinary]:
         """engine programs on the agent's PATH"""
@@ -814,6 +832,10 @@ class HostFacts(_message.Message):
     @_builtins.property
     def listening_ports(self) -> Global___IndexList:
         """TCP ports in LISTEN state; absent: unknown"""
+
+    @_builtins.property
+    def installed_engines(self) -> _containers.RepeatedCompositeFieldContainer[Global___InstalledEngine]:
+        """complete installs only"""
 
     def __init__(
         self,
@@ -823,21 +845,71 @@ class HostFacts(_message.Message):
         memlock_unlimited: _builtins.bool = ...,
         engines: _abc.Iterable[Global___EngineBinary] | None = ...,
         listening_ports: Global___IndexList | None = ...,
+        agent_uid: _builtins.int | None = ...,
+        sudo: _builtins.bool | None = ...,
+        engines_dir: _builtins.str | None = ...,
+        installed_engines: _abc.Iterable[Global___InstalledEngine] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "python_version", b"python_version"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "engines_dir", b"engines_dir", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "engines", b"engines", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "python_version", b"python_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "engines", b"engines", "engines_dir", b"engines_dir", "installed_engines", b"installed_engines", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__agent_uid: _TypeAlias = _typing.Literal["agent_uid"]  # noqa: Y015
+    _WhichOneofArgType__agent_uid: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid"]  # noqa: Y015
+    _WhichOneofReturnType__engines_dir: _TypeAlias = _typing.Literal["engines_dir"]  # noqa: Y015
+    _WhichOneofArgType__engines_dir: _TypeAlias = _typing.Literal["_engines_dir", b"_engines_dir"]  # noqa: Y015
     _WhichOneofReturnType__memlock_bytes: _TypeAlias = _typing.Literal["memlock_bytes"]  # noqa: Y015
     _WhichOneofArgType__memlock_bytes: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes"]  # noqa: Y015
     _WhichOneofReturnType__python_version: _TypeAlias = _typing.Literal["python_version"]  # noqa: Y015
     _WhichOneofArgType__python_version: _TypeAlias = _typing.Literal["_python_version", b"_python_version"]  # noqa: Y015
+    _WhichOneofReturnType__sudo: _TypeAlias = _typing.Literal["sudo"]  # noqa: Y015
+    _WhichOneofArgType__sudo: _TypeAlias = _typing.Literal["_sudo", b"_sudo"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__agent_uid) -> _WhichOneofReturnType__agent_uid | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__engines_dir) -> _WhichOneofReturnType__engines_dir | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memlock_bytes) -> _WhichOneofReturnType__memlock_bytes | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__python_version) -> _WhichOneofReturnType__python_version | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sudo) -> _WhichOneofReturnType__sudo | None: ...
 
 Global___HostFacts: _TypeAlias = HostFacts  # noqa: Y015
+
+@_typing.final
+class InstalledEngine(_message.Message):
+    """An engine version llmgw installed: <engines_dir>/<engine>-<version>, whose
+    bin/ the units of a profile naming that version run from.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENGINE_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    PROGRAM_FIELD_NUMBER: _builtins.int
+    engine: _builtins.str
+    """vllm | sglang | llama.cpp"""
+    version: _builtins.str
+    path: _builtins.str
+    program: _builtins.str
+    """the binary that was run (--version) before it was moved in"""
+    def __init__(
+        self,
+        *,
+        engine: _builtins.str = ...,
+        version: _builtins.str = ...,
+        path: _builtins.str = ...,
+        program: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "path", b"path", "program", b"program", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InstalledEngine: _TypeAlias = InstalledEngine  # noqa: Y015
 
 @_typing.final
 class EngineBinary(_message.Message):
@@ -1129,6 +1201,84 @@ class ReclaimResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReclaimResponse: _TypeAlias = ReclaimResponse  # noqa: Y015
+
+@_typing.final
+class EngineInstallRequest(_message.Message):
+    """---- InstallEngine ----------------------------------------------------------
+
+    One engine version to install. llama.cpp: `binary` is a llama-server the
+    control host copied to the node over SFTP (under <engines_dir>/.incoming).
+    vLLM, SGLang: `requirements` is a pip requirements file whose every line is
+    pinned with --hash, installed with --require-hashes --no-deps from
+    `index_url` (empty: the agent's engines.index_url) into a fresh venv.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENGINE_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    BINARY_FIELD_NUMBER: _builtins.int
+    REQUIREMENTS_FIELD_NUMBER: _builtins.int
+    INDEX_URL_FIELD_NUMBER: _builtins.int
+    EXTRA_INDEX_URLS_FIELD_NUMBER: _builtins.int
+    engine: _builtins.str
+    version: _builtins.str
+    binary: _builtins.str
+    requirements: _builtins.str
+    index_url: _builtins.str
+    @_builtins.property
+    def extra_index_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Also searched (vLLM's CUDA builds of torch live on PyTorch's own index);
+        the hashes decide what is accepted, wherever it comes from.
+        """
+
+    def __init__(
+        self,
+        *,
+        engine: _builtins.str = ...,
+        version: _builtins.str = ...,
+        binary: _builtins.str = ...,
+        requirements: _builtins.str = ...,
+        index_url: _builtins.str = ...,
+        extra_index_urls: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["binary", b"binary", "engine", b"engine", "extra_index_urls", b"extra_index_urls", "index_url", b"index_url", "requirements", b"requirements", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EngineInstallRequest: _TypeAlias = EngineInstallRequest  # noqa: Y015
+
+@_typing.final
+class EngineInstallProgress(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FETCH_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    step: _builtins.str
+    """what it is doing now, for people: "downloading wheels (3 so far)" """
+    path: _builtins.str
+    """the installed directory, once done"""
+    @_builtins.property
+    def fetch(self) -> Global___Fetch:
+        """kind engine, target "<engine> <version>" """
+
+    def __init__(
+        self,
+        *,
+        fetch: Global___Fetch | None = ...,
+        step: _builtins.str = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fetch", b"fetch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fetch", b"fetch", "path", b"path", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EngineInstallProgress: _TypeAlias = EngineInstallProgress  # noqa: Y015
 
 @_typing.final
 class UnitEvent(_message.Message):
