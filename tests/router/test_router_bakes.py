@@ -103,7 +103,10 @@ def test_a_canary_failing_live_requests_is_rolled_back_and_no_client_sees_it(
 
 def test_a_good_canary_is_promoted_on_the_comparison(stack: Stack) -> None:
     old, new = stack.upstreams
-    verdict, client = bake(stack, Rollout(bake=1, share=0.5, compare={"min_requests": 2}))
+    # The stand-in upstreams answer in microseconds: their TTFT ratio is noise on a busy
+    # machine, so only the error rates decide here (the ratio is tests/applying's).
+    verdict, client = bake(stack, Rollout(bake=1, share=0.5, compare={
+        "min_requests": 2, "max_ttft_ratio": 1000}))
     assert verdict.decision == "promote"
     assert verdict.reason.startswith("error rate 0.0% vs 0.0%, p50 TTFT ")
     assert client.failures == []
