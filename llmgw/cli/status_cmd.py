@@ -15,7 +15,7 @@ import asyncio
 import sys
 import time
 
-from llmgw.cli import clusters, inventories, inventory_cmd
+from llmgw.cli import clusters, inventories, inventory_cmd, plan_cmd
 from llmgw.daemon.leaders import LEASE
 from llmgw.planning import plans
 from llmgw.spec.models import Cluster
@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     fleet = inventory_cmd.collect(cluster, args.cluster, args.timeout)
     now = time.time()
     sys.stdout.write(inventories.render_status(cluster, fleet, now))
+    for hold in plan_cmd.read_holds(cluster):
+        print(f"{hold.model}: {hold.line()} (`llmgw apply --retry {hold.model}` tries it "
+              "again)")
     # The same classification the daemon's plan makes (no router demand here).
     sys.stdout.write(inventories.render_drift(plans.plan(cluster, fleet, now)))
     if cluster.cluster.store.url and not cluster.cluster.store.url.startswith("sqlite"):

@@ -136,6 +136,8 @@ def status(daemon: Daemon) -> dict[str, Any]:
         "nodes": {},
         "replicas": [],
         "leadership": leadership(daemon),
+        "held": [{"model": h.model, "revision": h.revision, "reason": h.reason,
+                  "held_at": h.held_at, "line": h.line()} for h in state.held],
     }
     if state.plan is not None:
         doc["plan"] = {"summary": state.plan.summary(), "has_changes": state.plan.has_changes,

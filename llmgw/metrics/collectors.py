@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmgw.fleet.types import Fleet, Gpu, NodeReport, Unit
@@ -181,3 +181,30 @@ class LeaseCollector(Collector):
                                        labels=["holder"])
             epochs.add_metric([holder], float(epoch))
             yield epochs
+
+
+RolloutView = tuple[list[str], dict[tuple[str, str], int]]
+
+
+class RolloutCollector(Collector):
+    """Gated rollouts, read at scrape time: ``llmgw_rollout_held{model}`` is 1 for each
+    model held after a failed gate (alert on it), ``llmgw_rollout_gates_total{model,
+    result}`` counts verdicts (``promoted``, ``rolled_back``) since the daemon started."""
+
+    def __init__(self, read: Callable[[], RolloutView]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        held, gates = self._read()
+        family = GaugeMetricFamily("llmgw_rollout_held",
+                                   "1 for each model held after its replacement failed a "
+                                   "rollout gate.", labels=["model"])
+        for model in sorted(held):
+            family.add_metric([model], 1.0)
+        yield family
+        verdicts = CounterMetricFamily("llmgw_rollout_gates",
+                                       "Rollout gate verdicts by model and result.",
+                                       labels=["model", "result"])
+        for (model, result), n in sorted(gates.items()):
+            verdicts.add_metric([model, result], float(n))
+        yield verdicts

@@ -139,6 +139,10 @@ def text(plan: Plan) -> str:
             out += [f"      {reason}" for reason in held.reasons]
             out += [f"      evidence: {line}" for line in held.evidence]
             out.append("")
+    if plan.holds:
+        out += ["Held (not replaced again until a commit changes the model or "
+                "`llmgw apply --retry`):", ""]
+        out += [f"  = {hold.model}: {hold.line()}" for hold in plan.holds] + [""]
     if plan.warnings:
         out += ["Warnings:", *(f"  - {w}" for w in plan.warnings), ""]
     out.append(plan.summary())
@@ -168,6 +172,9 @@ def _no_changes(plan: Plan) -> str:
             "replicas cannot be placed (see below)."
     if plan.held:
         return "No changes: what differs is held, not repaired (see below)."
+    if plan.holds:
+        return "No changes: the fleet does not match the cluster, but what differs is held " \
+            "after a failed rollout gate (see below)."
     if plan.unknown:
         return "No changes: the fleet matches the cluster on every node that answered."
     return "No changes: the fleet matches the cluster."
@@ -297,6 +304,8 @@ def _markdown_rows(plan: Plan) -> list[str]:
     for held in plan.held:
         rows.append(_row("`=`", held.model, f"r{held.replica}", "held", ", ".join(held.nodes),
                          _inert(f"{drifts.title(held.drift)}: " + "; ".join(held.reasons))))
+    for hold in plan.holds:
+        rows.append(_row("`=`", hold.model, "—", "held", "—", _inert(hold.line())))
     return rows
 
 
@@ -413,7 +422,9 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "nodes": [{"node": n.node, "reachable": n.reachable, "digest": n.digest}
                   for n in plan.nodes],
         "warnings": list(plan.warnings),
-    }
+    } | ({"holds": [{"model": h.model, "revision": h.revision, "digest": h.digest,
+                     "reason": h.reason, "held_at": h.held_at, "line": h.line()}
+                    for h in plan.holds]} if plan.holds else {})
 
 
 def _change_dict(change: Change) -> dict[str, Any]:

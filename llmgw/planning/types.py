@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from llmgw.rendering.units import UnitFiles
+from llmgw.spec.rollouts import Hold
 
 FORMAT_VERSION = 1
 
@@ -179,6 +180,7 @@ class Plan:
     nodes: tuple[NodeFingerprint, ...] = ()
     warnings: tuple[str, ...] = ()
     held: tuple[Held, ...] = ()
+    holds: tuple[Hold, ...] = ()  # models whose replacement failed its gate (planning.holds)
 
     def count(self, action: Action) -> int:
         return sum(1 for change in self.changes if change.action == action)
@@ -213,4 +215,7 @@ class Plan:
         if self.held:
             plural = "s" if len(self.held) != 1 else ""
             text += f" {len(self.held)} replica{plural} held (not repaired)."
+        if self.holds:
+            plural = "s" if len(self.holds) != 1 else ""
+            text += f" {len(self.holds)} model{plural} held (failed a rollout gate)."
         return text

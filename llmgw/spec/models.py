@@ -28,6 +28,7 @@ from llmgw.spec.identifiers import (
 )
 from llmgw.spec.quantities import Duration, Size
 from llmgw.spec.repairs import DriftSettings
+from llmgw.spec.rollouts import Rollout
 
 NAME_PATTERN = identifiers.PATTERNS["name"][0]
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -214,6 +215,11 @@ class ClusterSettings(Strict):
         default_factory=DriftSettings,
         description="Per class of drift, whether the daemon repairs it, and when a crashing "
         "engine counts as a crash loop (held instead of restarted). See docs/operations.md.",
+    )
+    rollout: Rollout | None = Field(
+        None,
+        description="Default gate of every model's replacements (a model's `rollout` "
+        "overrides it field by field). Absent: a replacement is done once Ready.",
     )
 
 
@@ -507,6 +513,11 @@ class Model(Strict):
     scaling: Scaling = Field(default_factory=Scaling, description="Replica count.")
     pricing: Pricing = Field(default_factory=Pricing, description="Charged to projects' budgets.")
     routing: Routing = Field(default_factory=Routing, description="How the router picks a replica.")
+    rollout: Rollout | None = Field(
+        None,
+        description="Gate of this model's replacements: probe, bake, compare (see "
+        "docs/rollouts.md), over `cluster.rollout` field by field. Absent: `cluster.rollout`.",
+    )
 
 
 class Conversations(Strict):

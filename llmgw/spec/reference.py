@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from llmgw.spec import models, repairs
+from llmgw.spec import models, repairs, rollouts
 from llmgw.spec.quantities import format_duration, format_size
 
 # (heading, model, where it appears in a file)
@@ -40,6 +40,11 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("models.NAME.scaling", models.Scaling, "models: {NAME: {scaling: ...}}"),
     ("models.NAME.pricing", models.Pricing, "models: {NAME: {pricing: ...}}"),
     ("models.NAME.router", models.Routing, "models: {NAME: {router: ...}}"),
+    ("models.NAME.rollout", rollouts.Rollout, "models: {NAME: {rollout: ...}}, or cluster: "
+     "{rollout: ...}"),
+    ("models.NAME.rollout.probe", rollouts.Probe, "models: {NAME: {rollout: {probe: ...}}}"),
+    ("models.NAME.rollout.compare", rollouts.Compare,
+     "models: {NAME: {rollout: {compare: ...}}}"),
     ("projects.NAME", models.Project, "projects: {NAME: ...}"),
 )
 
