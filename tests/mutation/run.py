@@ -42,6 +42,9 @@ ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
            "tests/planning/test_addresses.py", "tests/planning/test_engine_commands.py",
            "tests/planning/test_synthetic_tables.py", "tests/planning/test_flag_checks.py"]
 
+RESERVATIONS = ["tests/store/test_stores.py", "tests/router/test_router_budgets.py",
+                "tests/router/test_router_budgets_shared.py"]
+
 # module (under llmgw/) → the tests that hold its rules. Slow end-to-end tests
 # are left out on purpose: a rule only an e2e test holds is a rule to test closer.
 MODULES: dict[str, list[str]] = {
@@ -72,6 +75,22 @@ MODULES: dict[str, list[str]] = {
                            "tests/router/test_router_usages.py",
                            "tests/router/test_router_budgets.py",
                            "tests/router/test_router_limits.py"],
+    # Budget reservations in the store: admission, settling, and the usage write that
+    # drops a settled reservation (only those methods: see FUNCTIONS).
+    "store/sqlitestores.py": RESERVATIONS,
+    "store/postgresstores.py": RESERVATIONS,
+    # `llmgw doctor`'s checks; the CLI run over sshd is end-to-end and left out.
+    "onboarding/doctors.py": ["tests/onboarding/test_doctors.py",
+                              "tests/onboarding/test_doctor_verdicts.py", "-k", "not over_sshd"],
+}
+
+# Modules whose decision is a few methods of a larger file: only those are mutated
+# (mutmut's mutant-name globs); the rest of the file is not this measurement's.
+FUNCTIONS: dict[str, list[str]] = {
+    "store/sqlitestores.py": ["*reserve__mutmut_*", "*settle_reservation__mutmut_*",
+                              "*insert_usage__mutmut_*"],
+    "store/postgresstores.py": ["*reserve__mutmut_*", "*settle_reservation__mutmut_*",
+                                "*insert_usage__mutmut_*"],
 }
 
 # Copied into each scratch tree besides llmgw/ and tests/ (mutmut copies those).
@@ -132,7 +151,8 @@ def _run(module: str, tests: list[str], mutmut: str) -> Score:
     started = time.monotonic()
     log = work / "mutmut.log"
     with log.open("w") as out:
-        done = subprocess.run([mutmut, "run"], cwd=work, stdout=out, stderr=subprocess.STDOUT)
+        done = subprocess.run([mutmut, "run", *FUNCTIONS.get(module, [])], cwd=work,
+                              stdout=out, stderr=subprocess.STDOUT)
     seconds = time.monotonic() - started
     meta = work / "mutants" / "llmgw" / f"{module}.meta"
     exits: dict[str, int | None] = (json.loads(meta.read_text())["exit_code_by_key"]
