@@ -167,3 +167,8 @@ def test_every_rendered_argv_of_the_example_plan_passes_its_table() -> None:
     assert {s.engine for s in shards} >= {"vllm", "llama.cpp"}  # SGLang's model is min: 0
     for shard in shards:
         assert shard.spec["argv"], shard.unit  # built, so build() found nothing wrong
+
+
+def test_a_version_that_is_not_one_is_named() -> None:
+    with pytest.raises(ValueError, match=r"^not a version: 'banana'$"):
+        tables.version_key("banana")
