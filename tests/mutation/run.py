@@ -42,8 +42,7 @@ ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
            "tests/planning/test_addresses.py", "tests/planning/test_engine_commands.py",
            "tests/planning/test_synthetic_tables.py", "tests/planning/test_flag_checks.py"]
 
-RESERVATIONS = ["tests/store/test_stores.py", "tests/router/test_router_budgets.py",
-                "tests/router/test_router_budgets_shared.py"]
+RESERVATIONS = ["tests/store/test_stores.py", "tests/router/test_accounts.py"]
 
 # module (under llmgw/) → the tests that hold its rules. Slow end-to-end tests
 # are left out on purpose: a rule only an e2e test holds is a rule to test closer.
@@ -71,10 +70,13 @@ MODULES: dict[str, list[str]] = {
     "engines/sglang.py": ENGINES,
     "engines/tables.py": ENGINES,
     "engines/vllm.py": ENGINES,
-    "router/accounts.py": ["tests/router/test_router_access.py",
-                           "tests/router/test_router_usages.py",
-                           "tests/router/test_router_budgets.py",
-                           "tests/router/test_router_limits.py"],
+    # The router stack tests (test_router_access, _budgets, _limits) hold these rules
+    # from a client's side too, but start a router and a PostgreSQL per mutant.
+    "router/accounts.py": ["tests/router/test_accounts.py",
+                           "tests/router/test_router_budgets.py::test_estimate",
+                           "tests/router/test_router_budgets.py::"
+                           "test_estimate_of_embeddings_has_no_output",
+                           "tests/router/test_router_budgets.py::test_what_was_served"],
     # Budget reservations in the store: admission, settling, and the usage write that
     # drops a settled reservation (only those methods: see FUNCTIONS).
     "store/sqlitestores.py": RESERVATIONS,
