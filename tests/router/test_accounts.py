@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.router import accounts as accounts_module
 from llmgw.router.accounts import ANONYMOUS, NOTHING, Accounts, Principal, Reservation
 from llmgw.router.catalogs import Catalog
 from llmgw.router.errors import ApiError
@@ -55,6 +56,10 @@ def table_gone(store: SQLiteStore, table: str) -> Iterator[None]:
     finally:
         other.execute(f"ALTER TABLE {table}_away RENAME TO {table}")
         other.close()
+
+
+def logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "llmgw.router.accounts"]
 
 
 def row(project: str | None, cost: float, status: int = 200) -> UsageRow:
@@ -136,7 +141,7 @@ async def test_an_unreachable_key_store_is_503(
         error = await refused(accounts.authenticate(f"Bearer {created.secret}"))
     assert shape(error) == (503, "store_unavailable", "server_error",
                             "the key store is unreachable; retry shortly", {"Retry-After": "2"})
-    assert "cannot check an API key" in caplog.text
+    assert logged(caplog) == [f"cannot check an API key: {store.where}: no such table: keys"]
     assert created.secret not in caplog.text
 
 
@@ -168,6 +173,15 @@ async def test_requests_in_flight_hold_the_budget(accounts: Accounts) -> None:
         "capped", "$0.00", "$1.00", "$1.20")
 
 
+async def test_the_refusal_counts_what_is_in_flight(accounts: Accounts) -> None:
+    caller = Principal("capped", "k")
+    await accounts.reserve(caller, 0.4)
+    accounts.record(row("capped", 0.75))
+    await accounts.flush()
+    assert shape(await refused(accounts.reserve(caller, 0.1))) == over(
+        "capped", "$0.75", "$1.00", "$0.40")
+
+
 async def test_a_budget_of_zero_admits_nothing(accounts: Accounts) -> None:
     assert shape(await refused(accounts.reserve(Principal("broke", "k"), 0.0))) == over(
         "broke", "$0.00", "$0.00")
@@ -193,7 +207,8 @@ async def test_an_unreachable_budget_store_is_503(
     assert shape(error) == (503, "store_unavailable", "server_error",
                             "the budget store is unreachable; retry shortly",
                             {"Retry-After": "2"})
-    assert "cannot reserve budget" in caplog.text
+    assert logged(caplog) == [
+        f"cannot reserve budget: {store.where}: no such table: reservations"]
 
 
 async def test_settling_shrinks_a_reservation_to_its_cost(
@@ -204,10 +219,23 @@ async def test_settling_shrinks_a_reservation_to_its_cost(
     await accounts.settle(first, 0.1)
     assert (await store.reserve("capped", 1.0, 0.0, 60)).reserved == pytest.approx(0.5)
     await accounts.settle(NOTHING, 0.0)  # nothing reserved, nothing to settle
+    await Accounts(None, Catalog(auth="none")).settle(first, 0.0)  # no store, nothing held
     with table_gone(store, "reservations"):
         await accounts.settle(first, 0.0)  # the estimate holds: the safe side
-    assert "could not settle a reservation" in caplog.text
+    assert logged(caplog) == [
+        f"could not settle a reservation: {store.where}: no such table: reservations"]
     assert (await store.reserve("capped", 1.0, 0.0, 60)).reserved == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("payload", "tokens"), [
+    ({"max_tokens": 0}, 0),  # a limit of zero is a limit
+    ({"max_tokens": -1}, accounts_module.DEFAULT_OUTPUT_TOKENS),
+    ({"max_tokens": 7, "n": 0}, 7),  # no choices asked: one
+    ({"max_tokens": 7, "n": 1}, 7),
+    ({"max_tokens": 7, "n": 2}, 14),
+])
+def test_estimate_edges(payload: dict[str, object], tokens: int) -> None:
+    assert accounts_module.estimate(10, payload, False) == (10, tokens)
 
 
 # -- usage rows -----------------------------------------------------------------------------
@@ -252,7 +280,8 @@ async def test_a_failed_write_is_kept_and_written_once_later(
     accounts.record(row("capped", 0.25), held)
     with table_gone(store, "usage"):
         await accounts.flush()
-        assert "could not write 1 usage rows (will retry)" in caplog.text
+        assert logged(caplog) == [f"could not write 1 usage rows (will retry): {store.where}: "
+                                  "no such table: usage"]
         accounts.record(row("capped", 0.5))
     assert accounts.spent == {"capped": 0.75}  # still charged while unwritten
     # The failed row's reservation still holds the budget meanwhile.
@@ -263,6 +292,21 @@ async def test_a_failed_write_is_kept_and_written_once_later(
     await accounts.flush()
     assert len(await usages.recent(store)) == 2
     assert accounts.spent == {"capped": 0.75}
+
+
+async def test_rows_recorded_during_a_failed_write_are_kept_too(
+        accounts: Accounts, store: SQLiteStore) -> None:
+    caller = Principal("capped", "k")
+    first, second = await accounts.reserve(caller, 0.3), await accounts.reserve(caller, 0.3)
+    accounts.record(row("capped", 0.25), first)
+    with table_gone(store, "usage"):
+        flushing = asyncio.create_task(accounts.flush())
+        await asyncio.sleep(0)  # the flush has taken the rows and awaits the store
+        accounts.record(row("capped", 0.5), second)
+        await flushing
+    await accounts.flush()
+    assert sorted(r.cost_usd for r in await usages.recent(store)) == [0.25, 0.5]
+    assert (await store.reserve("capped", 1.0, 0.0, 60)).reserved == 0
 
 
 async def test_a_failed_spend_reload_keeps_the_rows_too(
@@ -279,9 +323,12 @@ async def test_rows_recorded_during_a_flush_stay_charged(
     accounts.record(row("capped", 0.25))
     flushing = asyncio.create_task(accounts.flush())
     await asyncio.sleep(0)  # the flush has taken the rows and awaits the store
-    accounts.record(row("capped", 0.5))
+    for project, cost in (("capped", 0.5), ("new", 0.125), ("new", 0.25), (None, 1.0),
+                          ("free", 0.0)):
+        accounts.record(row(project, cost))
     await flushing
-    assert accounts.spent == {"capped": 0.75}
+    # Stored spend plus what is still only in memory; nothing for no project or no cost.
+    assert accounts.spent == {"capped": 0.75, "new": 0.375}
     assert [r.cost_usd for r in await usages.recent(store)] == [0.25]
 
 
@@ -321,7 +368,8 @@ async def test_start_on_a_failing_store_still_flushes_later(
         accounts: Accounts, store: SQLiteStore, caplog: pytest.LogCaptureFixture) -> None:
     with table_gone(store, "project_spend"):
         await accounts.start()
-    assert "cannot load spend from the store yet" in caplog.text
+    assert logged(caplog) == [
+        f"cannot load spend from the store yet: {store.where}: no such table: project_spend"]
     accounts.record(row("capped", 0.25))
     await asyncio.wait_for(until_written(store, 1), timeout=60)
 
