@@ -158,6 +158,9 @@ ROCE_FIX = ("give the interface its IPv4 address, or set the fabric's gid_index 
     ("roce-gids", {"node": ROCE_NODE, "fabrics": roce(1), "adapters": [Adapter(
         name="mlx5_2", ports=[port(1, gids=[LINK], types=["RoCE v2"])])]},
      ("fail", "mlx5_2 port 1 GID 1: none", ROCE_FIX)),
+    # An absent adapter is fabric-adapters' to report: no port of it to look at here.
+    ("roce-gids", {"node": ROCE_NODE, "fabrics": roce(None)},
+     ("ok", "GID index holds a RoCE v2 address on every declared port", "")),
     ("roce-gids", {"node": ROCE_NODE, "fabrics": roce(0), "adapters": [Adapter(
         name="mlx5_2", ports=[port(1, gids=[LINK], types=["RoCE v2"])])]},
      ("ok", "GID index holds a RoCE v2 address on every declared port", "")),
@@ -234,6 +237,7 @@ def test_verdict(check: str, kwargs: dict[str, Any], expected: tuple[str, str, s
 def test_the_ssh_check_says_how_the_agent_was_reached() -> None:
     ctx = doctors.Context(version=V, now=NOW)
     up = NodeReport(node="n", agent_version=V, collected_at=NOW, host=HOST)
+    assert {f.node for f in doctors.examine("g7", Node(address="10.0.0.1"), up, ctx)} == {"g7"}
     assert doctors.examine("n", Node(address="10.0.0.1"), up, ctx)[0] == doctors.Finding(
         "n", "ssh", "ok", "agent reached through SSH, host key pinned")
     assert doctors.examine("n", Node(address="local"), up, ctx)[0] == doctors.Finding(
