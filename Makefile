@@ -62,6 +62,7 @@ test-fast: install sysdeps
 	$(BIN)/pytest -q -x
 
 bench: install sysdeps
+	$(BIN)/pip install -q -e '.[bench]'
 	@for script in tests/bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 # Mutation score of the decision modules (tests/mutation/run.py; docs/testing.md).

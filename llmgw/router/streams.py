@@ -54,10 +54,10 @@ def ask_for_usage(body: bytes, payload: dict[str, Any]) -> tuple[bytes, bool]:
     return json.dumps(merged).encode(), False
 
 
-def _boundary(data: bytes) -> int:
-    """End of the last complete event in ``data`` (after its blank line), or -1."""
-    lf = data.rfind(b"\n\n")
-    crlf = data.rfind(b"\r\n\r\n")
+def _boundary(data: bytes, end: int | None = None) -> int:
+    """End of the last complete event in ``data[:end]`` (after its blank line), or -1."""
+    lf = data.rfind(b"\n\n", 0, end)
+    crlf = data.rfind(b"\r\n\r\n", 0, end)
     return max(lf + 2 if lf >= 0 else -1, crlf + 4 if crlf >= 0 else -1)
 
 
@@ -86,17 +86,21 @@ class Relay:
         self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
-        """What to send the client now for ``chunk`` (possibly nothing yet)."""
-        data = self._pending + chunk if self._pending else chunk
-        end = _boundary(data)
-        if end < 0:
-            self._pending = data
-            return b""
-        if end == len(data):
-            complete, self._pending = data, b""
-        else:
-            complete, self._pending = data[:end], data[end:]
-        return self._pass(complete)
+        """What to send the client now for ``chunk`` (possibly nothing yet).
+
+        Called for every read of a stream, so it does the least it can: an engine
+        writes whole events, so a chunk that ends with a blank line is passed on as it
+        is, with no search for where its last event ends.
+        """
+        if self._pending:
+            chunk, self._pending = self._pending + chunk, b""
+        if not chunk.endswith(b"\n\n"):  # also the end of "\r\n\r\n"
+            end = _boundary(chunk)
+            if end < 0:
+                self._pending = chunk
+                return b""
+            chunk, self._pending = chunk[:end], chunk[end:]
+        return self._pass(chunk)
 
     def finish(self) -> bytes:
         """The remainder when the upstream ended without a final blank line."""
@@ -114,8 +118,15 @@ class Relay:
         return complete
 
     def _inspect(self, events: bytes) -> bytes:
-        kept: list[bytes] = []
-        for match in _EVENT.finditer(events):
+        """``events`` less the injected usage chunk; keeps the usage it reports.
+
+        Only the events from the first one that mentions usage on are split and
+        decoded: when a slow client lets many events pile up, the usage chunk comes
+        last, behind content events that need no look.
+        """
+        start = max(_boundary(events, events.find(_USAGE)), 0)
+        kept: list[bytes] = [events[:start]]
+        for match in _EVENT.finditer(events, start):
             event = match.group(1)
             if _USAGE in event:
                 doc = _event_data(event)

@@ -16,7 +16,16 @@ process listens on 127.0.0.1 only and the run is bounded by ``--duration``.
 llmgw runs as it does in production: keys checked against SQLite, usage
 rows written, metrics recorded. Numbers are printed, never asserted.
 
+A second table, streaming at the router's limit: a second upstream answers
+every request with a chat-completions stream of STREAM_CHUNKS chunks, each
+written on its own (tests/support/upstream.py, ``--stream-chunks``); wrk
+counts the SSE chunks of whole answers with a Lua script (CHUNKS_LUA).
+Rows: direct, llmgw (and llmgw+uvloop), nginx; columns: chunks/s, ratios,
+and CPU µs per chunk of each path's process and of the upstream, from /proc.
+``--profile FILE`` then samples llmgw with py-spy under the same load.
+
     .venv/bin/python tests/bench/router.py [--duration 2] [--rounds 3] [--connections 32]
+        [--only requests|streaming] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,8 +50,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support.streamloads import (  # noqa: E402
+    Load,
+    Streamed,
+    measure_streams,
+    profile_summary,
+    wrk_chunks,
+)
+
 BODY = '{"model":"bench","messages":[{"role":"user","content":"Say hello to the benchmark."}]}'
 STREAM_BODY = BODY[:-1] + ',"stream":true}'
+STREAM_CHUNKS = 200  # content chunks per answer in the streaming rows
 
 NGINX_CONF = """\
 worker_processes 1;
@@ -103,14 +124,19 @@ def wait_port(port: int, timeout: float = 30) -> None:
 
 @contextlib.contextmanager
 def process(argv: list[str], port: int, **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    # stderr goes to a file, not a pipe: a server that logs more than a pipe holds (64 KiB)
+    # while nobody reads it would block mid-run and stall its row.
+    errors = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errors,
                             start_new_session=True, **kwargs)  # type: ignore[call-overload]
     try:
         try:
             wait_port(port)
         except RuntimeError:
             proc.kill()
-            why = proc.communicate()[1].decode()
+            proc.wait()
+            errors.seek(0)
+            why = errors.read().decode(errors="replace")
             raise RuntimeError(f"{argv[0]} did not start: {why}") from None
         yield proc
     finally:
@@ -121,6 +147,7 @@ def process(argv: list[str], port: int, **kwargs: object) -> Iterator[subprocess
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        errors.close()
 
 
 _UNITS = {"us": 1.0, "ms": 1000.0, "s": 1_000_000.0}
@@ -164,6 +191,10 @@ class Target:
     name: str
     url: str
     key: str = "none"
+    pid: int = 0  # the process serving it, when the bench started it (to profile)
+
+
+NOTES: list[str] = []  # printed after the tables: rows skipped and why
 
 
 def serve_router(port: int, upstream: int, db: str, key_file: str, loop: str) -> None:
@@ -200,8 +231,12 @@ def serve_router(port: int, upstream: int, db: str, key_file: str, loop: str) ->
             asyncio.run(main())
 
 
-def serve_bare(port: int, upstream: int) -> None:
-    """The floor: an aiohttp proxy doing nothing but forward (no keys, usage, metrics)."""
+def serve_bare(port: int, upstream: int, relay: bool) -> None:
+    """The floor: an aiohttp proxy doing nothing but forward (no keys, usage, metrics).
+
+    ``relay``: pass a body on as its reads arrive (the streaming table's floor) instead
+    of reading it whole first.
+    """
     import aiohttp
     from aiohttp import web
 
@@ -212,6 +247,18 @@ def serve_bare(port: int, upstream: int) -> None:
             body = await request.read()
             async with session.post(f"http://127.0.0.1:{upstream}{request.path}", data=body,
                                     headers={"Content-Type": "application/json"}) as reply:
+                if relay:
+                    response = web.StreamResponse(
+                        status=reply.status,
+                        headers={"Content-Type": reply.headers["Content-Type"]})
+                    try:
+                        await response.prepare(request)
+                        async for data in reply.content.iter_any():
+                            await response.write(data)
+                        await response.write_eof()
+                    except ConnectionResetError:
+                        pass  # wrk stopped mid-stream; a traceback would fill the stderr pipe
+                    return response
                 data = await reply.read()
                 return web.Response(status=reply.status, body=data,
                                     headers={"Content-Type": reply.headers["Content-Type"]})
@@ -232,14 +279,25 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="measurements per figure (best)")
     parser.add_argument("--connections", type=int, default=32, help="concurrent clients")
+    parser.add_argument("--only", choices=("requests", "streaming"),
+                        help="run one table: requests/s and latency, or streaming chunks/s")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="after the streaming rounds, sample llmgw with py-spy under the "
+                             "same load; write the collapsed stacks to FILE, print the top")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="streaming table: add rows for the llmgw package in DIR (another "
+                             "version, e.g. `git archive` of a commit), for before/after")
+    parser.add_argument("--profile-top", type=int, default=15, metavar="N",
+                        help="functions listed by --profile (default 15)")
     parser.add_argument("--serve-router", nargs=5,
                         metavar=("PORT", "UPSTREAM", "DB", "KEYFILE", "LOOP"),
                         help=argparse.SUPPRESS)
-    parser.add_argument("--serve-bare", nargs=2, metavar=("PORT", "UPSTREAM"),
+    parser.add_argument("--serve-bare", nargs=3, metavar=("PORT", "UPSTREAM", "MODE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_bare:
-        serve_bare(int(args.serve_bare[0]), int(args.serve_bare[1]))
+        port, upstream, mode = args.serve_bare
+        serve_bare(int(port), int(upstream), relay=mode == "relay")
         return 0
     if args.serve_router:
         port, upstream, db, key_file, loop = args.serve_router
@@ -250,10 +308,22 @@ def main() -> int:
     if missing:
         print(f"skipped: {', '.join(missing)} not installed (`make sysdeps`)")
         return 0
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    python = sys.executable
     args.load_before = os.getloadavg()[0]
-    notes = []
+    if importlib.util.find_spec("uvloop") is None:
+        NOTES.append("llmgw+uvloop: uvloop not installed, row skipped")
+    if args.only != "streaming":
+        requests_rows(args)
+    if args.only != "requests":
+        streaming_rows(args)
+    for note in NOTES:
+        print(f"note: {note}")
+    return 0
+
+
+def requests_rows(args: argparse.Namespace) -> None:
+    """Requests/s and latency of plain and (short) streaming answers, every path."""
+    python = sys.executable
+    notes = NOTES
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmpdir, \
             contextlib.ExitStack() as running:
         tmp = Path(tmpdir)
@@ -262,31 +332,15 @@ def main() -> int:
             process([python, str(ROOT / "tests/support/upstream.py"), "--port", str(up)], up))
         targets = [Target("direct", f"http://127.0.0.1:{up}")]
 
-        loops = ["asyncio"]
-        if importlib.util.find_spec("uvloop") is not None:
-            loops.append("uvloop")  # the same router on uvloop's event loop, for comparison
-        else:
-            notes.append("llmgw+uvloop: uvloop not installed, row skipped")
-        for loop in loops:
-            port = free_port()
-            key_file = tmp / f"key-{loop}"
-            argv = [python, __file__, "--serve-router", str(port), str(up),
-                    str(tmp / f"llmgw-{loop}.db"), str(key_file), loop]
-            running.enter_context(process(argv, port, cwd=ROOT))
-            name = "llmgw" if loop == "asyncio" else f"llmgw+{loop}"
-            targets.append(Target(name, f"http://127.0.0.1:{port}", key_file.read_text()))
+        targets += start_routers(tmp / "requests", up, running)
 
         port = free_port()
-        running.enter_context(process([python, __file__, "--serve-bare", str(port), str(up)],
+        running.enter_context(process([python, __file__, "--serve-bare", str(port), str(up),
+                                       "buffer"],
                                       port, cwd=ROOT))
         targets.append(Target("bare aiohttp", f"http://127.0.0.1:{port}"))
 
-        port = free_port()
-        conf = tmp / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(tmp=tmp, upstream=up, port=port))
-        running.enter_context(process(
-            [nginx, "-p", str(tmp), "-e", str(tmp / "nginx-error.log"), "-c", str(conf)], port))
-        targets.append(Target("nginx", f"http://127.0.0.1:{port}"))
+        targets.append(start_nginx(tmp / "nginx", up, running))
 
         if importlib.util.find_spec("litellm") is None:
             notes.append("litellm: not installed, row skipped (it is not an llmgw "
@@ -316,15 +370,133 @@ def main() -> int:
                         max(best.rps, m.rps), min(best.p50_us, m.p50_us),
                         min(best.p99_us, m.p99_us))
     print(table(results, args))
-    for note in notes:
-        print(f"note: {note}")
     llmgw, nginx_row = results["llmgw"], results["nginx"]
     for mode in ("plain", "stream"):
         added = llmgw[mode].p50_us - results["direct"][mode].p50_us
         ratio = llmgw[mode].rps / nginx_row[mode].rps
         print(f"{mode}: llmgw adds {added / 1000:.3f} ms at p50 (target < 1 ms); "
               f"{ratio:.2f}× nginx's requests/s (target ≥ 0.5×)")
-    return 0
+
+
+def streaming_rows(args: argparse.Namespace) -> None:
+    """SSE chunks/s of long streams (STREAM_CHUNKS chunks, each sent on its own)."""
+    python = sys.executable
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmpdir, \
+            contextlib.ExitStack() as running:
+        tmp = Path(tmpdir)
+        up = free_port()
+        upstream = running.enter_context(process(
+            [python, str(ROOT / "tests/support/upstream.py"), "--port", str(up),
+             "--stream-chunks", str(STREAM_CHUNKS)], up))
+        targets = [Target("direct", f"http://127.0.0.1:{up}")]
+        routers = start_routers(tmp / "streaming", up, running)
+        targets += routers
+        if args.baseline:
+            targets += start_routers(tmp / "baseline", up, running, baseline=args.baseline)
+        port = free_port()
+        bare = running.enter_context(process(
+            [python, __file__, "--serve-bare", str(port), str(up), "relay"], port, cwd=ROOT))
+        targets.append(Target("bare aiohttp relay", f"http://127.0.0.1:{port}", pid=bare.pid))
+        targets.append(start_nginx(tmp / "nginx", up, running))
+        load = Load(STREAM_BODY, STREAM_CHUNKS, args.connections)
+        runs: dict[str, list[Streamed]] = {target.name: [] for target in targets}
+        for target in targets:
+            wrk_chunks(target.url, target.key, load, 1, tmp)  # warm
+        for _ in range(args.rounds):
+            for target in targets:
+                try:
+                    runs[target.name].append(measure_streams(
+                        target.url, target.key, target.pid, upstream.pid, load,
+                        args.duration, tmp))
+                except RuntimeError as exc:
+                    raise RuntimeError(f"{target.name}, streaming: {exc}") from None
+        if args.profile:
+            profile(routers[0], load, args, tmp)
+    best = {name: max(run.rate for run in row) for name, row in runs.items()}
+    print()
+    print(f"streaming: {STREAM_CHUNKS} chat-completion chunks per answer, each written on "
+          f"its own by the upstream; wrk, 1 thread, {args.connections} connections; "
+          f"SSE chunks/s in whole answers, best of {args.rounds} interleaved "
+          f"{args.duration:g} s runs (CPU per chunk: median); CPUs: {os.cpu_count()}; "
+          f"load average at start: {args.load_before:.1f}")
+    print()
+    print("| path | chunks/s | × direct | × nginx | path CPU µs/chunk (user + sys) | "
+          "upstream CPU µs/chunk |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, row in runs.items():
+        rate = best[name]
+        user = statistics.median(run.user_us for run in row)
+        system = statistics.median(run.system_us for run in row)
+        cpu = "—" if name == "direct" else f"{user + system:.1f} ({user:.1f} + {system:.1f})"
+        print(f"| {name} | {rate:,.0f} | {rate / best['direct']:.2f} | "
+              f"{rate / best['nginx']:.2f} | {cpu} | "
+              f"{statistics.median(run.upstream_us for run in row):.1f} |")
+    print(f"streaming: llmgw relays {best['llmgw'] / best['nginx']:.2f}× nginx's chunks/s "
+          "(target ≥ 0.9×)")
+
+
+def start_routers(tmp: Path, upstream: int, running: contextlib.ExitStack,
+                  baseline: str | None = None) -> list[Target]:
+    """llmgw in front of ``upstream``: on asyncio's loop, and on uvloop's when installed.
+
+    ``baseline``: a directory with another version's ``llmgw`` package (``git archive``
+    of a commit), run instead of this one's, for a before/after in one run.
+    """
+    tmp.mkdir(exist_ok=True)
+    loops = ["asyncio"]
+    if importlib.util.find_spec("uvloop") is not None:
+        loops.append("uvloop")  # the same router on uvloop's event loop, for comparison
+    env = None
+    if baseline is not None:
+        if not (Path(baseline) / "llmgw" / "router").is_dir():
+            raise SystemExit(f"--baseline {baseline}: no llmgw/router package there")
+        env = {**os.environ, "PYTHONPATH": str(Path(baseline).resolve())}
+    targets = []
+    for loop in loops:
+        port = free_port()
+        key_file = tmp / f"key-{loop}"
+        argv = [sys.executable, __file__, "--serve-router", str(port), str(upstream),
+                str(tmp / f"llmgw-{loop}.db"), str(key_file), loop]
+        proc = running.enter_context(process(argv, port, cwd=ROOT, env=env))
+        name = "llmgw" if loop == "asyncio" else f"llmgw+{loop}"
+        if baseline is not None:
+            name += " (baseline)"
+        targets.append(Target(name, f"http://127.0.0.1:{port}", key_file.read_text(),
+                              pid=proc.pid))
+    return targets
+
+
+def start_nginx(tmp: Path, upstream: int, running: contextlib.ExitStack) -> Target:
+    """Debian's nginx, one worker, in front of ``upstream`` (config: NGINX_CONF)."""
+    tmp.mkdir(exist_ok=True)
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    port = free_port()
+    conf = tmp / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(tmp=tmp, upstream=upstream, port=port))
+    proc = running.enter_context(process(
+        [nginx, "-p", str(tmp), "-e", str(tmp / "nginx-error.log"), "-c", str(conf)], port))
+    return Target("nginx", f"http://127.0.0.1:{port}", pid=proc.pid)
+
+
+def profile(target: Target, load: Load, args: argparse.Namespace, tmp: Path) -> None:
+    """py-spy samples ``target``'s process under the streaming load, after the measured
+    rounds (sampling costs CPU); writes the collapsed stacks and prints the top functions."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        NOTES.append("profile: py-spy not installed (`pip install -e '.[bench]'`), skipped")
+        return
+    seconds = max(int(args.duration * 2), 2)
+    spy = subprocess.Popen([py_spy, "record", "--pid", str(target.pid), "--format", "raw",
+                            "--rate", "250", "--duration", str(seconds), "--nonblocking",
+                            "--output", str(args.profile)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.5)  # attached before the load starts
+    wrk_chunks(target.url, target.key, load, seconds, tmp)
+    if spy.wait(seconds + 30) != 0:
+        NOTES.append(f"profile: py-spy failed: {spy.communicate()[1].decode()[-500:]}")
+        return
+    print()
+    print(profile_summary(Path(args.profile).read_text(), args.profile_top))
 
 
 def table(results: dict[str, dict[str, Measure]], args: argparse.Namespace) -> str:

@@ -90,3 +90,15 @@ def test_relay_keeps_a_usage_chunk_that_carries_content() -> None:
     both = sse({"choices": [{"delta": {"content": "!"}}], "usage": USAGE})
     relay = streams.Relay(strip_usage_chunk=True)
     assert relay.feed(both) == both and relay.usage == (7, 3)
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+def test_relay_a_backlog_ending_in_the_usage_chunk(newline: bytes) -> None:
+    # A slow client lets events pile up: one read holds many content events and then the
+    # usage chunk. Only the usage chunk goes; the events before it pass byte for byte.
+    content = b"".join(sse({"choices": [{"delta": {"content": f"w{i}"}}]}) for i in range(50))
+    stream = (content + USAGE_CHUNK + b"data: [DONE]\n\n").replace(b"\n", newline)
+    relay = streams.Relay(strip_usage_chunk=True)
+    out = relay.feed(stream) + relay.finish()
+    assert out == (content + b"data: [DONE]\n\n").replace(b"\n", newline)
+    assert relay.usage == (7, 3) and relay.events == 51 and relay.finished

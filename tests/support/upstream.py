@@ -8,7 +8,9 @@ requests whose client went away. It records every request it received.
 
 ``python tests/support/upstream.py --port N`` runs :func:`serve_fast`, a
 minimal asyncio server with canned answers and nothing else in its path,
-for the benchmark: the same upstream behind every row of the table.
+for the benchmark: the same upstream behind every row of the table. With
+``--stream-chunks N`` it runs :func:`serve_streaming` instead: every answer
+is a chat-completions stream of N chunks, each written on its own.
 """
 
 from __future__ import annotations
@@ -252,8 +254,120 @@ async def serve_fast(port: int) -> None:
         await server.serve_forever()
 
 
+# -- the streaming benchmark's upstream -----------------------------------------------------
+
+_CHUNKED_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                 b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+
+def _framed(event: bytes) -> bytes:
+    """One SSE event as one HTTP/1.1 chunk, the way vLLM's server (uvicorn) frames it."""
+    return b"%x\r\n%b\r\n" % (len(event), event)
+
+
+def streaming_events(chunks: int, usage: bool) -> list[bytes]:
+    """The stream :func:`serve_streaming` sends, already framed: ``chunks`` content chunks
+    of a chat completion, the usage chunk when asked for, ``[DONE]``, the last chunk."""
+    body: dict[str, Any] = {"model": "bench", "messages": "hi"}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    events = _stream_events("/v1/chat/completions", body, "stream", chunks)
+    return [_framed(event) for event in events] + [b"0\r\n\r\n"]
+
+
+class _StreamingProtocol(asyncio.Protocol):
+    """Keep-alive HTTP/1.1 answering every request with a stream written event by event.
+
+    Each event is its own ``transport.write`` (with TCP_NODELAY, asyncio's default:
+    its own ``send``) and the next one is written on the next turn of the loop, so
+    the streams of all connections interleave as an engine's token loop does. The
+    client's pace is respected: while the socket's buffer is full nothing is written.
+    """
+
+    def __init__(self, answers: tuple[list[bytes], list[bytes]]) -> None:
+        self.answers = answers
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.queue: list[bytes] = []  # what is left of the stream being sent
+        self.at = 0
+        self.paused = False
+        self.scheduled = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.queue, self.transport = [], None
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._schedule()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self._next_request()
+
+    def _next_request(self) -> None:
+        if self.at < len(self.queue):
+            return  # one answer at a time; a pipelined request waits for this one's end
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = self.buffer[:end].lower()
+        at = head.find(b"content-length:")
+        length = 0
+        if at >= 0:
+            stop = head.find(b"\r\n", at)
+            length = int(head[at + 15 : stop if stop > 0 else len(head)])
+        if len(self.buffer) < end + 4 + length:
+            return
+        body = self.buffer[end + 4 : end + 4 + length].replace(b" ", b"")
+        self.buffer = self.buffer[end + 4 + length :]
+        assert self.transport is not None
+        self.transport.write(_CHUNKED_HEAD)
+        self.queue, self.at = self.answers[b'"include_usage":true' in body], 0
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self.scheduled and not self.paused and self.at < len(self.queue):
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._write_one)
+
+    def _write_one(self) -> None:
+        self.scheduled = False
+        if self.transport is None or self.at >= len(self.queue):
+            return
+        self.transport.write(self.queue[self.at])
+        self.at += 1
+        if self.at < len(self.queue):
+            self._schedule()
+        else:
+            self._next_request()
+
+
+async def serve_streaming(port: int, chunks: int) -> None:
+    """Answer every request on ``port`` with a stream of ``chunks`` content chunks."""
+    answers = (streaming_events(chunks, usage=False), streaming_events(chunks, usage=True))
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _StreamingProtocol(answers), "127.0.0.1", port,
+                                      backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--stream-chunks", type=int, default=0,
+                        help="answer every request with a stream of this many chunks, "
+                             "each written separately (the streaming benchmark)")
+    options = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_fast(parser.parse_args().port))
+        if options.stream_chunks:
+            asyncio.run(serve_streaming(options.port, options.stream_chunks))
+        else:
+            asyncio.run(serve_fast(options.port))
