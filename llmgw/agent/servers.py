@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from llmgw.agent import fetchers, messages, monitors, reports
+from llmgw.agent import fetchers, installs, messages, monitors, reports
 from llmgw.agent.settings import Settings
 from llmgw.agent.supervisors import Supervisor
 from llmgw.agent.systemd import SystemdBackend
@@ -37,6 +37,7 @@ from llmgw.proto import agent_pb2_grpc, conversions
 log = logging.getLogger(__name__)
 
 DEFAULT_LOG_LINES = 100
+PROGRESS_INTERVAL = 0.25  # how often InstallEngine looks for news to send
 
 
 class ServeError(Exception):
@@ -59,13 +60,25 @@ class Agent:
         self.monitor = monitors.Monitor(self.backend, settings.readiness)
         self.collector = reports.Collector(settings)
         self.fetcher = fetchers.Fetcher(Path(settings.state_dir), self._start, self.monitor.poke)
-        self.monitor.overlay = self.fetcher.overlay
+        self.installer = installs.Installer(settings.engines, self._installed, self._has_gpu,
+                                            self.monitor.poke, group=settings.socket.group)
+        self.monitor.overlay = self._overlay
+
+    def _overlay(self, unit: str) -> tuple[str, str] | None:
+        return self.installer.overlay(unit) or self.fetcher.overlay(unit)
 
     async def _start(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
         """Start units whose weights just arrived."""
         results = await self.backend.apply(changes)
         self.monitor.poke()
         return results
+
+    async def _installed(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
+        """Start units whose engine was just installed (their weights come next)."""
+        return await self._start(await self.fetcher.admit(changes))
+
+    async def _has_gpu(self) -> bool:
+        return bool((await self.collector.gpus()).records)
 
     def declaration(self, asked: Declaration | None) -> Declaration:
         """What to check the node against: the daemon's declaration, else the settings'."""
@@ -86,8 +99,13 @@ class Agent:
                     and weights["dir"] not in dirs:
                 dirs.append(weights["dir"])
         cached = await asyncio.to_thread(fetchers.cached, dirs, specs)
+        host = report.host.model_copy(update={
+            "engines_dir": str(self.installer.root),
+            "installed_engines": await asyncio.to_thread(self.installer.installed),
+        }) if report.host is not None else None
         return report.model_copy(update={
-            "fetches": self.fetcher.reports(), "cached_weights": cached,
+            "fetches": [*self.fetcher.reports(), *self.installer.reports()],
+            "cached_weights": cached, "host": host,
         })
 
     async def reclaim(self, weights_dirs: Sequence[str], remove: bool) -> list[reclaims.Reclaimed]:
@@ -105,7 +123,8 @@ class Agent:
         return found
 
     async def apply(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
-        results = await self.backend.apply(await self.fetcher.admit(changes))
+        admitted = await self.installer.admit(changes)
+        results = await self.backend.apply(await self.fetcher.admit(admitted))
         for result in results:
             log.info("apply %s: %s", result.name,
                      "changed" if result.changed else "unchanged" if result.ok else result.error)
@@ -117,6 +136,7 @@ class Agent:
         return await self.backend.logs(name, min(wanted, self.settings.log_lines_max))
 
     async def close(self) -> None:
+        await self.installer.close()
         await self.fetcher.close()
         await self.monitor.close()
         await self.backend.close()
@@ -174,6 +194,31 @@ class Service(agent_pb2_grpc.AgentServicer):
                          removed=i.removed, kept_because=i.kept_because)
             for i in items
         ])
+
+
+    async def InstallEngine(
+        self, request: pb.EngineInstallRequest, context: Any
+    ) -> AsyncIterator[pb.EngineInstallProgress]:
+        try:
+            wanted = installs.request(request.engine, request.version, binary=request.binary,
+                                      requirements=request.requirements,
+                                      index_url=request.index_url,
+                                      extra_index_urls=list(request.extra_index_urls))
+        except installs.InstallError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        progress = self.agent.installer.start(wanted)
+        last = None
+        while True:
+            finished = progress.finished
+            message = pb.EngineInstallProgress(
+                fetch=conversions.to_message(installs.fetch_of(progress), pb.Fetch()),
+                step=progress.step, path=progress.path)
+            if message != last:
+                yield message
+                last = message
+            if finished:
+                return
+            await asyncio.sleep(PROGRESS_INTERVAL)
 
 
 def _prepare_socket(path: Path) -> None:
@@ -237,6 +282,7 @@ async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> 
     agent = Agent(settings)
     server = await start(agent)
     await agent.fetcher.resume()
+    agent.installer.sweep()
     monitor = asyncio.create_task(agent.monitor.run())
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

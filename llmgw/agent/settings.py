@@ -103,6 +103,21 @@ class ReadinessSettings(_Strict):
     probe_timeout: Duration = Field(2.0, description="Timeout of one /health or /v1/models probe.")
 
 
+class EngineSettings(_Strict):
+    dir: str = Field(
+        "/opt/llmgw/engines",
+        description="Where engine versions are installed, one directory each "
+        "(`vllm-0.11.0`, `llama.cpp-11434.0.0`); units of a profile naming a version run its "
+        "`bin/`.",
+    )
+    index_url: str = Field(
+        "https://pypi.org/simple",
+        description="The package index vLLM and SGLang venvs install from (an offline site "
+        "points it at its own mirror); a request may name another.",
+    )
+    install_timeout: Duration = Field(3600.0, description="Give up on one install then.")
+
+
 class DeclaredFabricSettings(_Strict):
     kind: Literal["infiniband", "roce"]
     adapters: list[str] = Field(default_factory=list)
@@ -128,6 +143,7 @@ class Settings(_Strict):
     supervise: SuperviseSettings = Field(default_factory=SuperviseSettings)
     readiness: ReadinessSettings = Field(default_factory=ReadinessSettings)
     declared: DeclaredSettings = Field(default_factory=DeclaredSettings)
+    engines: EngineSettings = Field(default_factory=EngineSettings)
     log_lines_max: int = Field(1000, ge=1, le=100_000, description="Most lines UnitLogs returns.")
 
     @property

@@ -37,6 +37,7 @@ COMMANDS = (
     "doctor",
     "lab",
     "weights",
+    "engine",
     "mirror",
     "users",
 )

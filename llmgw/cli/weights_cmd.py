@@ -63,7 +63,7 @@ def render_list(fleet: Fleet) -> str:
                          f"{cached.fetched_by}  used by: {users}")
             lines.append(f"      {cached.path}")
         for fetch in report.fetches:
-            if fetch.state == "done":
+            if fetch.state == "done" or fetch.kind != "weights":  # engines: `llmgw engine list`
                 continue
             total = human_bytes(fetch.bytes_total) if fetch.bytes_total is not None else "?"
             rate = f" at {human_bytes(int(fetch.rate_bps))}/s" if fetch.rate_bps else ""

@@ -141,7 +141,8 @@ class Fetch(Observed):
 
     kind: Literal["weights", "engine"] = "weights"
     target: str = Field(description="What is fetched, as the cluster wrote it.")
-    state: Literal["queued", "running", "done", "failed"] = "queued"
+    # skipped: an engine this node has no use for (vLLM or SGLang without a GPU); no fault.
+    state: Literal["queued", "running", "done", "failed", "skipped"] = "queued"
     bytes_done: int = 0
     bytes_total: int | None = Field(None, description="None while the source has not said.")
     rate_bps: float | None = Field(None, description="Bytes per second over this attempt.")
@@ -192,6 +193,15 @@ class EngineBinary(Observed):
     executable: bool = False
 
 
+class InstalledEngine(Observed):
+    """An engine version llmgw installed on the node (complete installs only)."""
+
+    engine: str  # vllm | sglang | llama.cpp
+    version: str
+    path: str = Field(description="Its directory: <engines_dir>/<engine>-<version>.")
+    program: str = Field("", description="The binary run with --version before it was moved in.")
+
+
 class HostFacts(Observed):
     """What ``llmgw doctor`` checks beyond placement: limits, engines, ports, Python."""
 
@@ -203,6 +213,10 @@ class HostFacts(Observed):
         default_factory=list, description="Engine programs found on the agent's PATH.")
     listening_ports: list[int] | None = Field(
         None, description="TCP ports in LISTEN state on the node; None when unknown.")
+    engines_dir: str | None = Field(
+        None, description="Where the agent installs engine versions; None: an older agent.")
+    installed_engines: list[InstalledEngine] = Field(
+        default_factory=list, description="Engine versions installed under engines_dir.")
 
 
 class NodeReport(Observed):

@@ -185,19 +185,25 @@ def _engines(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
     if not ctx.engines:
         return _ok("no model needs an engine here")
     found = {e.name: e for e in (report.host.engines if report.host else [])}
+    # Versions llmgw installed count too: their units put their bin/ first on PATH.
+    installed = {e.engine for e in (report.host.installed_engines if report.host else [])}
     missing, unchecked = [], []
     for engine in ctx.engines:
         program = PROGRAMS.get(engine)
+        if engine in installed:
+            continue
         if program is None:
             unchecked.append(engine)
         elif program not in found or not found[program].executable:
             missing.append(f"{program} ({engine})")
     if missing:
         return ("fail", f"not on the agent's PATH: {', '.join(missing)}",
-                "install the engine on the node (docs/install.md), on the agent's PATH")
+                "llmgw engine install ENGINE==VERSION NODE (docs/install.md), or put it on "
+                "the agent's PATH")
     if unchecked:
         return "warning", f"not checked: {', '.join(unchecked)}", ""
-    return _ok(", ".join(f"{PROGRAMS[e]} at {found[PROGRAMS[e]].path}" for e in ctx.engines))
+    return _ok(", ".join(f"{PROGRAMS[e]} at {found[PROGRAMS[e]].path}" if e not in installed
+                         else f"{e} installed by llmgw" for e in ctx.engines))
 
 
 def _disk(spec: Node, report: NodeReport, ctx: Context) -> Verdict:

@@ -452,6 +452,7 @@ def agent_config(node: SimNode) -> dict[str, Any]:
         "socket": {"path": str(node.agent_socket), "mode": "0660", "group": None},
         "backend": "supervise",
         "state_dir": str(node.root / "state"),
+        "engines": {"dir": str(node.root / "engines")},
     })
     data.setdefault("readiness", {"poll_interval": "0.2s", "probe_timeout": "1s"})
     return data

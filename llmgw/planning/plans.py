@@ -27,7 +27,7 @@ from typing import Any
 
 from llmgw.engines import launches
 from llmgw.fleet.types import Demand, Fleet, NodeReport
-from llmgw.planning import diffs, fingerprints, placements, replicas, scaling, shards
+from llmgw.planning import diffs, fingerprints, installs, placements, replicas, scaling, shards
 from llmgw.planning.nodes import Capacity
 from llmgw.planning.placements import Placement, Request
 from llmgw.planning.replicas import ObservedReplica
@@ -66,7 +66,7 @@ def plan(
     ``demand`` is what the router has seen (default: nothing).
     """
     planner = _Planner(cluster, fleet, now, demand or Demand(), policy or Policy())
-    return planner.run(revision)
+    return installs.noted(planner.run(revision), planner.reports)
 
 
 @dataclass(frozen=True)

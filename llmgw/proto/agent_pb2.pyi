@@ -803,10 +803,14 @@ class HostFacts(_message.Message):
     MEMLOCK_UNLIMITED_FIELD_NUMBER: _builtins.int
     ENGINES_FIELD_NUMBER: _builtins.int
     LISTENING_PORTS_FIELD_NUMBER: _builtins.int
+    ENGINES_DIR_FIELD_NUMBER: _builtins.int
+    INSTALLED_ENGINES_FIELD_NUMBER: _builtins.int
     python_version: _builtins.str
     memlock_bytes: _builtins.int
     """RLIMIT_MEMLOCK (soft) of the agent; absent: unknown"""
     memlock_unlimited: _builtins.bool
+    engines_dir: _builtins.str
+    """where the agent installs engine versions"""
     @_builtins.property
     def engines(self) -> _containers.RepeatedCompositeFieldContainer[Global___EngineBinary]:
         """engine programs on the agent's PATH"""
@@ -814,6 +818,10 @@ class HostFacts(_message.Message):
     @_builtins.property
     def listening_ports(self) -> Global___IndexList:
         """TCP ports in LISTEN state; absent: unknown"""
+
+    @_builtins.property
+    def installed_engines(self) -> _containers.RepeatedCompositeFieldContainer[Global___InstalledEngine]:
+        """complete installs only"""
 
     def __init__(
         self,
@@ -823,21 +831,61 @@ class HostFacts(_message.Message):
         memlock_unlimited: _builtins.bool = ...,
         engines: _abc.Iterable[Global___EngineBinary] | None = ...,
         listening_ports: Global___IndexList | None = ...,
+        engines_dir: _builtins.str | None = ...,
+        installed_engines: _abc.Iterable[Global___InstalledEngine] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "python_version", b"python_version"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "engines_dir", b"engines_dir", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "python_version", b"python_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "engines", b"engines", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "python_version", b"python_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "engines", b"engines", "engines_dir", b"engines_dir", "installed_engines", b"installed_engines", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "python_version", b"python_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__engines_dir: _TypeAlias = _typing.Literal["engines_dir"]  # noqa: Y015
+    _WhichOneofArgType__engines_dir: _TypeAlias = _typing.Literal["_engines_dir", b"_engines_dir"]  # noqa: Y015
     _WhichOneofReturnType__memlock_bytes: _TypeAlias = _typing.Literal["memlock_bytes"]  # noqa: Y015
     _WhichOneofArgType__memlock_bytes: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes"]  # noqa: Y015
     _WhichOneofReturnType__python_version: _TypeAlias = _typing.Literal["python_version"]  # noqa: Y015
     _WhichOneofArgType__python_version: _TypeAlias = _typing.Literal["_python_version", b"_python_version"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__engines_dir) -> _WhichOneofReturnType__engines_dir | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memlock_bytes) -> _WhichOneofReturnType__memlock_bytes | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__python_version) -> _WhichOneofReturnType__python_version | None: ...
 
 Global___HostFacts: _TypeAlias = HostFacts  # noqa: Y015
+
+@_typing.final
+class InstalledEngine(_message.Message):
+    """An engine version llmgw installed: <engines_dir>/<engine>-<version>, whose
+    bin/ the units of a profile naming that version run from.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENGINE_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    PROGRAM_FIELD_NUMBER: _builtins.int
+    engine: _builtins.str
+    """vllm | sglang | llama.cpp"""
+    version: _builtins.str
+    path: _builtins.str
+    program: _builtins.str
+    """the binary that was run (--version) before it was moved in"""
+    def __init__(
+        self,
+        *,
+        engine: _builtins.str = ...,
+        version: _builtins.str = ...,
+        path: _builtins.str = ...,
+        program: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "path", b"path", "program", b"program", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InstalledEngine: _TypeAlias = InstalledEngine  # noqa: Y015
 
 @_typing.final
 class EngineBinary(_message.Message):
@@ -1129,6 +1177,84 @@ class ReclaimResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReclaimResponse: _TypeAlias = ReclaimResponse  # noqa: Y015
+
+@_typing.final
+class EngineInstallRequest(_message.Message):
+    """---- InstallEngine ----------------------------------------------------------
+
+    One engine version to install. llama.cpp: `binary` is a llama-server the
+    control host copied to the node over SFTP (under <engines_dir>/.incoming).
+    vLLM, SGLang: `requirements` is a pip requirements file whose every line is
+    pinned with --hash, installed with --require-hashes --no-deps from
+    `index_url` (empty: the agent's engines.index_url) into a fresh venv.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENGINE_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    BINARY_FIELD_NUMBER: _builtins.int
+    REQUIREMENTS_FIELD_NUMBER: _builtins.int
+    INDEX_URL_FIELD_NUMBER: _builtins.int
+    EXTRA_INDEX_URLS_FIELD_NUMBER: _builtins.int
+    engine: _builtins.str
+    version: _builtins.str
+    binary: _builtins.str
+    requirements: _builtins.str
+    index_url: _builtins.str
+    @_builtins.property
+    def extra_index_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Also searched (vLLM's CUDA builds of torch live on PyTorch's own index);
+        the hashes decide what is accepted, wherever it comes from.
+        """
+
+    def __init__(
+        self,
+        *,
+        engine: _builtins.str = ...,
+        version: _builtins.str = ...,
+        binary: _builtins.str = ...,
+        requirements: _builtins.str = ...,
+        index_url: _builtins.str = ...,
+        extra_index_urls: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["binary", b"binary", "engine", b"engine", "extra_index_urls", b"extra_index_urls", "index_url", b"index_url", "requirements", b"requirements", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EngineInstallRequest: _TypeAlias = EngineInstallRequest  # noqa: Y015
+
+@_typing.final
+class EngineInstallProgress(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FETCH_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    step: _builtins.str
+    """what it is doing now, for people: "downloading wheels (3 so far)" """
+    path: _builtins.str
+    """the installed directory, once done"""
+    @_builtins.property
+    def fetch(self) -> Global___Fetch:
+        """kind engine, target "<engine> <version>" """
+
+    def __init__(
+        self,
+        *,
+        fetch: Global___Fetch | None = ...,
+        step: _builtins.str = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fetch", b"fetch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fetch", b"fetch", "path", b"path", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EngineInstallProgress: _TypeAlias = EngineInstallProgress  # noqa: Y015
 
 @_typing.final
 class UnitEvent(_message.Message):

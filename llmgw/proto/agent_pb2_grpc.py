@@ -59,6 +59,11 @@ class AgentStub:
                 request_serializer=llmgw_dot_proto_dot_agent__pb2.ReclaimRequest.SerializeToString,
                 response_deserializer=llmgw_dot_proto_dot_agent__pb2.ReclaimResponse.FromString,
                 _registered_method=True)
+        self.InstallEngine = channel.unary_stream(
+                '/llmgw.agent.v1.Agent/InstallEngine',
+                request_serializer=llmgw_dot_proto_dot_agent__pb2.EngineInstallRequest.SerializeToString,
+                response_deserializer=llmgw_dot_proto_dot_agent__pb2.EngineInstallProgress.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -101,6 +106,15 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InstallEngine(self, request, context):
+        """Install an engine version into its own directory on the node (or join
+        the install already running): its progress as it goes, then the end
+        state (done, failed with the reason, or skipped: no GPU for vLLM/SGLang).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +142,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ReclaimWeights,
                     request_deserializer=llmgw_dot_proto_dot_agent__pb2.ReclaimRequest.FromString,
                     response_serializer=llmgw_dot_proto_dot_agent__pb2.ReclaimResponse.SerializeToString,
+            ),
+            'InstallEngine': grpc.unary_stream_rpc_method_handler(
+                    servicer.InstallEngine,
+                    request_deserializer=llmgw_dot_proto_dot_agent__pb2.EngineInstallRequest.FromString,
+                    response_serializer=llmgw_dot_proto_dot_agent__pb2.EngineInstallProgress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +284,33 @@ class Agent:
             '/llmgw.agent.v1.Agent/ReclaimWeights',
             llmgw_dot_proto_dot_agent__pb2.ReclaimRequest.SerializeToString,
             llmgw_dot_proto_dot_agent__pb2.ReclaimResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InstallEngine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/llmgw.agent.v1.Agent/InstallEngine',
+            llmgw_dot_proto_dot_agent__pb2.EngineInstallRequest.SerializeToString,
+            llmgw_dot_proto_dot_agent__pb2.EngineInstallProgress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,11 @@ class AgentStub:
     """Every unit's current state first, then each change as it happens."""
     ReclaimWeights: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ReclaimRequest, _agent_pb2.ReclaimResponse]
     """Remove weights llmgw fetched that no unit uses (dry run unless asked)."""
+    InstallEngine: _grpc.UnaryStreamMultiCallable[_agent_pb2.EngineInstallRequest, _agent_pb2.EngineInstallProgress]
+    """Install an engine version into its own directory on the node (or join
+    the install already running): its progress as it goes, then the end
+    state (done, failed with the reason, or skipped: no GPU for vLLM/SGLang).
+    """
 
 @_typing.type_check_only
 class AgentAsyncStub(AgentStub):
@@ -73,6 +78,11 @@ class AgentAsyncStub(AgentStub):
     """Every unit's current state first, then each change as it happens."""
     ReclaimWeights: _aio.UnaryUnaryMultiCallable[_agent_pb2.ReclaimRequest, _agent_pb2.ReclaimResponse]  # type: ignore[assignment]
     """Remove weights llmgw fetched that no unit uses (dry run unless asked)."""
+    InstallEngine: _aio.UnaryStreamMultiCallable[_agent_pb2.EngineInstallRequest, _agent_pb2.EngineInstallProgress]  # type: ignore[assignment]
+    """Install an engine version into its own directory on the node (or join
+    the install already running): its progress as it goes, then the end
+    state (done, failed with the reason, or skipped: no GPU for vLLM/SGLang).
+    """
 
 class AgentServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -118,5 +128,16 @@ class AgentServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.ReclaimResponse, _abc.Awaitable[_agent_pb2.ReclaimResponse]]:
         """Remove weights llmgw fetched that no unit uses (dry run unless asked)."""
+
+    @_abc_1.abstractmethod
+    def InstallEngine(
+        self,
+        request: _agent_pb2.EngineInstallRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.EngineInstallProgress], _abc.AsyncIterator[_agent_pb2.EngineInstallProgress]]:
+        """Install an engine version into its own directory on the node (or join
+        the install already running): its progress as it goes, then the end
+        state (done, failed with the reason, or skipped: no GPU for vLLM/SGLang).
+        """
 
 def add_AgentServicer_to_server(servicer: AgentServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -16,16 +16,18 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from llmgw.discovery.fabrics import Declaration
-from llmgw.fleet.types import NodeReport, Unit
+from llmgw.fleet.types import Fetch, NodeReport, Unit
 from llmgw.proto import agent_pb2 as pb
 from llmgw.proto import agent_pb2_grpc
 from llmgw.proto import conversions as messages
 from llmgw.proto.conversions import UnitChange, UnitResult
 
-__all__ = ["AgentClient", "Declaration", "UnitChange", "UnitResult", "declaration_to_message"]
+__all__ = ["AgentClient", "Declaration", "EngineProgress", "UnitChange", "UnitResult",
+           "declaration_to_message"]
 
 
 def declaration_to_message(declared: Declaration) -> pb.ReportRequest:
@@ -36,6 +38,15 @@ def declaration_to_message(declared: Declaration) -> pb.ReportRequest:
         if fabric.gid_index is not None:
             item.gid_index = fabric.gid_index
     return request
+
+
+@dataclass(frozen=True)
+class EngineProgress:
+    """One snapshot of an engine install: the Fetch, what it is doing, where it went."""
+
+    fetch: Fetch
+    step: str
+    path: str
 
 
 class AgentClient:
@@ -82,6 +93,22 @@ class AgentClient:
         request = pb.UnitLogsRequest(name=name, lines=lines)
         reply = cast(pb.UnitLogsResponse, await self._stub.UnitLogs(request, timeout=self.timeout))
         return list(reply.lines)
+
+    async def install_engine(
+        self, engine: str, version: str, *, binary: str = "", requirements: str = "",
+        index_url: str = "", extra_index_urls: Sequence[str] = (),
+    ) -> AsyncIterator[EngineProgress]:
+        """Start (or join) an engine install on the node; its progress until it ends."""
+        request = pb.EngineInstallRequest(engine=engine, version=version, binary=binary,
+                                          requirements=requirements, index_url=index_url,
+                                          extra_index_urls=list(extra_index_urls))
+        call = self._stub.InstallEngine(request)
+        try:
+            async for item in call:
+                yield EngineProgress(fetch=messages.from_message(item.fetch, Fetch),
+                                     step=item.step, path=item.path)
+        finally:
+            call.cancel()
 
     async def watch_units(self) -> AsyncIterator[Unit]:
         """Every unit now, then each change. A removed unit comes as ``stopped``, "removed"."""

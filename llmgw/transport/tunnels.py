@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,23 @@ class SSHTransport:
     async def aclose(self) -> None:
         async with self._lock:
             await self._drop_connection()
+
+    async def upload(self, local: Path, remote: str,
+                     progress: Callable[[int, int], None] | None = None) -> None:
+        """Copy ``local`` to ``remote`` on the node over SFTP, on the pooled connection.
+
+        The remote directory is made if it is missing.
+
+        ``progress(done, total)`` is called as bytes go. Raises
+        :class:`NodeUnreachable` when the node cannot be reached, ``OSError``
+        (or ``asyncssh.SFTPError``) when the copy itself fails.
+        """
+        await self.channel()  # connects, as every call does
+        assert self._conn is not None
+        handler = (lambda _src, _dst, done, total: progress(done, total)) if progress else None
+        async with self._conn.start_sftp_client() as sftp:
+            await sftp.makedirs(os.path.dirname(remote), exist_ok=True)
+            await sftp.put(str(local), remote, progress_handler=handler)
 
     async def _connect(self) -> None:
         wait = self.backoff.wait()

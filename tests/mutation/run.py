@@ -49,6 +49,7 @@ RESERVATIONS = ["tests/store/test_stores.py", "tests/router/test_accounts.py"]
 MODULES: dict[str, list[str]] = {
     "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
     "planning/fingerprints.py": [*PLANNING, "tests/planning/test_fingerprints.py"],
+    "planning/installs.py": PLANNING,
     "planning/nodes.py": [*PLANNING, "tests/planning/test_nodes.py"],
     "planning/outputs.py": PLANNING,
     "planning/placements.py": [*PLANNING, "tests/planning/test_placements.py"],

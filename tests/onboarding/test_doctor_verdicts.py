@@ -20,6 +20,7 @@ from llmgw.fleet.types import (
     Gpu,
     GpuProcess,
     HostFacts,
+    InstalledEngine,
     NodeReport,
     Port,
     Unit,
@@ -33,6 +34,8 @@ HOST = HostFacts(python_version="3.11.7", listening_ports=[])
 UPGRADE = "upgrade the agent"
 NTP = "run an NTP client (chrony, systemd-timesyncd) on both"
 ZEROS = ":".join(["0000"] * 8)
+INSTALL = ("llmgw engine install ENGINE==VERSION NODE (docs/install.md), or put it on the "
+           "agent's PATH")
 LINK = "fe80:0000:0000:0000:0a00:27ff:fe00:0001"
 
 
@@ -177,13 +180,21 @@ ROCE_FIX = ("give the interface its IPv4 address, or set the fabric's gid_index 
     ("engines", {}, ("ok", "no model needs an engine here", "")),
     ("engines", {"engines": ("llama.cpp", "vllm"), "host": None},
      ("fail", "not on the agent's PATH: llama-server (llama.cpp), vllm (vllm)",
-      "install the engine on the node (docs/install.md), on the agent's PATH")),
+      INSTALL)),
     ("engines", {"engines": ("llama.cpp", "sglang", "vllm"), "host": HostFacts(engines=[
         EngineBinary(name="llama-server", path="/usr/bin/llama-server", executable=True),
         EngineBinary(name="vllm", path="/opt/vllm/bin/vllm")])},
      ("fail", "not on the agent's PATH: vllm (vllm)",
-      "install the engine on the node (docs/install.md), on the agent's PATH")),
+      INSTALL)),
     ("engines", {"engines": ("sglang",)}, ("warning", "not checked: sglang", "")),
+    # A version llmgw installed counts, whatever is on PATH: its units put it first.
+    ("engines", {"engines": ("llama.cpp", "sglang", "vllm"), "host": HostFacts(
+        installed_engines=[InstalledEngine(engine="vllm", version="0.33.0", path="/e/v"),
+                           InstalledEngine(engine="sglang", version="0.5.23", path="/e/s")],
+        engines=[EngineBinary(name="llama-server", path="/usr/bin/llama-server",
+                              executable=True)])},
+     ("ok", "llama-server at /usr/bin/llama-server, sglang installed by llmgw, vllm installed "
+      "by llmgw", "")),
     ("engines", {"engines": ("llama.cpp", "vllm"), "host": HostFacts(engines=[
         EngineBinary(name="vllm", path="/opt/vllm/bin/vllm", executable=True),
         EngineBinary(name="llama-server", path="/usr/bin/llama-server", executable=True)])},

@@ -15,7 +15,15 @@ from support.plugin import SimClusterFactory
 
 from llmgw import __version__
 from llmgw.agent import reports, settings
-from llmgw.fleet.types import Disk, EngineBinary, Gpu, HostFacts, NodeReport, Unit
+from llmgw.fleet.types import (
+    Disk,
+    EngineBinary,
+    Gpu,
+    HostFacts,
+    InstalledEngine,
+    NodeReport,
+    Unit,
+)
 from llmgw.onboarding import doctors
 from llmgw.spec.models import Node
 
@@ -79,6 +87,10 @@ H100 = Gpu(index=0, uuid="GPU-1", name="NVIDIA H100 80GB HBM3", gpu_class="h100-
                  name="llama-server", path="/opt/llama/llama-server", executable=True)])},
                  ("llama.cpp",), "ok", "llama-server at /opt/llama/llama-server",
                  id="engine-present"),
+    pytest.param("engines", {}, {"host": HostFacts(engines=[], installed_engines=[InstalledEngine(
+                 engine="llama.cpp", version="11434.0.0",
+                 path="/opt/llmgw/engines/llama.cpp-11434.0.0")])},
+                 ("llama.cpp",), "ok", "llama.cpp installed by llmgw", id="engine-installed"),
     pytest.param("disk", {"weights_dirs": ["/models"]}, {}, (), "fail",
                  "weights directory missing: /models", id="weights-dir-missing"),
     pytest.param("disk", {"weights_dirs": ["/models"]},

@@ -18,6 +18,7 @@ adapters ACTIVE. ``fleet:`` overrides that per node::
         weights: [/models/meta-llama/Llama-3.1-8B-Instruct]
         disk_free: 80GB         # free bytes in the node's first weights_dirs entry
         fetched: [org/name]     # sources llmgw already fetched there
+        engines: [vllm 0.11.0]  # engine versions installed (absent: an agent that does not say)
         unreachable: connection refused
         absent: true            # no report at all
 
@@ -53,6 +54,8 @@ from llmgw.fleet.types import (
     Fleet,
     Gpu,
     GpuProcess,
+    HostFacts,
+    InstalledEngine,
     NodeReport,
     SourceFacts,
     Unit,
@@ -173,11 +176,18 @@ def _report(cluster: Cluster, name: str, extra: dict[str, Any], now: float) -> N
         disks = [Disk(path=spec.weights_dirs[0], free_bytes=free, total_bytes=free * 4)]
     cached = [CachedWeights(source=str(s), path=f"/models/hub/{s}", size_bytes=1)
               for s in extra.get("fetched", [])]
+    host = None
+    if "engines" in extra:
+        installed = [str(e).split(" ", 1) for e in extra["engines"] or []]
+        host = HostFacts(engines_dir="/opt/llmgw/engines", installed_engines=[
+            InstalledEngine(engine=engine, version=version,
+                            path=f"/opt/llmgw/engines/{engine}-{version}")
+            for engine, version in installed])
     return NodeReport(
         node=name, hostname=name, agent_version="0.1.0", cpu_count=64,
         memory_total_bytes=memory_bytes, memory_available_bytes=memory_bytes,
         gpus=gpu_list, fabrics=fabrics, weights=weights, collected_at=now,
-        disks=disks, cached_weights=cached,
+        disks=disks, cached_weights=cached, host=host,
     )
 
 

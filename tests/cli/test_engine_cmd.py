@@ -1,0 +1,64 @@
+"""``llmgw engine install`` refuses bad input before reaching any node, saying where."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmgw.cli.main import main
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Path:
+    directory = tmp_path / "cluster"
+    directory.mkdir()
+    (directory / "cluster.yaml").write_text("cluster: {name: lab}\nnodes: {}\n")
+    return directory
+
+
+@pytest.mark.parametrize(("argv", "text", "message"), [
+    pytest.param(["vllm-0.11"], None, "'vllm-0.11': write ENGINE==VERSION", id="not-wanted"),
+    pytest.param(["vllm==0.11.0"], None, "vllm needs --requirements FILE", id="no-file"),
+    pytest.param(["vllm==0.11.0"], f"vllm==0.11.0 --hash=sha256:{'a' * 64}\n-e .\n",
+                 "req.txt:2:1: '-e .' is not `name==version --hash=sha256:…`", id="located"),
+    pytest.param(["vllm==../x"], f"vllm==0.11.0 --hash=sha256:{'a' * 64}\n",
+                 "engine version '../x' is not a version", id="version"),
+    pytest.param(["llama.cpp==11434.0.0", "--binary", "/nonexistent/llama-server"], None,
+                 "no llama-server to ship: /nonexistent/llama-server", id="no-binary"),
+    pytest.param(["vllm==0.11.0", "nowhere-01"], f"vllm==0.11.0 --hash=sha256:{'a' * 64}\n",
+                 "no node nowhere-01 in the cluster", id="unknown-node"),
+])
+def test_bad_input_is_refused_with_a_located_error(
+    cluster: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    argv: list[str], text: str | None, message: str,
+) -> None:
+    extra = []
+    if text is not None:
+        (tmp_path / "req.txt").write_text(text)
+        extra = ["--requirements", str(tmp_path / "req.txt")]
+    code = main(["engine", "install", *argv, *extra, "--cluster", str(cluster)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert message in err, err
+    assert "Traceback" not in err
+
+
+def test_engine_installs_are_listed_by_engine_list_not_weights_list() -> None:
+    from llmgw.cli import engine_cmd, weights_cmd
+    from llmgw.fleet.types import Fetch, Fleet, HostFacts, InstalledEngine, NodeReport
+
+    report = NodeReport(
+        node="gpu-01",
+        fetches=[Fetch(kind="engine", target="vllm 0.11.0", state="failed", error="bad hash"),
+                 Fetch(kind="weights", target="org/model", state="running", bytes_done=5)],
+        host=HostFacts(engines_dir="/opt/llmgw/engines", installed_engines=[InstalledEngine(
+            engine="llama.cpp", version="11434.0.0",
+            path="/opt/llmgw/engines/llama.cpp-11434.0.0")]))
+    fleet = Fleet(nodes={"gpu-01": report})
+    assert engine_cmd.render_list(fleet) == (
+        "gpu-01  engines in /opt/llmgw/engines\n"
+        "  llama.cpp 11434.0.0  /opt/llmgw/engines/llama.cpp-11434.0.0\n"
+        "  vllm 0.11.0  failed: bad hash\n")
+    weights = weights_cmd.render_list(fleet)
+    assert "org/model" in weights and "vllm" not in weights
