@@ -188,6 +188,9 @@ ROCE_FIX = ("give the interface its IPv4 address, or set the fabric's gid_index 
       INSTALL)),
     ("engines", {"engines": ("sglang",)}, ("warning", "not checked: sglang", "")),
     # A version llmgw installed counts, whatever is on PATH: its units put it first.
+    ("engines", {"engines": ("llama.cpp", "vllm"), "host": HostFacts(installed_engines=[
+        InstalledEngine(engine="llama.cpp", version="11434.0.0", path="/e/l")])},
+     ("fail", "not on the agent's PATH: vllm (vllm)", INSTALL)),
     ("engines", {"engines": ("llama.cpp", "sglang", "vllm"), "host": HostFacts(
         installed_engines=[InstalledEngine(engine="vllm", version="0.33.0", path="/e/v"),
                            InstalledEngine(engine="sglang", version="0.5.23", path="/e/s")],
