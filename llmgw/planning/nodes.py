@@ -62,7 +62,8 @@ class NodeState:
     @property
     def placeable(self) -> bool:
         """New replicas may land here."""
-        return self.reachable and not self.spec.cordoned and self.excluded is None
+        return (self.reachable and not self.spec.cordoned and not self.spec.drain
+                and self.excluded is None)
 
     @property
     def memory_total(self) -> int | None:
@@ -76,6 +77,8 @@ class NodeState:
             return "no report from its agent"
         if not self.report.reachable:
             return f"unreachable: {self.report.error or 'no answer'}"
+        if self.spec.drain:
+            return "draining"
         if self.spec.cordoned:
             return "cordoned"
         return self.excluded
