@@ -44,6 +44,10 @@ def gpu(index: int, ecc: int | None = None, *held: GpuProcess) -> Gpu:
                gpu_class="h100-80g", ecc_uncorrected=ecc, processes=list(held))
 
 
+def mode(one: Gpu, *, mig: str | None = None, persistence: str | None = None) -> Gpu:
+    return one.model_copy(update={"mig_mode": mig, "persistence_mode": persistence})
+
+
 def disk(path: str, free: int | None = None) -> Disk:
     return Disk(path=path, free_bytes=free)
 
@@ -85,6 +89,22 @@ ROCE_FIX = ("give the interface its IPv4 address, or set the fabric's gid_index 
      ("warning", f"agent 0.0.9, this llmgw {V}",
       f"install llmgw {V} on the node and restart llmgw-agent (engines keep running)")),
     ("agent-version", {}, ("ok", f"agent {V}, same as this llmgw", "")),
+    # sudo: root, or a user that may sudo without a password
+    ("sudo", {"host": None}, ("warning", "the agent did not report its uid", UPGRADE)),
+    ("sudo", {"host": HostFacts()}, ("warning", "the agent did not report its uid", UPGRADE)),
+    ("sudo", {"host": HostFacts(agent_uid=0)}, ("ok", "the agent runs as root", "")),
+    ("sudo", {"host": HostFacts(agent_uid=1000, sudo=True)},
+     ("ok", "the agent runs as uid 1000, with password-less sudo", "")),
+    ("sudo", {"host": HostFacts(agent_uid=1000, sudo=False)},
+     ("fail", "the agent runs as uid 1000, which may not sudo without a password",
+      "run the agent as root (llmgw-agent.service does), or give its user password-less "
+      "sudo: `llmgw node add` needs it to upgrade llmgw there, the systemd backend to "
+      "write units")),
+    ("sudo", {"host": HostFacts(agent_uid=1)},
+     ("fail", "the agent runs as uid 1, which may not sudo without a password",
+      "run the agent as root (llmgw-agent.service does), or give its user password-less "
+      "sudo: `llmgw node add` needs it to upgrade llmgw there, the systemd backend to "
+      "write units")),
     # python
     ("python", {"host": None}, ("warning", "the agent did not report its Python", UPGRADE)),
     ("python", {"host": HostFacts()}, ("warning", "the agent did not report its Python",
@@ -122,6 +142,32 @@ ROCE_FIX = ("give the interface its IPv4 address, or set the fabric's gid_index 
     ("gpu-processes", {"gpus": [gpu(0, None, GpuProcess(pid=7, owned_by_llmgw=True))]},
      ("ok", "no GPU held by other processes", "")),
     ("gpu-processes", {}, ("ok", "no GPUs", "")),
+    # gpu-mig: engines take whole GPUs
+    ("gpu-mig", {"gpus": [mode(gpu(0), mig="Enabled"), mode(gpu(1), mig="Disabled")]},
+     ("fail", "MIG mode on GPU 0 (split into instances); engines take whole GPUs, so "
+      "placement skips it", "if llmgw is to use it: `nvidia-smi -i 0 -mig 0` for each, then "
+      "reset the GPU (`nvidia-smi -r -i N`)")),
+    ("gpu-mig", {"gpus": [mode(gpu(0)), mode(gpu(1), mig="Enabled"), mode(gpu(2), mig="Enabled")]},
+     ("fail", "MIG mode on GPU 1, 2 (split into instances); engines take whole GPUs, so "
+      "placement skips them", "if llmgw is to use them: `nvidia-smi -i 1 -mig 0` for each, "
+      "then reset the GPU (`nvidia-smi -r -i N`)")),
+    ("gpu-mig", {}, ("ok", "no GPUs", "")),
+    ("gpu-mig", {"gpus": [gpu(0), gpu(1)]},
+     ("ok", "no GPU with MIG, or a driver that does not say", "")),
+    ("gpu-mig", {"gpus": [gpu(0), mode(gpu(1), mig="Disabled")]},
+     ("ok", "MIG off on every GPU that has it", "")),
+    # gpu-persistence
+    ("gpu-persistence", {"gpus": [mode(gpu(0), persistence="Disabled"),
+                                  mode(gpu(1), persistence="Enabled"),
+                                  mode(gpu(2), persistence="Disabled")]},
+     ("warning", "persistence mode off on GPU 0, 2: the driver lets go of an idle GPU, and the "
+      "next engine start waits for it to be set up again",
+      "enable nvidia-persistenced (`systemctl enable --now nvidia-persistenced`)")),
+    ("gpu-persistence", {}, ("ok", "no GPUs", "")),
+    ("gpu-persistence", {"gpus": [gpu(0)]},
+     ("ok", "persistence mode not reported by this driver", "")),
+    ("gpu-persistence", {"gpus": [gpu(0), mode(gpu(1), persistence="Enabled")]},
+     ("ok", "persistence mode on every GPU", "")),
     # fabric-adapters
     ("fabric-adapters", {}, ("ok", "no fabric declared", "")),
     ("fabric-adapters", {"node": IB, "adapters": [UP[2], UP[0], Adapter(name="mlx5_9")]},
