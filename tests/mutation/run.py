@@ -57,6 +57,7 @@ RESERVATIONS = ["tests/store/test_stores.py", "tests/router/test_accounts.py"]
 # are left out on purpose: a rule only an e2e test holds is a rule to test closer.
 MODULES: dict[str, list[str]] = {
     "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
+    "planning/drifts.py": [*PLANNING, "tests/planning/test_drifts.py"],
     "planning/fingerprints.py": [*PLANNING, "tests/planning/test_fingerprints.py"],
     "planning/installs.py": PLANNING,
     "planning/nodes.py": [*PLANNING, "tests/planning/test_nodes.py",
@@ -95,6 +96,11 @@ MODULES: dict[str, list[str]] = {
     # drops a settled reservation (only those methods: see FUNCTIONS).
     "store/sqlitestores.py": RESERVATIONS,
     "store/postgresstores.py": RESERVATIONS,
+    # Rollout gates' decisions, waves, holds and their spec (from the gates work).
+    "applying/gates.py": ["tests/applying/test_gates.py"],
+    "planning/waves.py": ["tests/planning/test_waves.py"],
+    "planning/holds.py": [*PLANNING, "tests/planning/test_holds.py"],
+    "spec/rollouts.py": ["tests/spec/test_rollout_specs.py"],
     # `llmgw doctor`'s checks; the CLI run over sshd is end-to-end and left out.
     "onboarding/doctors.py": ["tests/onboarding/test_doctors.py",
                               "tests/onboarding/test_doctor_verdicts.py", "-k", "not over_sshd"],
