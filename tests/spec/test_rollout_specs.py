@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.spec.rollouts import Rollout, effective
+from llmgw.spec.rollouts import Hold, Rollout, effective
 
 
 def _r(**fields: object) -> Rollout:
@@ -47,3 +47,11 @@ def test_defaults_a_user_expects() -> None:
     assert gate.probe is not None and gate.probe.expect == "text"
     assert gate.probe.expect_status == 200
     assert gate.compare.min_requests == 20
+
+
+def test_a_hold_names_the_revision_or_else_the_spec_in_seven_characters() -> None:
+    reason = "p50 TTFT 4.1 s vs 0.3 s"
+    by_revision = Hold("m", "0123456789abcdef", "1a2b3c4d5e6f", reason, 0.0)
+    assert by_revision.line() == "held: revision 1a2b3c4 failed its gate: p50 TTFT 4.1 s vs 0.3 s"
+    by_spec = Hold("m", "0123456789abcdef", None, reason, 0.0)
+    assert by_spec.line() == "held: spec 0123456 failed its gate: p50 TTFT 4.1 s vs 0.3 s"
