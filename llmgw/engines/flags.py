@@ -59,7 +59,7 @@ def render(
         flag = spelling(key, table)
         option = table.options.get(flag) if table is not None else None
         if item is False:
-            negation = _negation(flag, option, table)
+            negation = _negation(option, table)
             if negation is None:
                 what = f"{table.label} defines no {_no_form(flag)}" if table is not None else \
                     "unchecked flags are written as they are"
@@ -79,7 +79,8 @@ def _no_form(flag: str) -> str:
     return "--no-" + flag.lstrip("-")
 
 
-def _negation(flag: str, option: Option | None, table: Table | None) -> str | None:
+def _negation(option: Option | None, table: Table | None) -> str | None:
+    """The --no- form of ``option``: its own, else its canonical long name's."""
     if table is None or option is None:
         return None
     if option.negation:

@@ -111,10 +111,6 @@ def load(engine: str, version: str) -> Table:
     return Table(data["engine"], data["version"], options, removed)
 
 
-def newest(engine: str) -> str:
-    return available(engine)[-1]
-
-
 def select(engine: str, version: str | None) -> Selection:
     """The table that checks ``engine`` at ``version``; raises :class:`VersionError`."""
     versions = available(engine)

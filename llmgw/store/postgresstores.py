@@ -28,7 +28,8 @@ from typing import Literal
 
 import asyncpg
 
-from llmgw.store import journals, migrations
+from llmgw.spec.rollouts import Hold
+from llmgw.store import holds, journals, migrations
 from llmgw.store.postgrespages import PostgresPages
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
 from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
@@ -37,6 +38,10 @@ _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
 _INSERT_USAGE = (f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES "
                  f"({', '.join(f'${i + 1}' for i in range(len(COLUMNS)))})")
 _INSERT_KEY = f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+# Budget reservations: admission (llmgw_reserve, migration 5), settling, dropping settled ones.
+_RESERVE = "SELECT spent, reserved, admitted FROM llmgw_reserve($1, $2, $3, $4, $5)"
+_SETTLE = "UPDATE reservations SET amount = $2 WHERE id = $1"
+_DROP_RESERVATIONS = "DELETE FROM reservations WHERE id = ANY($1::text[])"
 _MIGRATION_LOCK = 0x6C6C6D6777  # "llmgw": one advisory lock id for schema changes
 _POOL_SIZE = 8
 _ACQUIRE = """
@@ -105,6 +110,19 @@ class PostgresStore(PostgresPages, Store):
         async with self._conn() as conn:
             return await journals.postgres_history(conn, model, limit)
 
+    # -- held revisions (SQL in llmgw.store.holds) ------------------------------------------
+    async def put_hold(self, hold: Hold) -> None:
+        async with self._conn() as conn:
+            await holds.postgres_put(conn, hold)
+
+    async def holds(self) -> list[Hold]:
+        async with self._conn() as conn:
+            return await holds.postgres_holds(conn)
+
+    async def release_holds(self, models: Sequence[str] | None = None) -> list[Hold]:
+        async with self._conn() as conn:
+            return await holds.postgres_release(conn, models)
+
     # -- keys ---------------------------------------------------------------------------
     async def insert_key(self, row: KeyRow) -> bool:
         async with self._conn() as conn:
@@ -138,8 +156,7 @@ class PostgresStore(PostgresPages, Store):
         async with self._conn() as conn, conn.transaction():
             await _append_usage(conn, [to_record(r) for r in rows])
             if settled:
-                await conn.execute("DELETE FROM reservations WHERE id = ANY($1::text[])",
-                                   list(settled))
+                await conn.execute(_DROP_RESERVATIONS, list(settled))
 
     async def spend_by_project(self) -> dict[str, float]:
         async with self._conn() as conn:
@@ -153,8 +170,7 @@ class PostgresStore(PostgresPages, Store):
         # for a request another has just taken.
         reservation = secrets.token_hex(8)
         async with self._conn() as conn:
-            found = await conn.fetchrow("SELECT spent, reserved, admitted FROM "
-                                        "llmgw_reserve($1, $2, $3, $4, $5)", project,
+            found = await conn.fetchrow(_RESERVE, project,
                                         float(budget), float(amount), float(hold), reservation)
         assert found is not None
         spent, reserved = float(found[0]), float(found[1])
@@ -164,8 +180,7 @@ class PostgresStore(PostgresPages, Store):
 
     async def settle_reservation(self, reservation: str, cost: float) -> None:
         async with self._conn() as conn:
-            await conn.execute("UPDATE reservations SET amount = $2 WHERE id = $1",
-                               reservation, cost)
+            await conn.execute(_SETTLE, reservation, cost)
 
     async def last_use_by_model(self) -> dict[str, float]:
         async with self._conn() as conn:

@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from llmgw.store import databases, journals
+from llmgw.spec.rollouts import Hold
+from llmgw.store import databases, holds, journals
 from llmgw.store.sqlitepages import SQLitePages
 from llmgw.store.stores import (
     Admission,
@@ -46,6 +47,13 @@ T = TypeVar("T")
 _MARKS = ", ".join("?" * len(COLUMNS))
 _INSERT_USAGE = f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES ({_MARKS})"
 _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
+# Budget reservations: a project's spend, what live reservations hold, taking and settling one.
+_SPENT = "SELECT spent FROM project_spend WHERE project = ?"
+_RESERVED = ("SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = ? "
+             "AND expires_at > ?")
+_RESERVE = "INSERT INTO reservations VALUES (?, ?, ?, ?)"
+_SETTLE = "UPDATE reservations SET amount = ? WHERE id = ?"
+_DROP_RESERVATION = "DELETE FROM reservations WHERE id = ?"
 
 
 class SQLiteStore(SQLitePages, Store):
@@ -87,6 +95,16 @@ class SQLiteStore(SQLitePages, Store):
     async def history(self, model: str | None = None,
                       limit: int = 50) -> list[journals.ApplyEntry]:
         return await self._run(lambda conn: journals.sqlite_history(conn, model, limit))
+
+    # -- held revisions (SQL in llmgw.store.holds) ------------------------------------------
+    async def put_hold(self, hold: Hold) -> None:
+        await self._run(lambda conn: holds.sqlite_put(conn, hold))
+
+    async def holds(self) -> list[Hold]:
+        return await self._run(holds.sqlite_holds)
+
+    async def release_holds(self, models: Sequence[str] | None = None) -> list[Hold]:
+        return await self._run(lambda conn: holds.sqlite_release(conn, models))
 
     # -- keys ---------------------------------------------------------------------------
     async def insert_key(self, row: KeyRow) -> bool:
@@ -133,8 +151,7 @@ class SQLiteStore(SQLitePages, Store):
             with conn:
                 conn.execute("BEGIN")
                 _append_usage(conn, records)
-                conn.executemany("DELETE FROM reservations WHERE id = ?",
-                                 [(i,) for i in settled])
+                conn.executemany(_DROP_RESERVATION, [(i,) for i in settled])
         await self._run(insert)
 
     async def spend_by_project(self) -> dict[str, float]:
@@ -155,23 +172,18 @@ class SQLiteStore(SQLitePages, Store):
             now = time.time()
             with conn:
                 conn.execute("BEGIN IMMEDIATE")  # the write lock orders every router's check
-                spent = conn.execute("SELECT spent FROM project_spend WHERE project = ?",
-                                     (project,)).fetchone()
-                reserved = conn.execute(
-                    "SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = ? "
-                    "AND expires_at > ?", (project, now)).fetchone()[0]
+                spent = conn.execute(_SPENT, (project,)).fetchone()
+                reserved = conn.execute(_RESERVED, (project, now)).fetchone()[0]
                 spent_usd = float(spent[0]) if spent else 0.0
                 if spent_usd + reserved >= budget:
                     return Admission(None, spent_usd, float(reserved))
                 reservation = secrets.token_hex(8)
-                conn.execute("INSERT INTO reservations VALUES (?, ?, ?, ?)",
-                             (reservation, project, amount, now + hold))
+                conn.execute(_RESERVE, (reservation, project, amount, now + hold))
             return Admission(reservation, spent_usd, float(reserved))
         return await self._run(reserve)
 
     async def settle_reservation(self, reservation: str, cost: float) -> None:
-        await self._run(lambda conn: conn.execute(
-            "UPDATE reservations SET amount = ? WHERE id = ?", (cost, reservation)))
+        await self._run(lambda conn: conn.execute(_SETTLE, (cost, reservation)))
 
     async def recent_usage(self, limit: int) -> list[UsageRow]:
         def select(conn: sqlite3.Connection) -> list[UsageRow]:

@@ -28,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import random
@@ -47,12 +48,16 @@ RENDERING = ["tests/planning/test_units.py", "tests/planning/test_hostile_units.
              "tests/planning/test_quoting.py"]
 ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
            "tests/planning/test_flag_tables.py", "tests/planning/test_engine_placements.py",
-           "tests/planning/test_addresses.py", "tests/planning/test_engine_commands.py"]
+           "tests/planning/test_addresses.py", "tests/planning/test_engine_commands.py",
+           "tests/planning/test_synthetic_tables.py", "tests/planning/test_flag_checks.py"]
+
+RESERVATIONS = ["tests/store/test_stores.py", "tests/router/test_accounts.py"]
 
 # module (under llmgw/) → the tests that hold its rules. Slow end-to-end tests
 # are left out on purpose: a rule only an e2e test holds is a rule to test closer.
 MODULES: dict[str, list[str]] = {
     "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
+    "planning/drifts.py": [*PLANNING, "tests/planning/test_drifts.py"],
     "planning/fingerprints.py": [*PLANNING, "tests/planning/test_fingerprints.py"],
     "planning/installs.py": PLANNING,
     "planning/nodes.py": [*PLANNING, "tests/planning/test_nodes.py",
@@ -80,10 +85,34 @@ MODULES: dict[str, list[str]] = {
     "engines/sglang.py": ENGINES,
     "engines/tables.py": ENGINES,
     "engines/vllm.py": ENGINES,
-    "router/accounts.py": ["tests/router/test_router_access.py",
-                           "tests/router/test_router_usages.py",
-                           "tests/router/test_router_budgets.py",
-                           "tests/router/test_router_limits.py"],
+    # The router stack tests (test_router_access, _budgets, _limits) hold these rules
+    # from a client's side too, but start a router and a PostgreSQL per mutant.
+    "router/accounts.py": ["tests/router/test_accounts.py",
+                           "tests/router/test_router_budgets.py::test_estimate",
+                           "tests/router/test_router_budgets.py::"
+                           "test_estimate_of_embeddings_has_no_output",
+                           "tests/router/test_router_budgets.py::test_what_was_served"],
+    # Budget reservations in the store: admission, settling, and the usage write that
+    # drops a settled reservation (only those methods: see FUNCTIONS).
+    "store/sqlitestores.py": RESERVATIONS,
+    "store/postgresstores.py": RESERVATIONS,
+    # Rollout gates' decisions, waves, holds and their spec (from the gates work).
+    "applying/gates.py": ["tests/applying/test_gates.py"],
+    "planning/waves.py": ["tests/planning/test_waves.py"],
+    "planning/holds.py": [*PLANNING, "tests/planning/test_holds.py"],
+    "spec/rollouts.py": ["tests/spec/test_rollout_specs.py"],
+    # `llmgw doctor`'s checks; the CLI run over sshd is end-to-end and left out.
+    "onboarding/doctors.py": ["tests/onboarding/test_doctors.py",
+                              "tests/onboarding/test_doctor_verdicts.py", "-k", "not over_sshd"],
+}
+
+# Modules whose decision is a few methods of a larger file: only those are mutated
+# (mutmut's mutant-name globs); the rest of the file is not this measurement's.
+FUNCTIONS: dict[str, list[str]] = {
+    "store/sqlitestores.py": ["*reserve__mutmut_*", "*settle_reservation__mutmut_*",
+                              "*insert_usage__mutmut_*"],
+    "store/postgresstores.py": ["*reserve__mutmut_*", "*settle_reservation__mutmut_*",
+                                "*insert_usage__mutmut_*"],
 }
 
 # Copied into each scratch tree besides llmgw/ and tests/ (mutmut copies those).
@@ -156,7 +185,9 @@ print(json.dumps([get_mutant_name(path, name) for name in made.mutant_names]))
 def _sample(work: Path, module: str, size: int) -> list[str]:
     listed = subprocess.run([sys.executable, "-c", _NAMES, f"llmgw/{module}"], cwd=work,
                             capture_output=True, text=True, check=True)
-    names: list[str] = json.loads(listed.stdout)
+    globs = FUNCTIONS.get(module, [])
+    names: list[str] = [name for name in json.loads(listed.stdout)
+                        if not globs or any(fnmatch.fnmatch(name, g) for g in globs)]
     if len(names) <= size:
         return names
     return sorted(random.Random(module).sample(names, size))
@@ -175,15 +206,20 @@ def _run(module: str, tests: list[str], mutmut: str, sample: int = 0) -> Score:
     work = _prepare(module, tests)
     started = time.monotonic()
     log = work / "mutmut.log"
-    chosen = _sample(work, module, sample) if sample else []
+    chosen = _sample(work, module, sample) if sample else FUNCTIONS.get(module, [])
     with log.open("w") as out:
         done = subprocess.run([mutmut, "run", *chosen], cwd=work, stdout=out,
                               stderr=subprocess.STDOUT)
     meta = work / "mutants" / "llmgw" / f"{module}.meta"
+    exits: dict[str, int | None] = (json.loads(meta.read_text())["exit_code_by_key"]
+                                    if meta.exists() else {})
+    # mutmut mutates function bodies only: a module of plain dataclasses has no mutants,
+    # and mutmut then stops with an error that is not one.
+    if not exits and meta.exists():
+        return Score(module, {}, [], time.monotonic() - started)
     if done.returncode != 0 or not meta.exists():
         tail = log.read_text(errors="replace").splitlines()[-15:]
         raise SystemExit(f"mutmut failed on {module} (log: {log}):\n" + "\n".join(tail))
-    exits: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
     counts: dict[str, int] = {}
     survivors = []
     for name, code in sorted(exits.items()):
@@ -234,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{index}/{len(chosen)}] mutating llmgw/{module} …", file=sys.stderr, flush=True)
         score = _run(module, MODULES[module], mutmut, args.sample)
         scores.append(score)
+        if not score.tested:
+            print(f"{module:28} {0:7}  no function code to mutate", flush=True)
+            continue
         print(f"{module:28} {score.tested:7} {score.counts.get('killed', 0):7} "
               f"{score.counts.get('timeout', 0):7} {len(score.survivors):8} "
               f"{score.percent:6.1f}% {score.seconds:5.0f}s", flush=True)

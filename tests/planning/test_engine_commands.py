@@ -144,3 +144,24 @@ def test_cpu_profile_gets_no_gpu_even_when_given_some() -> None:
     built = launches.command(launch({"engine": "llama.cpp", "cpu": True, "min_memory_gb": 8},
                                     source="/models/g.gguf"))
     assert dict(built.env)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_vllm_renders_quantization() -> None:
+    built = launches.command(launch({"engine": "vllm", "gpu_class": "h100-80g",
+                                     "quantization": "awq"}))
+    assert list(built.argv) == [
+        "/usr/bin/env", "vllm", "serve", "org/model", "--served-model-name", "served",
+        "--tensor-parallel-size", "1", "--pipeline-parallel-size", "1", "--quantization", "awq",
+        "--host", "0.0.0.0", "--port", "18000"]
+
+
+@pytest.mark.parametrize(("head", "pinned"), [("10.0.1.11", True), ("gpu-1.lab", False)])
+def test_a_ray_head_is_told_its_address_only_when_it_is_an_ip(head: str, pinned: bool) -> None:
+    """Ray's --node-ip-address takes an IP; a host name is left for Ray to resolve."""
+    built = launches.command(launch(
+        {"engine": "vllm", "gpu_class": "h100-80g", "nodes": 2, "tensor_parallel": 2,
+         "multi_node": "ray"}, head_address=head, dist_port=18001, host_ip="10.0.1.11"))
+    (start_head,) = built.prelude
+    assert start_head[:5] == ("/usr/bin/env", "ray", "start", "--head", "--port")
+    assert (start_head[-2:] == ("--node-ip-address", head)) is pinned
+    assert ("--node-ip-address" in start_head) is pinned

@@ -74,10 +74,10 @@ def test_removed_options_carry_forward_with_their_replacement() -> None:
 @pytest.mark.parametrize(
     ("engine", "asked", "table"),
     [
-        ("vllm", None, tables.newest("vllm")),
+        ("vllm", None, tables.available("vllm")[-1]),
         ("vllm", "0.13.1", "0.13.0"),
         ("vllm", "0.20.0", "0.13.0"),
-        ("vllm", "9.0.0", tables.newest("vllm")),
+        ("vllm", "9.0.0", tables.available("vllm")[-1]),
         ("sglang", "0.5.10.post1", "0.5.10.post1"),
         ("sglang", "0.5.11", "0.5.10.post1"),
     ],
@@ -86,6 +86,42 @@ def test_a_version_uses_the_newest_table_at_or_below_it(
     engine: str, asked: str | None, table: str
 ) -> None:
     assert tables.select(engine, asked).table.version == table
+
+
+def test_the_selection_keeps_the_version_asked_for() -> None:
+    """Rendering decisions (GPU pinning) follow the version the nodes run, not its table's."""
+    selection = tables.select("vllm", "0.23.5")
+    assert (selection.table.version, selection.asked, selection.version) == (
+        "0.23.0", "0.23.5", "0.23.5")
+    assert tables.select("vllm", None).version == tables.available("vllm")[-1]
+
+
+@pytest.mark.parametrize(("engine", "version", "error"), [
+    ("vllm", "banana", "engine_version 'banana' is not a version such as "
+                       f"{tables.available('vllm')[-1]!r}"),
+    ("sglang", "0.5", "SGLang 0.5 is older than every flag table llmgw has "
+                      f"({', '.join(tables.available('sglang'))}); use a newer engine, or "
+                      "generate its table with `make engine-flags`"),
+    ("tgi", None, "no flag tables for tgi"),
+])
+def test_versions_no_table_can_check(engine: str, version: str | None, error: str) -> None:
+    with pytest.raises(tables.VersionError) as refused:
+        tables.select(engine, version)
+    assert str(refused.value) == error
+
+
+@pytest.mark.parametrize(("older", "newer"), [
+    ("0.5.10.dev1", "0.5.10rc1"), ("0.5.10rc1", "0.5.10"), ("0.5.10", "0.5.10.post1"),
+    ("0.5.10.post1", "0.5.11"), ("0.9.9", "0.13"), ("1", "1.0.1"), ("0.13.0", "0.13.0.1"),
+])
+def test_versions_sort_as_releases(older: str, newer: str) -> None:
+    assert tables.version_key(older) < tables.version_key(newer)
+
+
+@pytest.mark.parametrize(("short", "full"), [("1", "1.0.0"), ("0.13", "0.13.0"),
+                                            ("0.5.10post1", "0.5.10.post1")])
+def test_missing_version_numbers_are_zeros(short: str, full: str) -> None:
+    assert tables.version_key(short) == tables.version_key(full)
 
 
 def test_the_example_cluster_is_valid_for_its_engine_versions() -> None:
@@ -131,3 +167,8 @@ def test_every_rendered_argv_of_the_example_plan_passes_its_table() -> None:
     assert {s.engine for s in shards} >= {"vllm", "llama.cpp"}  # SGLang's model is min: 0
     for shard in shards:
         assert shard.spec["argv"], shard.unit  # built, so build() found nothing wrong
+
+
+def test_a_version_that_is_not_one_is_named() -> None:
+    with pytest.raises(ValueError, match=r"^not a version: 'banana'$"):
+        tables.version_key("banana")

@@ -213,6 +213,18 @@ async def test_reservations_admit_exactly_up_to_the_budget_across_stores(
         await second.close()
 
 
+async def test_settling_holds_the_cost_not_the_estimate(store_settings: dict[str, str]) -> None:
+    """A request that ended holds what it cost until its row is written, not its estimate."""
+    store = await open_(store_settings)
+    try:
+        first = await store.reserve("research", 1.0, 0.4, 60)
+        await store.reserve("research", 1.0, 0.4, 60)
+        await store.settle_reservation(first.id or "", 0.1)
+        assert (await store.reserve("research", 1.0, 0.0, 60)).reserved == pytest.approx(0.5)
+    finally:
+        await store.close()
+
+
 async def test_a_dead_routers_reservation_lapses(store_settings: dict[str, str]) -> None:
     store = await open_(store_settings)
     try:
