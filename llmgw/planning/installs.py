@@ -35,6 +35,7 @@ from llmgw.fleet.types import NodeReport
 from llmgw.planning.types import Change, ObservedShard, Plan, Shard
 
 Lacking = dict[tuple[str, str], set[str]]  # (engine, version) → nodes that lack it
+WAITS = ": its replace waits for install of "  # in every hold's warning, and only there
 
 
 def missing(shard: Shard, report: NodeReport | None) -> tuple[str, str] | None:
@@ -77,8 +78,12 @@ def waiting(change: Change, needs: Lacking) -> str:
         f"({_command(engine, version, nodes)})"
         for (engine, version), nodes in sorted(needs.items())
     )
-    return (f"{change.model} r{change.replica} keeps running: its replace waits for "
-            f"install of {installs}")
+    return f"{change.model} r{change.replica} keeps running{WAITS}{installs}"
+
+
+def holds(plan: Plan) -> int:
+    """How many replaces the plan holds for an engine install."""
+    return sum(1 for warning in plan.warnings if WAITS in warning)
 
 
 def _places(shards: tuple[Shard, ...] | tuple[ObservedShard, ...]) -> set[tuple[str, int | None]]:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from llmgw.planning import installs
 from llmgw.planning.types import (
     FORMAT_VERSION,
     Attempt,
@@ -154,6 +155,8 @@ def _no_changes(plan: Plan) -> str:
     if plan.unplaceable:
         return "No changes can be made, and the fleet does not match the cluster: " \
             "replicas cannot be placed (see below)."
+    if installs.holds(plan):
+        return "No changes can be made yet: replaces wait for engine installs (see below)."
     if plan.unknown:
         return "No changes: the fleet matches the cluster on every node that answered."
     return "No changes: the fleet matches the cluster."

@@ -8,7 +8,7 @@ so this builds the two changes by hand; the cases 91–94 cover the rest.)
 from __future__ import annotations
 
 from llmgw.fleet.types import HostFacts, InstalledEngine, NodeReport
-from llmgw.planning import installs
+from llmgw.planning import installs, outputs
 from llmgw.planning.types import Change, ObservedShard, Plan, Shard
 
 
@@ -58,3 +58,11 @@ def test_a_move_whose_freed_gpu_nobody_took_is_held() -> None:
     assert noted.warnings == (
         "llama-8b r0 keeps running: its replace waits for install of vllm 0.12.0 on gpu-01 "
         "(llmgw engine install vllm==0.12.0 gpu-01)",)
+
+
+def test_a_plan_holding_a_replace_does_not_say_the_fleet_matches() -> None:
+    held = installs.noted(plan_of(MOVE), REPORTS)
+    assert installs.holds(held) == 1
+    text = outputs.text(held)
+    assert "No changes can be made yet: replaces wait for engine installs (see below)." in text
+    assert "the fleet matches the cluster" not in text
