@@ -107,6 +107,7 @@ def noted(plan: Plan, reports: Mapping[str, NodeReport]) -> Plan:
     """The plan, each change whose nodes lack its engine version saying so, and each
     destroy-before-create replace that would wait for an install held (see above)."""
     changes: list[Change] = []
+    held: list[Change] = []
     warnings: list[str] = []
     for change in plan.changes:
         needs = lacking(change, reports)
@@ -114,7 +115,19 @@ def noted(plan: Plan, reports: Mapping[str, NodeReport]) -> Plan:
             changes.append(change)
         elif change.action == "replace" and change.strategy == "destroy-before-create" \
                 and not _freed_reused(change, plan):
+            held.append(change)
             warnings.append(waiting(change, needs))
         else:
             changes.append(replace(change, reasons=change.reasons + reasons(change, reports)))
-    return replace(plan, changes=tuple(changes), warnings=plan.warnings + tuple(warnings))
+    return replace(plan, changes=tuple(changes), warnings=plan.warnings + tuple(warnings),
+                   held=plan.held + tuple(held))
+
+
+def needed(plan: Plan, reports: Mapping[str, NodeReport]) -> Lacking:
+    """Every (engine, version) the plan's changes and held replaces need, and the nodes
+    that lack it: what ``llmgw apply`` installs before it changes anything."""
+    found: Lacking = {}
+    for change in plan.changes + plan.held:
+        for need, nodes in lacking(change, reports).items():
+            found.setdefault(need, set()).update(nodes)
+    return dict(sorted(found.items()))

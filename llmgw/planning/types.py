@@ -159,6 +159,9 @@ class Plan:
     capacity: tuple[CapacityRow, ...] = ()
     nodes: tuple[NodeFingerprint, ...] = ()
     warnings: tuple[str, ...] = ()
+    # Replaces held until their engine version is installed (planning.installs);
+    # in memory only: a saved plan keeps their warnings.
+    held: tuple[Change, ...] = field(default=(), compare=False)
 
     def count(self, action: Action) -> int:
         return sum(1 for change in self.changes if change.action == action)

@@ -7,6 +7,8 @@ so this builds the two changes by hand; the cases 91–94 cover the rest.)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from llmgw.fleet.types import HostFacts, InstalledEngine, NodeReport
 from llmgw.planning import installs, outputs
 from llmgw.planning.types import Change, ObservedShard, Plan, Shard
@@ -66,3 +68,12 @@ def test_a_plan_holding_a_replace_does_not_say_the_fleet_matches() -> None:
     text = outputs.text(held)
     assert "No changes can be made yet: replaces wait for engine installs (see below)." in text
     assert "the fleet matches the cluster" not in text
+
+
+def test_needed_names_the_installs_of_changes_and_held_replaces() -> None:
+    beside = Change("create", "llama-8b", 1, ("scaling: min 2, 1 running",),
+                    shards=(replace(shard("llama-8b", 1, (0,), "0.12.0"), node="gpu-02"),))
+    noted = installs.noted(plan_of(MOVE, beside), REPORTS | {"gpu-02": REPORTS["gpu-01"]})
+    assert [c.model for c in noted.held] == ["llama-8b"]
+    assert installs.needed(noted, REPORTS | {"gpu-02": REPORTS["gpu-01"]}) == {
+        ("vllm", "0.12.0"): {"gpu-01", "gpu-02"}}
