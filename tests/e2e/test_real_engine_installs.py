@@ -223,12 +223,12 @@ def test_an_engine_upgrade_by_plain_apply_never_stops_answering(
         done.set()
         for thread in threads:
             thread.join(timeout=300)
+    assert failures == [], out
     assert code == 0, out
     assert "Installing engine versions first:" in out
     installed = engines / f"llama.cpp-{NEW}"
     assert f"node-01  installed llama.cpp {NEW} in {installed}" in out
     assert "Planned again with the engines installed:" in out
-    assert failures == []
     assert served["old"] > 0, "no request reached the old replica during the upgrade"
     assert served["new"] > 0 or switch, "the client never saw the new replica Ready"
 
