@@ -116,6 +116,37 @@ def requirements_path(directory: Path, engine: str, version: str) -> Path:
     return directory / "engines" / f"{engine}-{version}.txt"
 
 
+REQUIREMENTS_NAME = re.compile(r"^(?P<engine>vllm|sglang)-(?P<version>[^/]+)\.txt$")
+
+
+def requirement_file_errors(directory: Path) -> list[str]:
+    """``file:line:col: message`` for each bad requirements file under ``engines/`` of a
+    cluster directory (what ``llmgw validate`` prints): a name that is not
+    ``vllm-VERSION.txt`` or ``sglang-VERSION.txt``, a line not pinned by hash."""
+    folder = directory / "engines"
+    if not folder.is_dir():
+        return []
+    errors: list[str] = []
+    for path in sorted(folder.iterdir()):
+        where = f"engines/{path.name}"
+        match = REQUIREMENTS_NAME.match(path.name)
+        if match is None or not path.is_file():
+            errors.append(f"{where}:1:1: not a requirements file llmgw installs: name it "
+                          "vllm-VERSION.txt or sglang-VERSION.txt (llama.cpp is shipped, "
+                          "not installed from requirements)")
+            continue
+        try:
+            text = path.read_text()
+            installs.request(match["engine"], match["version"], requirements=text)
+        except (OSError, UnicodeDecodeError) as exc:
+            errors.append(f"{where}:1:1: cannot read: {exc}")
+        except installs.RequirementsError as exc:
+            errors.append(f"{where}:{exc.line}:1: {exc.detail}")
+        except installs.InstallError as exc:
+            errors.append(f"{where}:1:1: {exc}")
+    return errors
+
+
 async def install_missing(pool: pools.Pool, directory: Path,
                           needs: Mapping[tuple[str, str], set[str]],
                           say: Callable[[str], None]) -> list[str]:
