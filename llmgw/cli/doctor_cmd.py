@@ -24,8 +24,9 @@ MARKS = {"ok": "ok  ", "warning": "WARN", "fail": "FAIL"}
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "doctor", help="check nodes for what serving needs, with the fix for each problem",
-        description="Reach each node's agent and check SSH and the pinned key, the agent's "
-        "version, the NVIDIA driver, GPU health (ECC, foreign processes), RDMA adapters, "
+        description="Reach each node's agent and check SSH and the pinned key, root or sudo, "
+        "the agent's version, the NVIDIA driver, GPU health (ECC, foreign processes, MIG, "
+        "persistence mode), RDMA adapters, "
         "ports and RoCE GIDs against the declared fabrics, the memlock limit, engines, free "
         "disk in weights directories, clock skew, the engine port range and Python. Exits 1 "
         "when any check fails.",
@@ -70,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
               for s in ("fail", "warning")}
     bad = sum(doctors.failed(fs) for fs in findings.values())
     print(f"\n{len(findings)} node{'s' if len(findings) != 1 else ''} checked: "
-          f"{counts['fail']} failed, {counts['warning']} warnings"
+          f"{counts['fail']} failed, {counts['warning']} warning"
+          + ("" if counts["warning"] == 1 else "s")
           + (f" ({bad} of {len(findings)} nodes failing)" if len(findings) > 1 and bad else "")
           + ".")
     return 1 if failing else 0

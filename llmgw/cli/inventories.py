@@ -39,7 +39,8 @@ def render_inventory(cluster: Cluster, fleet: Fleet, now: float) -> str:
             continue
         fabrics = ", ".join(f.name for f in report.fabrics if f.advertised) or "-"
         rows.append([
-            name + (" (cordoned)" if node is not None and node.cordoned else ""),
+            name + (" (draining)" if node is not None and node.drain else
+                    " (cordoned)" if node is not None and node.cordoned else ""),
             address,
             _gpu_summary(report),
             _unknown(report.cpu_count),

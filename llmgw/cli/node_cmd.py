@@ -1,9 +1,10 @@
 """``llmgw node add [USER@]HOST[:PORT]``: pin, check, install, start, report, write nodes.yaml.
 
-The steps are :mod:`llmgw.onboarding.enrolments`'; each prints one line as it
-finishes. At a terminal the host key fingerprint is confirmed interactively
-and each group of RDMA adapters is assigned to a declared fabric by asking;
-otherwise ``--fingerprint`` and ``--fabric`` give the answers. The node's
+The steps are :mod:`llmgw.onboarding.enrolments`'. At a terminal they show
+as a checklist updated in place (:mod:`.checklists`), the host key
+fingerprint is confirmed interactively and each group of RDMA adapters is
+assigned to a declared fabric by asking; otherwise each finished step prints
+one line and ``--fingerprint`` and ``--fabric`` give the answers. The node's
 entry is written into ``cluster/nodes.yaml`` (comments and order kept) and
 the diff printed, to commit.
 """
@@ -16,17 +17,18 @@ import re
 import sys
 from pathlib import Path
 
-from llmgw.cli import clusters
+from llmgw.cli import checklists, clusters, removals
 from llmgw.cli.errors import UserError
 from llmgw.fleet.types import NodeReport
 from llmgw.onboarding import enrolments, yamledits
 from llmgw.spec.models import NAME_PATTERN
 
 DEFAULT_PREFIX = "/opt/llmgw"
+STEPS = ("host key", "preflight", "install", "agent", "report", "fabrics", "nodes.yaml")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("node", help="add a machine to the cluster")
+    parser = subparsers.add_parser("node", help="add a machine to the cluster, or remove one")
     commands = parser.add_subparsers(dest="node_command", metavar="COMMAND", required=True)
     add = commands.add_parser(
         "add", help="pin its host key, install and start the agent, add it to nodes.yaml",
@@ -46,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="local cache of the wheels shipped to nodes")
     clusters.add_cluster_flag(add)
     add.set_defaults(handler=run_add)
+    removals.register(commands)
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -84,20 +87,20 @@ def run_add(args: argparse.Namespace) -> int:
         if not identity_path.is_absolute():
             identity_path = args.cluster / identity_path
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    steps = checklists.Checklist(sys.stdout, STEPS, live=interactive)
     enrolment = enrolments.Enrolment(cluster, args.cluster, target, name, args.prefix,
-                                     identity_path, lambda line: print(line, flush=True),
-                                     args.wheels)
+                                     identity_path, steps, args.wheels)
 
     def confirm(fingerprint: str) -> bool:
         if not interactive:
             raise UserError(f"{target.known_hosts_name} offers {fingerprint}: compare it with "
                             "`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the node's "
                             "console, then pass --fingerprint " + fingerprint)
-        answer = input(f"{target.known_hosts_name} offers {fingerprint}. Is this the key the "
-                       "node's console shows? [yes/no] ")
+        answer = steps.ask(f"{fingerprint}: is this the key the node's console shows "
+                           "(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`)? [yes/no] ")
         return answer.strip().lower() == "yes"
 
-    async def steps() -> NodeReport:
+    async def run() -> NodeReport:
         await enrolment.pin(args.fingerprint, confirm)
         async with await enrolment.connect() as conn:
             facts = await enrolment.preflight(conn)
@@ -106,36 +109,66 @@ def run_add(args: argparse.Namespace) -> int:
         return await enrolment.first_report(plan)
 
     try:
-        report = asyncio.run(steps())
-    except enrolments.EnrolError as exc:
-        raise UserError(str(exc)) from None
-    plan = enrolment.plan
-    assert plan is not None
-    if interactive and not fabrics:
-        fabrics = _ask_fabrics(report, sorted(cluster.fabrics))
-    entry = enrolments.node_entry(target, plan, report, fabrics, labels)
-    path = args.cluster / "nodes.yaml"
-    before = path.read_text() if path.exists() else ""
-    after, diff = yamledits.add_node(before, name, entry)
+        try:
+            report = asyncio.run(run())
+            fabrics = _fabrics(steps, report, fabrics, sorted(cluster.fabrics), interactive)
+            plan = enrolment.plan
+            assert plan is not None
+            entry = enrolments.node_entry(target, plan, report, fabrics, labels)
+            path = args.cluster / "nodes.yaml"
+            before = path.read_text() if path.exists() else ""
+            after, diff = yamledits.add_node(before, name, entry)
+            if diff:
+                path.write_text(after)
+            steps.done("nodes.yaml", f"{name} written; commit this:" if diff
+                       else f"{name} unchanged")
+        except (enrolments.EnrolError, UserError) as exc:
+            steps.fail(str(exc))
+            raise UserError(str(exc)) from None
+        except KeyboardInterrupt:
+            steps.fail("interrupted")
+            raise
+    finally:
+        steps.close()
     if diff:
-        path.write_text(after)
-        print(f"nodes.yaml {name} written; commit this:\n")
+        print()
         print(diff, end="")
-    else:
-        print(f"nodes.yaml {name} unchanged")
     return 0
 
 
-def _ask_fabrics(report: NodeReport, declared: list[str]) -> dict[str, list[str]]:
+def _fabrics(steps: checklists.Checklist, report: NodeReport, given: dict[str, list[str]],
+             declared: list[str], interactive: bool) -> dict[str, list[str]]:
+    """Which declared fabric each of the node's adapters is on: ``--fabric``, else asked per
+    group of adapters (by link layer) at a terminal, else none (said so)."""
+    present = [a.name for a in report.adapters]
+    steps.begin("fabrics", "the node's RDMA adapters")
+    if given:
+        absent = [a for names in given.values() for a in names if a not in present]
+        if absent:
+            raise UserError(f"--fabric names {', '.join(absent)}, which the node does not have "
+                            f"(its adapters: {', '.join(present) or 'none'})")
+        steps.done("fabrics", "; ".join(f"{f}: {', '.join(a)}" for f, a in given.items()))
+        return given
+    if not present or not declared:
+        steps.done("fabrics", "no RDMA adapters" if not present else
+                   f"{len(present)} RDMA adapters, no fabric declared in the cluster")
+        return {}
+    if not interactive:
+        steps.done("fabrics", f"{', '.join(present)} on no fabric: pass --fabric "
+                   f"NAME=ADAPTER,… (declared: {', '.join(declared)})")
+        return {}
     groups: dict[str, list[str]] = {}
     for adapter in report.adapters:
-        groups.setdefault(adapter.link_layer or "unknown", []).append(adapter.name)
+        groups.setdefault(adapter.link_layer or "unknown link layer", []).append(adapter.name)
     chosen: dict[str, list[str]] = {}
     for layer, names in sorted(groups.items()):
-        if not declared:
-            break
-        answer = input(f"{layer} adapters {', '.join(names)}: on which fabric? "
-                       f"[{'/'.join(declared)}/none] ").strip()
+        question = (f"{layer} adapters {', '.join(names)}: on which fabric? "
+                    f"[{'/'.join(declared)}/none] ")
+        answer = steps.ask(question).strip()
+        while answer not in (*declared, "none", ""):
+            answer = steps.ask(f"{answer!r} is not a declared fabric. {question}").strip()
         if answer in declared:
             chosen.setdefault(answer, []).extend(names)
+    steps.done("fabrics", "; ".join(f"{f}: {', '.join(a)}" for f, a in chosen.items())
+               or "on no fabric (answered none)")
     return chosen

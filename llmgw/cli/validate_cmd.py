@@ -82,7 +82,7 @@ def summary(cluster: Cluster) -> str:
     for name, node in cluster.nodes.items():
         gpu_text = ", ".join(f"{d.count}× {d.gpu_class}" for d in node.gpus) or "no GPUs declared"
         fabric_text = ", ".join(f"{f} ({len(a)})" for f, a in node.fabrics.items()) or "-"
-        flags = " [cordoned]" if node.cordoned else ""
+        flags = " [draining]" if node.drain else " [cordoned]" if node.cordoned else ""
         lines.append(f"  {name:<{width}}  {node.address:<15} {gpu_text:<20} fabrics: "
                      f"{fabric_text}{flags}")
     if declared:

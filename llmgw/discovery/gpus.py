@@ -6,9 +6,9 @@ agent runs it, with a timeout), :func:`parse_query`, :func:`parse_identity`
 and :func:`parse_processes` turn its stdout into records, and :func:`build`
 turns records into :class:`llmgw.fleet.Gpu`.
 
-The PCI device id and MIG mode are a query of their own, read by column
-name: a driver that does not know ``mig.mode.current`` (before R450)
-refuses the whole query, and then only those two facts are missing.
+The PCI device id, MIG mode and persistence mode are a query of their own,
+read by column name: a driver that does not know ``mig.mode.current``
+(before R450) refuses the whole query, and then only those facts are missing.
 
 Absent stays absent: ``[N/A]``, ``[Not Supported]`` and a column an older
 driver does not print become ``None``, never ``0``.
@@ -38,7 +38,7 @@ QUERY_FIELDS = (
     "utilization.gpu",
 )
 REQUIRED_COLUMNS = len(QUERY_FIELDS) - 1
-IDENTITY_FIELDS = ("uuid", "pci.device_id", "mig.mode.current")
+IDENTITY_FIELDS = ("uuid", "pci.device_id", "mig.mode.current", "persistence_mode")
 PROCESS_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
 FORMAT = "--format=csv,noheader,nounits"
 
@@ -65,14 +65,17 @@ class GpuRecord:
     nvlink_peers: tuple[int, ...] | None = None
     pci_device_id: str | None = None  # "2330": the device half of 0x233010DE
     mig_mode: str | None = None  # "Enabled" | "Disabled"; None: no MIG on this GPU
+    persistence_mode: str | None = None  # "Enabled" | "Disabled"; None: unknown
 
 
 @dataclass(frozen=True)
 class Identity:
-    """What :func:`identity_command` adds to a GPU: its PCI device id and MIG mode."""
+    """What :func:`identity_command` adds to a GPU: its PCI device id, MIG and persistence
+    mode."""
 
     pci_device_id: str | None = None
     mig_mode: str | None = None
+    persistence_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,8 @@ def parse_identity(stdout: str) -> dict[str, Identity]:
 
         uuid = cell("uuid")
         if uuid:
-            found[uuid] = Identity(device_id(cell("pci.device_id")), cell("mig.mode.current"))
+            found[uuid] = Identity(device_id(cell("pci.device_id")), cell("mig.mode.current"),
+                                   cell("persistence_mode"))
     return found
 
 
@@ -222,7 +226,8 @@ def with_identity(records: Sequence[GpuRecord], found: dict[str, Identity]) -> l
         extra = found.get(record.uuid)
         out.append(record if extra is None else replace(
             record, pci_device_id=extra.pci_device_id or record.pci_device_id,
-            mig_mode=extra.mig_mode or record.mig_mode))
+            mig_mode=extra.mig_mode or record.mig_mode,
+            persistence_mode=extra.persistence_mode or record.persistence_mode))
     return out
 
 
@@ -301,6 +306,7 @@ def build(
             nvlink_peers=None if record.nvlink_peers is None else list(record.nvlink_peers),
             pci_device_id=record.pci_device_id,
             mig_mode=record.mig_mode,
+            persistence_mode=record.persistence_mode,
             processes=by_uuid.get(record.uuid, []),
         )
         for record in sorted(records, key=lambda r: r.index)

@@ -4,11 +4,14 @@
 InfiniBand pins memory; a 64 KiB default makes it fail at the first
 collective). ``/proc/net/tcp`` and ``tcp6`` give the ports in LISTEN state,
 so ``llmgw doctor`` can say an engine port is already taken.
+``/proc/self/status`` gives the real uid the agent runs as.
 
 >>> parse_memlock("Max locked memory         65536                65536                bytes")
 (65536, False)
 >>> sorted(parse_listening("  0: 00000000:07E8 00000000:0000 0A 0 0 0 0 0 1145"))
 [2024]
+>>> parse_uid("Name:\\tcat\\nUid:\\t1000\\t1000\\t1000\\t1000\\n")
+1000
 """
 
 from __future__ import annotations
@@ -42,3 +45,12 @@ def parse_listening(table: str) -> set[int]:
         except ValueError:
             continue
     return ports
+
+
+def parse_uid(status: str) -> int | None:
+    """The real uid (the first of four) from a ``/proc/<pid>/status`` file; None when absent."""
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None

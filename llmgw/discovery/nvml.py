@@ -100,6 +100,8 @@ def _snapshot(
         mig_call = getattr(nvml, "nvmlDeviceGetMigMode", None)  # bindings before R450 lack it
         mig = None if mig_call is None else optional(mig_call, handle)  # [current, pending]
         pci_id = getattr(pci, "pciDeviceId", None)
+        persistence_call = getattr(nvml, "nvmlDeviceGetPersistenceMode", None)
+        persistence = None if persistence_call is None else optional(persistence_call, handle)
         snap.gpus.append(
             GpuRecord(
                 index=index,
@@ -115,6 +117,9 @@ def _snapshot(
                 pci_device_id=None if pci_id is None else device_id(hex(int(pci_id))),
                 mig_mode=None if not mig else
                 ("Enabled" if mig[0] == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1) else "Disabled"),
+                persistence_mode=None if persistence is None else
+                ("Enabled" if persistence == getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+                 else "Disabled"),
             )
         )
         for proc in optional(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []:

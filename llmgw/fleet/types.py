@@ -51,6 +51,8 @@ class Gpu(Observed):
     mig_mode: str | None = Field(
         None, description="`Enabled` or `Disabled` (mig.mode.current); None: the GPU has no MIG."
     )
+    persistence_mode: str | None = Field(
+        None, description="`Enabled` or `Disabled` (persistence_mode); None: unknown.")
 
     @property
     def faults(self) -> list[str]:
@@ -213,6 +215,10 @@ class HostFacts(Observed):
         default_factory=list, description="Engine programs found on the agent's PATH.")
     listening_ports: list[int] | None = Field(
         None, description="TCP ports in LISTEN state on the node; None when unknown.")
+    agent_uid: int | None = Field(None, description="The agent's real uid; None when unknown.")
+    sudo: bool | None = Field(
+        None, description="Whether the agent's user may run `sudo -n`; None when it is root "
+        "or that is unknown.")
     engines_dir: str | None = Field(
         None, description="Where the agent installs engine versions; None: an older agent.")
     installed_engines: list[InstalledEngine] = Field(

@@ -72,6 +72,21 @@ def _agent_version(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
     return _ok(f"agent {report.agent_version}, same as this llmgw")
 
 
+def _sudo(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    host = report.host
+    if host is None or host.agent_uid is None:
+        return "warning", "the agent did not report its uid", "upgrade the agent"
+    if host.agent_uid == 0:
+        return _ok("the agent runs as root")
+    if host.sudo:
+        return _ok(f"the agent runs as uid {host.agent_uid}, with password-less sudo")
+    return ("fail", f"the agent runs as uid {host.agent_uid}, which may not sudo without a "
+            "password",
+            "run the agent as root (llmgw-agent.service does), or give its user password-less "
+            "sudo: `llmgw node add` needs it to upgrade llmgw there, the systemd backend to "
+            "write units")
+
+
 def _python(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
     version = report.host.python_version if report.host else None
     if version is None:
@@ -116,6 +131,35 @@ def _gpu_processes(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
         return ("fail", f"memory held by processes llmgw did not start: {which}",
                 "stop those processes (llmgw never kills what it did not start)")
     return _ok("no GPU held by other processes" if report.gpus else "no GPUs")
+
+
+def _gpu_mig(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    split = [g.index for g in report.gpus if g.mig_mode == "Enabled"]
+    if split:
+        which = ", ".join(map(str, split))
+        return ("fail", f"MIG mode on GPU {which} (split into instances); engines take whole "
+                "GPUs, so placement skips " + ("it" if len(split) == 1 else "them"),
+                f"if llmgw is to use {'it' if len(split) == 1 else 'them'}: `nvidia-smi -i "
+                f"{split[0]} -mig 0` for each, then reset the GPU (`nvidia-smi -r -i N`)")
+    if not report.gpus:
+        return _ok("no GPUs")
+    if all(g.mig_mode is None for g in report.gpus):
+        return _ok("no GPU with MIG, or a driver that does not say")
+    return _ok("MIG off on every GPU that has it")
+
+
+def _gpu_persistence(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    off = [g.index for g in report.gpus if g.persistence_mode == "Disabled"]
+    if off:
+        which = ", ".join(map(str, off))
+        return ("warning", f"persistence mode off on GPU {which}: the driver lets go of an idle "
+                "GPU, and the next engine start waits for it to be set up again",
+                "enable nvidia-persistenced (`systemctl enable --now nvidia-persistenced`)")
+    if not report.gpus:
+        return _ok("no GPUs")
+    if all(g.persistence_mode is None for g in report.gpus):
+        return _ok("persistence mode not reported by this driver")
+    return _ok("persistence mode on every GPU")
 
 
 def _present(report: NodeReport) -> dict[str, bool]:
@@ -252,11 +296,14 @@ def _engine_ports(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
 
 
 CHECKS: tuple[tuple[str, Check], ...] = (
+    ("sudo", _sudo),
     ("agent-version", _agent_version),
     ("python", _python),
     ("nvidia-driver", _nvidia_driver),
     ("gpu-ecc", _gpu_ecc),
     ("gpu-processes", _gpu_processes),
+    ("gpu-mig", _gpu_mig),
+    ("gpu-persistence", _gpu_persistence),
     ("fabric-adapters", _fabric_adapters),
     ("fabric-ports", _fabric_ports),
     ("roce-gids", _roce_gids),

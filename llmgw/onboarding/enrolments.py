@@ -1,6 +1,6 @@
 """``llmgw node add``: from "I can SSH to it" to a node in ``nodes.yaml`` whose agent reports.
 
-Steps, each printed on one line as it finishes (:class:`Step`):
+Steps, each shown through :class:`Progress` as it starts and as it finishes:
 
 1. **host key** — the node's key is fetched and its fingerprint shown; it must
    match ``--fingerprint`` (or be confirmed at a terminal), then it is pinned
@@ -37,8 +37,11 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import asyncssh
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from llmgw import __version__
 from llmgw.fleet.types import NodeReport
@@ -143,6 +146,8 @@ class Plan:
     prefix: str
     systemd: bool
     name: str
+    # Kept from an agent.yaml already on the node: where its nvidia-smi and sysfs are.
+    hardware: dict[str, object] | None = None
 
     @property
     def socket(self) -> str:
@@ -154,7 +159,9 @@ class Plan:
                 f"node: {json.dumps(self.name)}\n"
                 f"socket: {{path: {self.socket}, mode: \"0660\", group: {group}}}\n"
                 f"backend: {'systemd' if self.systemd else 'supervise'}\n"
-                f"state_dir: {self.prefix}/state\n")
+                f"state_dir: {self.prefix}/state\n"
+                + (f"hardware: {json.dumps(self.hardware)}  # kept from the node's agent.yaml\n"
+                   if self.hardware else ""))
 
     def unit(self) -> str:
         return ("[Unit]\nDescription=llmgw agent: reports this node, runs its engines\n"
@@ -166,7 +173,13 @@ class Plan:
                 "[Install]\nWantedBy=multi-user.target\n")
 
 
-Say = Callable[[str], None]
+class Progress(Protocol):
+    """Where the steps show: ``begin`` as a step starts (and as it moves on), ``done`` once
+    it has finished, with what it found (``llmgw.cli.checklists.Checklist``)."""
+
+    def begin(self, step: str, doing: str) -> None: ...
+
+    def done(self, step: str, detail: str) -> None: ...
 
 
 @dataclass
@@ -179,13 +192,14 @@ class Enrolment:
     name: str
     prefix: str
     identity: Path | None
-    say: Say
+    progress: Progress
     wheel_cache: Path
     plan: Plan | None = None  # where things went on the node, once the agent step ran
 
     async def pin(self, expected: str | None, confirm: Callable[[str], bool]) -> None:
         known_hosts = Path(self.cluster.cluster.ssh.known_hosts)
         pinned = hostkeys.load(known_hosts)
+        self.progress.begin("host key", f"asking {self.target.known_hosts_name} for its key")
         try:
             key = await asyncio.wait_for(
                 asyncssh.get_server_host_key(self.target.host, self.target.port), 15)
@@ -202,6 +216,8 @@ class Enrolment:
                              f"{known_hosts} pins {', '.join(already)}: check the node before "
                              "changing the pin")
         if offered not in already:
+            self.progress.begin("host key", f"{self.target.known_hosts_name} offers a key "
+                                "not pinned yet")
             if expected is not None and expected != offered:
                 raise EnrolError(f"the node offers {offered}, not {expected}: nothing was "
                                  "pinned or sent")
@@ -210,9 +226,9 @@ class Enrolment:
             line = f"{self.target.known_hosts_name} {key.export_public_key('openssh').decode()}"
             with known_hosts.open("a") as out:
                 out.write(line if line.endswith("\n") else line + "\n")
-            self.say(f"host key   {offered} pinned in {_shown(known_hosts)}")
+            self.progress.done("host key", f"{offered} pinned in {_shown(known_hosts)}")
         else:
-            self.say(f"host key   {offered} already pinned")
+            self.progress.done("host key", f"{offered} already pinned")
 
     async def connect(self) -> asyncssh.SSHClientConnection:
         keys = {"client_keys": [str(self.identity)]} if self.identity else {}
@@ -225,13 +241,15 @@ class Enrolment:
             raise EnrolError(f"cannot log in as {self.target.user}: {exc}") from None
 
     async def preflight(self, conn: asyncssh.SSHClientConnection) -> Facts:
+        self.progress.begin("preflight", "root or sudo, Python, disk, systemd")
         result = await conn.run(PREFLIGHT.format(prefix=shlex.quote(self.prefix)), check=False)
         facts = parse_preflight(str(result.stdout))
         problems = facts.problems()
         if problems:
             raise EnrolError("the node is not ready; nothing was changed:\n  - "
                              + "\n  - ".join(problems))
-        self.say(f"preflight  {'root' if facts.uid == 0 else 'sudo'}, Python {facts.python}, "
+        self.progress.done("preflight", f"{'root' if facts.uid == 0 else 'sudo'}, Python "
+                           f"{facts.python}, "
                  f"{facts.disk_free >> 30} GiB free, "
                  + ("systemd" if facts.systemd else "no systemd: supervise backend"))
         return facts
@@ -240,12 +258,14 @@ class Enrolment:
         """Ship and install this llmgw; True when something changed."""
         sudo = "" if facts.uid == 0 else "sudo -n "
         prefix = shlex.quote(self.prefix)
+        self.progress.begin("install", "the version on the node")
         have = await conn.run(f"{prefix}/venv/bin/llmgw --version", check=False)
         if str(have.stdout).strip() == f"llmgw {__version__}":
-            self.say(f"install    llmgw {__version__} already in {self.prefix}/venv")
+            self.progress.done("install", f"llmgw {__version__} already in {self.prefix}/venv")
             return False
         begun = time.monotonic()
-        wheels = build_wheels(self.wheel_cache)
+        self.progress.begin("install", f"building the wheels of llmgw {__version__} here")
+        wheels = await asyncio.to_thread(build_wheels, self.wheel_cache)
         await _run(conn, f"{sudo}mkdir -p {prefix}/wheels {prefix}/etc {prefix}/state "
                    f"{prefix}/run && {sudo}chown -R $(id -u) {prefix}")
         listing = await conn.run(f"ls {prefix}/wheels", check=False)
@@ -253,25 +273,31 @@ class Enrolment:
         # llmgw's own wheel always (same name, newer code); dependencies when missing.
         missing = [w for w in wheels if w.name not in present or w.name.startswith("llmgw-")]
         if missing:
+            self.progress.begin("install", f"sending {len(missing)} wheels over SFTP")
             try:
                 async with conn.start_sftp_client() as sftp:
                     await sftp.put([str(w) for w in missing], f"{self.prefix}/wheels/")
             except (OSError, asyncssh.Error) as exc:
                 raise EnrolError(f"copying the wheels over SFTP failed ({exc}): the node's "
                                  "sshd needs its sftp subsystem (`Subsystem sftp …`)") from None
+        self.progress.begin("install", f"pip install llmgw=={__version__} --no-index")
         await _run(conn, f"test -x {prefix}/venv/bin/python || python3 -m venv {prefix}/venv")
         await _run(conn, f"{prefix}/venv/bin/pip install -q --no-index --find-links "
                    f"{prefix}/wheels 'llmgw=={__version__}'")
-        self.say(f"install    llmgw {__version__} into {self.prefix}/venv ({len(missing)} of "
-                 f"{len(wheels)} wheels sent, {time.monotonic() - begun:.1f}s)")
+        self.progress.done("install", f"llmgw {__version__} into {self.prefix}/venv "
+                           f"({len(missing)} of {len(wheels)} wheels sent, "
+                           f"{time.monotonic() - begun:.1f}s)")
         return True
 
     async def agent(self, conn: asyncssh.SSHClientConnection, facts: Facts,
                     upgraded: bool) -> Plan:
         plan = self.plan = Plan(self.prefix, facts.systemd, self.name)
+        self.progress.begin("agent", "agent.yaml and llmgw-agent.service")
         prefix = shlex.quote(self.prefix)
         sudo = "" if facts.uid == 0 else "sudo -n "
         changed = upgraded
+        current = await conn.run(f"cat {prefix}/etc/agent.yaml", check=False)
+        plan.hardware = kept_hardware(str(current.stdout))
         for path, text in ((f"{self.prefix}/etc/agent.yaml", plan.agent_yaml()),
                            (f"{self.prefix}/etc/llmgw-agent.service", plan.unit())):
             current = await conn.run(f"cat {shlex.quote(path)}", check=False)
@@ -285,8 +311,8 @@ class Enrolment:
                        "daemon-reload && " + (f"{sudo}systemctl enable llmgw-agent && "
                                               f"{sudo}systemctl restart llmgw-agent" if changed
                                               else f"{sudo}systemctl enable --now llmgw-agent"))
-            self.say("agent      llmgw-agent.service enabled and "
-                     + ("restarted" if changed else "running"))
+            self.progress.done("agent", "llmgw-agent.service enabled and "
+                               + ("restarted" if changed else "running"))
             return plan
         running = await conn.run(
             f"pid=$(cat {prefix}/run/agent.pid 2>/dev/null) && "
@@ -294,7 +320,7 @@ class Enrolment:
             "&& echo $pid", check=False)
         pid = str(running.stdout).strip()
         if pid and not changed:
-            self.say(f"agent      running (supervise backend, pid {pid})")
+            self.progress.done("agent", f"running (supervise backend, pid {pid})")
             return plan
         if pid:  # the agent only: its engines run in their own groups and are adopted again
             await conn.run(f"kill {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.1; done",
@@ -306,8 +332,8 @@ class Enrolment:
             f"cd {prefix} || exit 1; setsid {prefix}/venv/bin/llmgw agent serve --config "
             f"{prefix}/etc/agent.yaml >>{prefix}/agent.log 2>&1 </dev/null & "
             f"echo $! > {prefix}/run/agent.pid; cat {prefix}/run/agent.pid", check=True)
-        self.say(f"agent      {'restarted' if pid else 'started'} (supervise backend, pid "
-                 f"{str(started.stdout).strip()}; no systemd on the node)")
+        self.progress.done("agent", f"{'restarted' if pid else 'started'} (supervise backend, "
+                           f"pid {str(started.stdout).strip()}; no systemd on the node)")
         return plan
 
     async def first_report(self, plan: Plan) -> NodeReport:
@@ -319,15 +345,18 @@ class Enrolment:
         alone = self.cluster.model_copy(update={"cluster": settings, "nodes": {self.name: node},
                                                 "models": {}})
         deadline = time.monotonic() + REPORT_TIMEOUT
+        self.progress.begin("report", "waiting for the agent's first report")
         begun = time.monotonic()
         async with pools.Pool(alone, self.cluster_dir) as pool:
             while True:
                 report = await pool.report(self.name)
                 if report.reachable:
-                    self.say(f"report     {len(report.gpus)} GPUs, "
-                             f"{(report.memory_total_bytes or 0) / (1 << 30):.0f} GiB, "
-                             f"{len(report.adapters)} RDMA adapters "
-                             f"(first report after {time.monotonic() - begun:.1f}s)")
+                    self.progress.done(
+                        "report", f"{len(report.gpus)} GPUs, "
+                        f"{(report.memory_total_bytes or 0) / (1 << 30):.0f} GiB, "
+                        f"{len(report.adapters)} RDMA adapters, agent "
+                        f"{report.agent_version} (first report after "
+                        f"{time.monotonic() - begun:.1f}s)")
                     return report
                 if time.monotonic() > deadline:
                     raise EnrolError(f"the agent did not report within {REPORT_TIMEOUT:g}s "
@@ -378,6 +407,19 @@ def _pip_wheel(source: Path, into: Path, *flags: str) -> None:
                            "-w", str(into)], capture_output=True, text=True)
     if done.returncode != 0:
         raise EnrolError(f"pip wheel failed: {done.stderr.strip()[-800:]}")
+
+
+def kept_hardware(agent_yaml: str) -> dict[str, object] | None:
+    """The ``hardware:`` section of an agent.yaml (nvidia-smi's path, the sysfs root), which
+    ``node add`` keeps when it rewrites the file; None when there is none."""
+    try:
+        data = YAML(typ="safe").load(agent_yaml)
+    except YAMLError:
+        return None
+    hardware = data.get("hardware") if isinstance(data, dict) else None
+    if not isinstance(hardware, dict) or not hardware:
+        return None
+    return {str(k): v for k, v in hardware.items() if isinstance(v, str | int | float | bool)}
 
 
 def node_entry(target: Target, plan: Plan, report: NodeReport, fabrics: dict[str, list[str]],

@@ -435,8 +435,9 @@ def fixture_settings(hardware: str) -> dict[str, Any]:
     for key in ("sysfs_root", "proc_root"):
         if key in hw:
             hw[key] = str(base / hw[key])
-    if "/" in str(hw.get("nvidia_smi", "")):
-        hw["nvidia_smi"] = str(base / hw["nvidia_smi"])
+    for program in ("nvidia_smi", "sudo"):
+        if "/" in str(hw.get(program, "")):
+            hw[program] = str(base / hw[program])
     data["hardware"] = hw
     declared = dict(data.get("declared") or {})
     declared["weights_dirs"] = [str(base / d) for d in declared.get("weights_dirs", [])]

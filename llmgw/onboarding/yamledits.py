@@ -51,6 +51,29 @@ def add_node(text: str, name: str, entry: dict[str, Any]) -> tuple[str, str]:
     return out.getvalue(), diff(text, out.getvalue())
 
 
+def set_node_key(text: str, name: str, key: str, value: Any) -> tuple[str, str]:
+    """``text`` with ``nodes.<name>.<key>`` set to ``value``; and the diff (empty when unchanged).
+
+    >>> print(set_node_key("nodes:\\n  a:  # first\\n    address: x\\n", "a", "drain", True)[0],
+    ...       end="")
+    nodes:
+      a:  # first
+        address: x
+        drain: true
+    """
+    yaml = _yaml()
+    data = yaml.load(text)
+    nodes = data.get("nodes") if data else None
+    if not isinstance(nodes, dict) or not isinstance(nodes.get(name), dict):
+        raise KeyError(name)
+    if nodes[name].get(key) == value:
+        return text, ""
+    nodes[name][key] = value
+    out = io.StringIO()
+    yaml.dump(data, out)
+    return out.getvalue(), diff(text, out.getvalue())
+
+
 def remove_node(text: str, name: str) -> tuple[str, str]:
     """``text`` without ``nodes.<name>``; and the diff."""
     yaml = _yaml()

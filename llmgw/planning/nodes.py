@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from llmgw.fleet.types import FabricStatus, Fleet, NodeReport
-from llmgw.spec import sources
+from llmgw.spec import quantities, sources
 from llmgw.spec.models import Cluster, Node
 
 FIRST_PORT = 18000
@@ -62,7 +62,8 @@ class NodeState:
     @property
     def placeable(self) -> bool:
         """New replicas may land here."""
-        return self.reachable and not self.spec.cordoned and self.excluded is None
+        return (self.reachable and not self.spec.cordoned and not self.spec.drain
+                and self.excluded is None)
 
     @property
     def memory_total(self) -> int | None:
@@ -76,6 +77,8 @@ class NodeState:
             return "no report from its agent"
         if not self.report.reachable:
             return f"unreachable: {self.report.error or 'no answer'}"
+        if self.spec.drain:
+            return "draining"
         if self.spec.cordoned:
             return "cordoned"
         return self.excluded
@@ -280,17 +283,24 @@ def _node_state(name: str, spec: Node, report: NodeReport | None,
         g.peers is not None and g.peers >= indices - {g.index} for g in node.gpus.values()
     )
     reported = {f.name: f for f in report.fabrics}
-    for fabric in sorted(spec.fabrics):
+    for fabric, declared in sorted(spec.fabrics.items()):
         status = reported.get(fabric)
+        # The adapters NCCL may use: declared now and ACTIVE. An agent that has not
+        # had the new declaration yet still reports the adapters it was given.
+        active = [a for a in declared if status is not None and a in status.adapters]
         if status is None:
             node.fabric_problems[fabric] = f"fabric {fabric} not reported by the agent"
         elif not status.advertised or not status.adapters:
             why = "; ".join(status.reasons) or "no ACTIVE adapter"
             node.fabric_problems[fabric] = f"fabric {fabric} not advertised: {why}"
-        elif len(status.adapters) < ((needs or {}).get(fabric) or 0):
+        elif not active:
             node.fabric_problems[fabric] = (
-                f"fabric {fabric}: {status.active}, needs {(needs or {})[fabric]} "
-                f"(fabrics.{fabric}.min_adapters)")
+                f"fabric {fabric}: none of the adapters declared here ({', '.join(declared)}) "
+                f"is among those the agent reports ACTIVE ({', '.join(status.adapters)})")
+        elif len(active) < ((needs or {}).get(fabric) or 0):
+            node.fabric_problems[fabric] = (
+                f"fabric {fabric}: {len(active)} of {quantities.count(len(declared), 'adapter')} "
+                f"ACTIVE, needs {(needs or {})[fabric]} (fabrics.{fabric}.min_adapters)")
         else:
             node.fabrics[fabric] = status
     keys: set[str] = set()

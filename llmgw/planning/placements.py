@@ -321,7 +321,8 @@ def current(capacity: Capacity, replica: ObservedReplica) -> Placement | None:
 
 def misfits(capacity: Capacity, placement: Placement, profile: Profile) -> list[str]:
     """Why a running replica's place does not suit ``profile``; empty when it does."""
-    problems: list[str] = []
+    problems: list[str] = [f"{slot.node}: draining, what runs here moves elsewhere"
+                           for slot in placement.slots if capacity.nodes[slot.node].spec.drain]
     for slot in placement.slots:
         wrong = selector_mismatch(capacity.nodes[slot.node].spec.labels, profile.node_selector)
         if wrong:

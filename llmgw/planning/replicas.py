@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,18 +87,57 @@ class Observation:
     warnings: list[str]
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _texts(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _text_or_none(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _number_or_none(value: object) -> bool:
+    return value is None or _number(value)
+
+
+# The spec fields the planner reads, and what llmgw writes in each. A label is
+# text on the node: anyone who can edit the unit file can recompute its digest.
+_FIELDS: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "nodes": ("a list of names", _texts),
+    "gpus": ("a list of GPU UUIDs", _texts),
+    "profile": ("a profile number", _number),
+    "memory": ("a number of bytes", _number),
+    "port": ("a port", _number_or_none),
+    "dist_port": ("a port", _number_or_none),
+    "aux_port": ("a port", _number),
+    "fabric": ("a fabric name", _text_or_none),
+    "gpu_class": ("a GPU class", _text_or_none),
+}
+
+
 def parse_spec(unit: Unit) -> dict[str, Any] | None:
-    """The unit's spec label, if present and covered by its digest."""
+    """The unit's spec label, if present, covered by its digest and shaped as llmgw
+    writes it; :func:`collect` warns about one that is not."""
+    return _read_spec(unit)[0]
+
+
+def _read_spec(unit: Unit) -> tuple[dict[str, Any] | None, str | None]:
     text = unit.labels.get(shards.SPEC_LABEL)
     if not text:
-        return None
+        return None, None
     try:
         spec = json.loads(text)
     except ValueError:
-        return None
+        spec = None
     if not isinstance(spec, dict) or shards.digest(spec) != unit.digest:
-        return None
-    return spec
+        return None, "its X-Llmgw-Spec label does not match its digest"
+    for name, (what, fits) in _FIELDS.items():
+        if name in spec and not fits(spec[name]):
+            return None, f"its X-Llmgw-Spec label's {name} is not {what}"
+    return spec, None
 
 
 def collect(cluster: Cluster, fleet: Fleet) -> Observation:
@@ -118,10 +158,10 @@ def collect(cluster: Cluster, fleet: Fleet) -> Observation:
                     orphans.append(Orphan(node_name, unit, f"model {unit.model} is not in the "
                                                             "cluster any more"))
                 continue
-            spec = parse_spec(unit)
-            if spec is None and shards.SPEC_LABEL in unit.labels:
-                warnings.append(f"{node_name}: {unit.name}: its X-Llmgw-Spec label does not "
-                                "match its digest; treating its spec as unknown")
+            spec, problem = _read_spec(unit)
+            if problem:
+                warnings.append(f"{node_name}: {unit.name}: {problem}; treating its spec as "
+                                "unknown")
             key = (unit.model, unit.replica)
             replica = replicas.setdefault(key, ObservedReplica(unit.model, unit.replica))
             first = replica.members.get(unit.rank)

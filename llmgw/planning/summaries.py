@@ -174,7 +174,7 @@ def _free_nodes(
     free: dict[str, list[str]] = {name: [] for name in sorted(cluster.fabrics)}
     for name, report in sorted(fleet.nodes.items()):
         node = cluster.nodes.get(name)
-        if node is None or node.cordoned or not report.reachable or not report.gpus:
+        if node is None or node.cordoned or node.drain or not report.reachable or not report.gpus:
             continue
         if any(g.faults or g.uuid in held.get(name, ())
                or any(p.owned_by_llmgw for p in g.processes) for g in report.gpus):

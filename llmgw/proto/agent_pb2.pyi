@@ -190,6 +190,7 @@ class Gpu(_message.Message):
     PROCESSES_FIELD_NUMBER: _builtins.int
     PCI_DEVICE_ID_FIELD_NUMBER: _builtins.int
     MIG_MODE_FIELD_NUMBER: _builtins.int
+    PERSISTENCE_MODE_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     name: _builtins.str
@@ -203,6 +204,8 @@ class Gpu(_message.Message):
     pci_device_id: _builtins.str
     mig_mode: _builtins.str
     """Enabled | Disabled; unset: no MIG"""
+    persistence_mode: _builtins.str
+    """Enabled | Disabled; unset: unknown"""
     @_builtins.property
     def nvlink_peers(self) -> Global___IndexList:
         """unset: topology unknown (no NVML)"""
@@ -226,10 +229,11 @@ class Gpu(_message.Message):
         processes: _abc.Iterable[Global___GpuProcess] | None = ...,
         pci_device_id: _builtins.str | None = ...,
         mig_mode: _builtins.str | None = ...,
+        persistence_mode: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_mig_mode", b"_mig_mode", "_pci_bus_id", b"_pci_bus_id", "_pci_device_id", b"_pci_device_id", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "mig_mode", b"mig_mode", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pci_device_id", b"pci_device_id", "utilization_pct", b"utilization_pct"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_mig_mode", b"_mig_mode", "_pci_bus_id", b"_pci_bus_id", "_pci_device_id", b"_pci_device_id", "_persistence_mode", b"_persistence_mode", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "mig_mode", b"mig_mode", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pci_device_id", b"pci_device_id", "persistence_mode", b"persistence_mode", "utilization_pct", b"utilization_pct"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_mig_mode", b"_mig_mode", "_pci_bus_id", b"_pci_bus_id", "_pci_device_id", b"_pci_device_id", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "gpu_class", b"gpu_class", "index", b"index", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "mig_mode", b"mig_mode", "name", b"name", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pci_device_id", b"pci_device_id", "processes", b"processes", "utilization_pct", b"utilization_pct", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability", "_ecc_uncorrected", b"_ecc_uncorrected", "_memory_total_mib", b"_memory_total_mib", "_memory_used_mib", b"_memory_used_mib", "_mig_mode", b"_mig_mode", "_pci_bus_id", b"_pci_bus_id", "_pci_device_id", b"_pci_device_id", "_persistence_mode", b"_persistence_mode", "_utilization_pct", b"_utilization_pct", "compute_capability", b"compute_capability", "ecc_uncorrected", b"ecc_uncorrected", "gpu_class", b"gpu_class", "index", b"index", "memory_total_mib", b"memory_total_mib", "memory_used_mib", b"memory_used_mib", "mig_mode", b"mig_mode", "name", b"name", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pci_device_id", b"pci_device_id", "persistence_mode", b"persistence_mode", "processes", b"processes", "utilization_pct", b"utilization_pct", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__compute_capability: _TypeAlias = _typing.Literal["compute_capability"]  # noqa: Y015
     _WhichOneofArgType__compute_capability: _TypeAlias = _typing.Literal["_compute_capability", b"_compute_capability"]  # noqa: Y015
@@ -245,6 +249,8 @@ class Gpu(_message.Message):
     _WhichOneofArgType__pci_bus_id: _TypeAlias = _typing.Literal["_pci_bus_id", b"_pci_bus_id"]  # noqa: Y015
     _WhichOneofReturnType__pci_device_id: _TypeAlias = _typing.Literal["pci_device_id"]  # noqa: Y015
     _WhichOneofArgType__pci_device_id: _TypeAlias = _typing.Literal["_pci_device_id", b"_pci_device_id"]  # noqa: Y015
+    _WhichOneofReturnType__persistence_mode: _TypeAlias = _typing.Literal["persistence_mode"]  # noqa: Y015
+    _WhichOneofArgType__persistence_mode: _TypeAlias = _typing.Literal["_persistence_mode", b"_persistence_mode"]  # noqa: Y015
     _WhichOneofReturnType__utilization_pct: _TypeAlias = _typing.Literal["utilization_pct"]  # noqa: Y015
     _WhichOneofArgType__utilization_pct: _TypeAlias = _typing.Literal["_utilization_pct", b"_utilization_pct"]  # noqa: Y015
     @_typing.overload
@@ -261,6 +267,8 @@ class Gpu(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pci_bus_id) -> _WhichOneofReturnType__pci_bus_id | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pci_device_id) -> _WhichOneofReturnType__pci_device_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__persistence_mode) -> _WhichOneofReturnType__persistence_mode | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__utilization_pct) -> _WhichOneofReturnType__utilization_pct | None: ...
 
@@ -803,12 +811,18 @@ class HostFacts(_message.Message):
     MEMLOCK_UNLIMITED_FIELD_NUMBER: _builtins.int
     ENGINES_FIELD_NUMBER: _builtins.int
     LISTENING_PORTS_FIELD_NUMBER: _builtins.int
+    AGENT_UID_FIELD_NUMBER: _builtins.int
+    SUDO_FIELD_NUMBER: _builtins.int
     ENGINES_DIR_FIELD_NUMBER: _builtins.int
     INSTALLED_ENGINES_FIELD_NUMBER: _builtins.int
     python_version: _builtins.str
     memlock_bytes: _builtins.int
     """RLIMIT_MEMLOCK (soft) of the agent; absent: unknown"""
     memlock_unlimited: _builtins.bool
+    agent_uid: _builtins.int
+    """the agent's real uid (proc_root/self/status)"""
+    sudo: _builtins.bool
+    """its user may `sudo -n`; unset: root, or unknown"""
     engines_dir: _builtins.str
     """where the agent installs engine versions"""
     @_builtins.property
@@ -831,25 +845,35 @@ class HostFacts(_message.Message):
         memlock_unlimited: _builtins.bool = ...,
         engines: _abc.Iterable[Global___EngineBinary] | None = ...,
         listening_ports: Global___IndexList | None = ...,
+        agent_uid: _builtins.int | None = ...,
+        sudo: _builtins.bool | None = ...,
         engines_dir: _builtins.str | None = ...,
         installed_engines: _abc.Iterable[Global___InstalledEngine] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "engines_dir", b"engines_dir", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "python_version", b"python_version"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "engines_dir", b"engines_dir", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "engines", b"engines", "engines_dir", b"engines_dir", "installed_engines", b"installed_engines", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "python_version", b"python_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "engines", b"engines", "engines_dir", b"engines_dir", "installed_engines", b"installed_engines", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__agent_uid: _TypeAlias = _typing.Literal["agent_uid"]  # noqa: Y015
+    _WhichOneofArgType__agent_uid: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid"]  # noqa: Y015
     _WhichOneofReturnType__engines_dir: _TypeAlias = _typing.Literal["engines_dir"]  # noqa: Y015
     _WhichOneofArgType__engines_dir: _TypeAlias = _typing.Literal["_engines_dir", b"_engines_dir"]  # noqa: Y015
     _WhichOneofReturnType__memlock_bytes: _TypeAlias = _typing.Literal["memlock_bytes"]  # noqa: Y015
     _WhichOneofArgType__memlock_bytes: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes"]  # noqa: Y015
     _WhichOneofReturnType__python_version: _TypeAlias = _typing.Literal["python_version"]  # noqa: Y015
     _WhichOneofArgType__python_version: _TypeAlias = _typing.Literal["_python_version", b"_python_version"]  # noqa: Y015
+    _WhichOneofReturnType__sudo: _TypeAlias = _typing.Literal["sudo"]  # noqa: Y015
+    _WhichOneofArgType__sudo: _TypeAlias = _typing.Literal["_sudo", b"_sudo"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__agent_uid) -> _WhichOneofReturnType__agent_uid | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__engines_dir) -> _WhichOneofReturnType__engines_dir | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memlock_bytes) -> _WhichOneofReturnType__memlock_bytes | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__python_version) -> _WhichOneofReturnType__python_version | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sudo) -> _WhichOneofReturnType__sudo | None: ...
 
 Global___HostFacts: _TypeAlias = HostFacts  # noqa: Y015
 

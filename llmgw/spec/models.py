@@ -299,6 +299,11 @@ class Node(Strict):
         "`local` node a path starting with `./` or `../` is relative to the cluster directory.",
     )
     cordoned: bool = Field(False, description="No new replicas are placed here.")
+    drain: bool = Field(
+        False,
+        description="Cordoned, and what runs here moves: each replica is re-created on another "
+        "node before its units here are removed (`llmgw node remove` sets it).",
+    )
     engine_ports_from: Port = Field(
         18000,
         description="Engines on this node listen on free ports from this one upward (one "

@@ -30,12 +30,21 @@ def test_query_commands() -> None:
     ]
 
 
-@pytest.mark.parametrize("node", ["h100-ib", "a100-roce", "l40s-nofabric", "faulty", "old-driver"])
+@pytest.mark.parametrize("node", ["h100-ib", "a100-roce", "l40s-nofabric", "faulty", "old-driver",
+                                  "a100-mig"])
 def test_each_fixture_node_answers_the_exact_queries(node: str) -> None:
     """The stand-ins answer only what discovery asks: a drifted flag fails here."""
     smi = str(NODES / node / "nvidia-smi")
     query = subprocess.run(gpus.query_command(smi), capture_output=True, text=True, check=True)
     assert query.stdout == (NODES / node / "query-gpu.csv").read_text()
+    identity = subprocess.run(gpus.identity_command(smi), capture_output=True, text=True)
+    if node == "old-driver":  # before R450: the MIG field makes it refuse the whole query
+        assert identity.returncode != 0
+    else:
+        assert identity.stdout == (NODES / node / "identity.csv").read_text()
+        found = gpus.parse_identity(identity.stdout)
+        assert {i.persistence_mode for i in found.values()} == (
+            {"Disabled"} if node == "a100-mig" else {"Enabled"})
     apps = subprocess.run(gpus.processes_command(smi), capture_output=True, text=True, check=True)
     assert apps.stdout == (NODES / node / "compute-apps.csv").read_text()
     wrong = subprocess.run([smi, "--query-gpu=index", "--format=csv"], capture_output=True)
@@ -118,7 +127,19 @@ def test_unknown_memory_still_gets_a_class_from_the_name() -> None:
 
 def test_identity_query() -> None:
     assert gpus.identity_command() == [
-        "nvidia-smi", "--query-gpu=uuid,pci.device_id,mig.mode.current", "--format=csv,nounits"]
+        "nvidia-smi", "--query-gpu=uuid,pci.device_id,mig.mode.current,persistence_mode",
+        "--format=csv,nounits"]
+
+
+def test_persistence_mode_read_by_column_name() -> None:
+    text = ("uuid, persistence_mode\nGPU-566bf9d7-c55a-45f8-d1a6-e55e9b9b1325, Enabled\n"
+            "GPU-5d96cf7f-265b-eda9-cf0c-26ef4243ed52, Disabled\n"
+            "GPU-5e6a0a2e-dd70-e34d-c1d7-7cffb7decc0c, [N/A]\n")
+    found = gpus.parse_identity(text)
+    assert [i.persistence_mode for i in found.values()] == ["Enabled", "Disabled", None]
+    [record] = gpus.with_identity([gpus.GpuRecord(0, "GPU-5d96cf7f-265b-eda9-cf0c-26ef4243ed52",
+                                                  "NVIDIA H100 80GB HBM3")], found)
+    assert gpus.build([record])[0].persistence_mode == "Disabled"
 
 
 def test_mig_mode_from_a_recorded_query_read_by_column_name() -> None:

@@ -27,6 +27,8 @@ class FakeNvml:
     NVML_P2P_CAPS_INDEX_NVLINK = 2
     NVML_P2P_STATUS_OK = 0
     NVML_P2P_STATUS_NOT_SUPPORTED = 5
+    NVML_FEATURE_DISABLED = 0
+    NVML_FEATURE_ENABLED = 1
 
     def __init__(self, count: int = 8, init_error: Exception | None = None,
                  nvlink: bool = True, ecc: bool = True) -> None:
@@ -69,6 +71,11 @@ class FakeNvml:
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
         return SimpleNamespace(gpu=0, memory=0)
 
+    def nvmlDeviceGetPersistenceMode(self, h: int) -> int:
+        if not self.ecc:  # the same cards: GeForce boards answer Not Supported
+            raise NotSupported("Not Supported")
+        return self.NVML_FEATURE_DISABLED if h == 5 else self.NVML_FEATURE_ENABLED
+
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
         return [SimpleNamespace(pid=4242, usedGpuMemory=510 * 1048576)] if h == 2 else []
 
@@ -88,6 +95,7 @@ def test_hgx_board_every_gpu_reaches_the_others_over_nvlink() -> None:
         "NVIDIA H100 80GB HBM3", 81559, "9.0", 2
     )
     assert snapshot.gpus[0].pci_bus_id == "00000000:18:00.0"
+    assert [g.persistence_mode for g in snapshot.gpus][4:6] == ["Enabled", "Disabled"]
     [proc] = snapshot.processes
     assert (proc.gpu_uuid, proc.pid, proc.name, proc.used_memory_mib) == (
         snapshot.gpus[2].uuid, 4242, "python3", 510
@@ -99,6 +107,7 @@ def test_pcie_cards_have_no_peers_and_unsupported_fields_are_absent() -> None:
     assert snapshot is not None
     assert [g.nvlink_peers for g in snapshot.gpus] == [(), ()]
     assert [g.ecc_uncorrected for g in snapshot.gpus] == [None, None]
+    assert [g.persistence_mode for g in snapshot.gpus] == [None, None]
 
 
 def test_nvml_that_does_not_initialise_is_a_reason_not_an_error() -> None:

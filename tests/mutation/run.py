@@ -5,7 +5,12 @@ only the tests that are meant to hold its rules (the list beside it), in a
 scratch copy of the tree under ``.cache/mutation/<module>``, so the working
 tree is never touched and modules never share results. It prints one line per
 module — mutants, killed, survived, score — and, with ``--survivors``, the
-diff of every surviving mutant. Accepted survivors (equivalent mutants, or
+diff of every surviving mutant. ``--sample N`` tests N mutants per module,
+drawn with a seed made of the module's name (the same code gives the same
+sample, so a score before and after new tests compares like with like);
+each mutant that survives them, or that mutmut saw no test reach, is then
+run against *every* test in the module's test files and counts as caught
+when they fail, as survived when they pass. Accepted survivors (equivalent mutants, or
 ones argued harmless) are listed with their reasons in docs/testing.md;
 ``--check`` exits 1 when a module scores under ``--min`` (default 90 %).
 
@@ -17,12 +22,15 @@ Usage::
     python tests/mutation/run.py                      # every module
     python tests/mutation/run.py rendering/quoting    # one module, by suffix
     python tests/mutation/run.py --survivors planning/scaling
+    python tests/mutation/run.py --sample 60 planning/plans
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import shutil
 import subprocess
 import sys
@@ -47,13 +55,17 @@ MODULES: dict[str, list[str]] = {
     "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
     "planning/fingerprints.py": [*PLANNING, "tests/planning/test_fingerprints.py"],
     "planning/installs.py": PLANNING,
-    "planning/nodes.py": [*PLANNING, "tests/planning/test_nodes.py"],
+    "planning/nodes.py": [*PLANNING, "tests/planning/test_nodes.py",
+                          "tests/planning/test_fabric_changes.py"],
     "planning/outputs.py": PLANNING,
-    "planning/placements.py": [*PLANNING, "tests/planning/test_placements.py"],
+    "planning/placements.py": [*PLANNING, "tests/planning/test_placements.py",
+                               "tests/planning/test_fabric_changes.py"],
     "planning/plans.py": PLANNING,
-    "planning/replicas.py": PLANNING,
+    "planning/replicas.py": [*PLANNING, "tests/planning/test_replicas.py"],
     "planning/scaling.py": [*PLANNING, "tests/planning/test_scaling.py"],
-    "planning/shards.py": PLANNING,
+    "planning/shards.py": [*PLANNING, "tests/planning/test_shards.py",
+                           "tests/planning/test_weights_plan.py",
+                           "tests/planning/test_engine_placements.py"],
     "rendering/quoting.py": RENDERING,
     "rendering/units.py": RENDERING,
     "spec/checks.py": ["tests/spec/test_broken_corpus.py", "tests/spec/test_cli.py"],
@@ -75,7 +87,8 @@ MODULES: dict[str, list[str]] = {
 }
 
 # Copied into each scratch tree besides llmgw/ and tests/ (mutmut copies those).
-ALSO_COPY = ["templates", "llmgw/templates", "llmgw/proto", "llmgw/py.typed", "cluster.example"]
+ALSO_COPY = ["templates", "llmgw/templates", "llmgw/proto", "llmgw/py.typed", "cluster.example",
+             "docs"]
 
 STATUS = {1: "killed", 3: "killed", 0: "survived", 36: "timeout", 24: "timeout",
           -24: "timeout", 152: "timeout", 255: "timeout", 5: "no tests", 33: "no tests",
@@ -117,8 +130,9 @@ def _prepare(module: str, tests: list[str]) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
-    # .github: templates/llmgw-plan.yml links to the workflow there.
-    for name in ("llmgw", "tests", "templates", "cluster.example", ".github"):
+    # .github: templates/llmgw-plan.yml links to the workflow there; docs: the spec CLI
+    # tests compare the generated cluster reference with docs/cluster-reference.md.
+    for name in ("llmgw", "tests", "templates", "cluster.example", ".github", "docs"):
         source = ROOT / name
         if source.exists():
             shutil.copytree(source, work / name, symlinks=True, ignore=ignore)
@@ -127,13 +141,44 @@ def _prepare(module: str, tests: list[str]) -> Path:
     return work
 
 
-def _run(module: str, tests: list[str], mutmut: str) -> Score:
+# Prints every mutant name mutmut would make of one file, without running anything.
+_NAMES = """
+import json, sys
+from pathlib import Path
+from mutmut.mutation.file_mutation import mutate_file_contents
+from mutmut.utils.format_utils import get_mutant_name
+path = Path(sys.argv[1])
+made = mutate_file_contents(str(path), path.read_text())
+print(json.dumps([get_mutant_name(path, name) for name in made.mutant_names]))
+"""
+
+
+def _sample(work: Path, module: str, size: int) -> list[str]:
+    listed = subprocess.run([sys.executable, "-c", _NAMES, f"llmgw/{module}"], cwd=work,
+                            capture_output=True, text=True, check=True)
+    names: list[str] = json.loads(listed.stdout)
+    if len(names) <= size:
+        return names
+    return sorted(random.Random(module).sample(names, size))
+
+
+def _pytest(work: Path, tests: list[str], mutant: str) -> int:
+    """Exit status of every test in ``tests`` with ``mutant`` active ("" for none)."""
+    env = {**os.environ, "MUTANT_UNDER_TEST": mutant}
+    command = [sys.executable, "-m", "pytest", "--rootdir=.", "-p", "no:cacheprovider", "-q",
+               "-x", *tests]
+    return subprocess.run(command, cwd=work / "mutants", env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode
+
+
+def _run(module: str, tests: list[str], mutmut: str, sample: int = 0) -> Score:
     work = _prepare(module, tests)
     started = time.monotonic()
     log = work / "mutmut.log"
+    chosen = _sample(work, module, sample) if sample else []
     with log.open("w") as out:
-        done = subprocess.run([mutmut, "run"], cwd=work, stdout=out, stderr=subprocess.STDOUT)
-    seconds = time.monotonic() - started
+        done = subprocess.run([mutmut, "run", *chosen], cwd=work, stdout=out,
+                              stderr=subprocess.STDOUT)
     meta = work / "mutants" / "llmgw" / f"{module}.meta"
     if done.returncode != 0 or not meta.exists():
         tail = log.read_text(errors="replace").splitlines()[-15:]
@@ -144,9 +189,20 @@ def _run(module: str, tests: list[str], mutmut: str) -> Score:
     for name, code in sorted(exits.items()):
         status = STATUS.get(code, "suspicious") if code is not None else "not checked"
         counts[status] = counts.get(status, 0) + 1
-        if status == "survived":
+        if status == "survived" or (sample and status == "no tests"):
             survivors.append(name)
-    return Score(module, counts, survivors, seconds)
+    if sample and survivors:
+        # mutmut ran only the tests it saw reach the mutated function (none, for
+        # "no tests"); the module's whole test files get the last word, after they
+        # pass with no mutant.
+        if _pytest(work, tests, "") != 0:
+            raise SystemExit(f"{module}: its tests fail with no mutant active (in {work})")
+        caught = [name for name in survivors if _pytest(work, tests, name) != 0]
+        counts.pop("no tests", None)
+        counts["killed"] = counts.get("killed", 0) + len(caught)
+        counts["survived"] = len(survivors) - len(caught)
+        survivors = [name for name in survivors if name not in caught]
+    return Score(module, counts, survivors, time.monotonic() - started)
 
 
 def _show(work: Path, mutant: str, mutmut: str) -> str:
@@ -160,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--survivors", action="store_true", help="print each survivor's diff")
     parser.add_argument("--check", action="store_true", help="exit 1 below --min")
     parser.add_argument("--min", type=float, default=90.0, help="score to reach, percent")
+    parser.add_argument("--sample", type=int, default=0,
+                        help="test this many mutants per module (0: every one)")
     args = parser.parse_args(argv)
     mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent))
     if mutmut is None:
@@ -174,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'score':>7} {'time':>6}")
     for index, module in enumerate(chosen, 1):
         print(f"[{index}/{len(chosen)}] mutating llmgw/{module} …", file=sys.stderr, flush=True)
-        score = _run(module, MODULES[module], mutmut)
+        score = _run(module, MODULES[module], mutmut, args.sample)
         scores.append(score)
         print(f"{module:28} {score.tested:7} {score.counts.get('killed', 0):7} "
               f"{score.counts.get('timeout', 0):7} {len(score.survivors):8} "

@@ -37,6 +37,12 @@ FIXTURE_FAULTS = {
     "a100-roce": [],
     "faulty": ["gpu-ecc", "gpu-processes", "fabric-ports"],  # GPU 3 ECC, GPU 6 held, mlx5_2 INIT
     "old-driver": ["fabric-adapters", "memlock"],  # mlx5_0 absent, memlock 64 KiB
+    "a100-mig": ["sudo", "gpu-mig"],  # agent uid 1000 without sudo, GPU 0 in MIG mode
+}
+# And every fixture condition that is worth a warning, not a failure.
+FIXTURE_WARNINGS = {
+    "old-driver": ["nvidia-driver"],  # before R450: no MIG, persistence, device id query
+    "a100-mig": ["gpu-persistence"],  # persistence mode off on every GPU
 }
 
 
@@ -61,12 +67,15 @@ def test_each_fixture_fault_is_exactly_one_failing_check(hardware: str) -> None:
     findings = doctors.examine(hardware, spec, report, ctx)
     assert [f.check for f in findings] == ["ssh", *(name for name, _ in doctors.CHECKS)]
     assert failing(findings) == FIXTURE_FAULTS[hardware], findings
+    assert [f.check for f in findings if f.status == "warning"] == FIXTURE_WARNINGS.get(
+        hardware, []), findings
     assert all(f.fix for f in findings if f.status != "ok")
 
 
 def report(**fields: Any) -> NodeReport:
     base: dict[str, Any] = {"node": "n", "agent_version": __version__, "collected_at": NOW,
-                            "host": HostFacts(python_version="3.11.7", listening_ports=[])}
+                            "host": HostFacts(python_version="3.11.7", listening_ports=[],
+                                              agent_uid=0)}
     return NodeReport(**{**base, **fields})
 
 
@@ -112,6 +121,28 @@ H100 = Gpu(index=0, uuid="GPU-1", name="NVIDIA H100 80GB HBM3", gpu_class="h100-
     pytest.param("gpu-ecc", {}, {"gpus": [H100.model_copy(update={"ecc_uncorrected": 2})]},
                  (), "fail", "uncorrected ECC errors: GPU 0 (2 errors); placement skips it",
                  id="ecc"),
+    pytest.param("sudo", {}, {"host": HostFacts(agent_uid=0, listening_ports=[])}, (), "ok",
+                 "the agent runs as root", id="root"),
+    pytest.param("sudo", {}, {"host": HostFacts(agent_uid=998, sudo=True, listening_ports=[])},
+                 (), "ok", "the agent runs as uid 998, with password-less sudo", id="sudo"),
+    pytest.param("sudo", {}, {"host": HostFacts(agent_uid=998, sudo=False, listening_ports=[])},
+                 (), "fail", "the agent runs as uid 998, which may not sudo without a password",
+                 id="no-sudo"),
+    pytest.param("sudo", {}, {"host": HostFacts(listening_ports=[])}, (), "warning",
+                 "the agent did not report its uid", id="uid-unknown"),
+    pytest.param("gpu-mig", {}, {"gpus": [H100.model_copy(update={"mig_mode": "Enabled"})]},
+                 (), "fail", "MIG mode on GPU 0 (split into instances); engines take whole "
+                 "GPUs, so placement skips it", id="mig"),
+    pytest.param("gpu-mig", {}, {"gpus": [H100.model_copy(update={"mig_mode": "Disabled"})]},
+                 (), "ok", "MIG off on every GPU that has it", id="mig-off"),
+    pytest.param("gpu-persistence", {},
+                 {"gpus": [H100.model_copy(update={"persistence_mode": "Disabled"})]}, (),
+                 "warning", "persistence mode off on GPU 0: the driver lets go of an idle GPU, "
+                 "and the next engine start waits for it to be set up again",
+                 id="persistence-off"),
+    pytest.param("gpu-persistence", {},
+                 {"gpus": [H100.model_copy(update={"persistence_mode": "Enabled"})]}, (),
+                 "ok", "persistence mode on every GPU", id="persistence-on"),
 ])
 def test_check_table(check: str, node: dict[str, Any], observed: dict[str, Any],
                      engines: tuple[str, ...], status: str, detail: str) -> None:
@@ -133,7 +164,7 @@ def test_unreachable_node_gets_only_the_ssh_check() -> None:
 
 @pytest.mark.skipif(not shutil.which(nodes.SSHD), reason="sshd not installed")
 def test_doctor_over_sshd_names_each_fault_and_exits_1(sim_cluster: SimClusterFactory) -> None:
-    sim = sim_cluster(3, hardware=["h100-ib", "faulty", "old-driver"])
+    sim = sim_cluster(4, hardware=["h100-ib", "faulty", "old-driver", "a100-mig"])
     directory = sim.write_cluster()
 
     def doctor(*args: str) -> subprocess.CompletedProcess[str]:
@@ -146,7 +177,7 @@ def test_doctor_over_sshd_names_each_fault_and_exits_1(sim_cluster: SimClusterFa
     data = json.loads(result.stdout)
     got = {n: [f["check"] for f in fs if f["status"] == "fail"] for n, fs in data["nodes"].items()}
     assert got == {"node-01": [], "node-02": FIXTURE_FAULTS["faulty"],
-                   "node-03": FIXTURE_FAULTS["old-driver"]}
+                   "node-03": FIXTURE_FAULTS["old-driver"], "node-04": FIXTURE_FAULTS["a100-mig"]}
     ssh = {n: fs[0]["detail"] for n, fs in data["nodes"].items()}
     assert set(ssh.values()) == {"agent reached through SSH, host key pinned"}
 

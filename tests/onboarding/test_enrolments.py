@@ -99,6 +99,19 @@ def test_node_add_takes_a_bare_node_to_a_reporting_agent(
     assert "nodes.yaml bare-01 unchanged" in again.stdout
     assert (cluster / "nodes.yaml").read_text() == nodes_yaml
 
+    # Removed with --uninstall: its entry and key go, its agent stops, its prefix is deleted.
+    agent = int((Path(prefix) / "run" / "agent.pid").read_text())
+    removed = llmgw("node", "remove", "bare-01", "--uninstall", "--cluster", str(cluster),
+                    cwd=tmp_path)
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    assert "units      none left on bare-01" in removed.stdout
+    assert f"agent      stopped, and {prefix} deleted" in removed.stdout
+    assert not nodes._alive(agent) and not Path(prefix).exists()
+    assert (cluster / "nodes.yaml").read_text() == (
+        "# Our machines, one entry each (`llmgw node add`).\nnodes:\n"
+        "  old-01:  # the first box\n    address: 10.9.9.9\n    labels: {rack: \"1\"}\n")
+    assert (cluster / "known_hosts").read_text() == ""
+
 
 def test_preflight_stops_before_any_change() -> None:
     facts = enrolments.parse_preflight(

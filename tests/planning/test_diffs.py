@@ -38,6 +38,8 @@ def _argv(*extra: str) -> list[str]:
         pytest.param(BASE, {}, [], id="same-spec-nothing"),
         pytest.param(_with(engine="sglang"), {}, ["engine changed: vllm → sglang"],
                      id="engine"),
+        pytest.param(_with(engine_version="0.5.23"), {},
+                     ["engine version changed: none → 0.5.23"], id="engine-version-pinned"),
         pytest.param(_with(source="org/n"), {}, ["source changed: org/m → org/n"], id="source"),
         pytest.param(_with(gpu_class=None), {}, ["GPU class changed: l40s-45g → none"],
                      id="gpu-class-to-cpu"),
@@ -147,3 +149,10 @@ def test_explain_lists_every_difference_in_order() -> None:
 )
 def test_parse_argv(argv: list[str], positional: list[str], options: dict[str, Any]) -> None:
     assert diffs.parse_argv(argv) == (positional, options)
+
+
+def test_engine_upgrade_names_both_versions() -> None:
+    old = _with(engine_version="0.5.22")
+    assert diffs.explain(old, _with(engine_version="0.5.23")) == [
+        "engine version changed: 0.5.22 → 0.5.23"]
+    assert diffs.explain(old, BASE) == ["engine version changed: 0.5.22 → none"]

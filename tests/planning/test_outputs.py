@@ -121,9 +121,25 @@ def test_markdown_is_bounded_and_says_what_it_left_out() -> None:
     assert len(comment) <= outputs.MARKDOWN_LIMIT
     assert comment.index("| model |") < comment.index("<details>")  # summary table first
     assert "**GPUs by class**" in comment
-    assert "left out to stay under 60,000 characters" in comment
+    assert "more models left out to stay under 60,000 characters" in comment
     small = outputs.markdown(plan, limit=8_000)
     assert len(small) <= 8_000 and "more rows: run `llmgw plan`" in small
+
+
+def test_no_changes_says_whether_the_fleet_matches() -> None:
+    cases = Path(__file__).parent / "cases"
+    stuck = run_case(load_case(next(cases.glob("48-*.yaml"))))[0]
+    assert not stuck.changes and stuck.unplaceable
+    assert ("No changes can be made, and the fleet does not match the cluster: replicas "
+            "cannot be placed (see below).") in outputs.text(stuck)
+
+
+def test_markdown_names_each_replace_strategy() -> None:
+    cases = Path(__file__).parent / "cases"
+    destroy_first = outputs.markdown(run_case(load_case(next(cases.glob("21-*.yaml"))))[0])
+    create_first = outputs.markdown(run_case(load_case(next(cases.glob("22-*.yaml"))))[0])
+    assert "| replace: destroy, then create |" in destroy_first
+    assert "| replace: create before destroy |" in create_first
 
 
 @pytest.mark.parametrize(

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from plan_builders import cluster_from, fleet_from
 
-from llmgw.fleet.types import SourceFacts
-from llmgw.planning import placements
+from llmgw.fleet.types import Fleet, SourceFacts, Unit
+from llmgw.planning import placements, replicas, shards
 from llmgw.planning.nodes import GIB, Capacity
-from llmgw.planning.placements import Placement, Request, Slot, label, misfits, place
+from llmgw.planning.placements import Placement, Request, Slot, current, label, misfits, place
+from llmgw.planning.replicas import ObservedReplica
 from llmgw.planning.types import Attempt
 from llmgw.spec.models import Profile
 
@@ -275,3 +277,229 @@ def test_multi_why_not_local_or_unreachable() -> None:
         "gpu-01": "address is local; a replica across nodes needs a reachable address",
         "gpu-02": "unreachable: refused",
     }
+
+
+# -- current(): a running replica's place, rebuilt from its units' specs --------
+
+
+def running(capacity: Capacity, fleet: Fleet, placement: Placement,
+            drop: int | None = None) -> ObservedReplica:
+    """The replica an agent would report after ``placement`` started (less shard ``drop``)."""
+    cluster = capacity_cluster[id(capacity)]
+    units: dict[str, list[Unit]] = {name: [] for name in fleet.nodes}
+    for shard in shards.build(cluster, fleet.nodes, "m", 3, placement):
+        if shard.rank == drop:
+            continue
+        units[shard.node].append(Unit(
+            name=shard.unit, model="m", replica=3, rank=shard.rank, digest=shard.digest,
+            state="ready", port=shard.port,
+            labels={shards.SPEC_LABEL: shards.spec_json(shard.spec)}))
+    seen = Fleet(nodes={name: report.model_copy(update={"units": units[name]})
+                        for name, report in fleet.nodes.items()})
+    return replicas.collect(cluster, seen).replicas[("m", 3)]
+
+
+capacity_cluster: dict[int, Any] = {}
+
+
+def two_profiles(second: dict[str, Any], fleet: dict[str, Any] | None = None,
+                 ) -> tuple[Capacity, Fleet, Profile]:
+    """A cluster whose model's profile 1 is ``second``; returns it with its capacity."""
+    cluster = cluster_from({
+        "fabrics": {"ib-a": {"kind": "infiniband"}},
+        "nodes": {"gpu-01": node("10.0.0.1"), "gpu-02": node("10.0.0.2"),
+                  "cpu-01": {"address": "10.0.0.3", "memory": "64GiB"}},
+        "models": {"m": {"source": "/models/m", "profiles": [VLLM2, second]}},
+    })
+    observed = fleet_from(cluster, fleet, None, NOW)
+    capacity = Capacity(cluster, observed)
+    capacity_cluster[id(capacity)] = cluster
+    return capacity, observed, cluster.models["m"].profiles[1]
+
+
+@pytest.mark.parametrize("profile", [
+    {**MULTI, "engine": "sglang"},  # rank 1 holds a health port of its own
+    MULTI,  # rank 1 holds no port at all
+    VLLM2,
+    CPU,
+])
+def test_current_gives_back_the_placement_a_replica_started_from(
+        profile: dict[str, Any]) -> None:
+    capacity, fleet, spec = two_profiles(profile)
+    placed = place(capacity, Request("m", 1, spec, "/models/m"))
+    assert isinstance(placed, Placement)
+    assert current(capacity, running(capacity, fleet, placed)) == placed
+
+
+def test_current_numbers_and_ports_come_from_the_right_shard() -> None:
+    capacity, fleet, spec = two_profiles({**MULTI, "engine": "sglang"})
+    placed = place(capacity, Request("m", 1, spec, "/models/m"))
+    assert isinstance(placed, Placement)
+    rebuilt = current(capacity, running(capacity, fleet, placed))
+    assert rebuilt is not None
+    assert (rebuilt.profile, rebuilt.fabric, rebuilt.memory) == (1, "ib-a", 0)
+    head, second = rebuilt.slots
+    assert (head.node, head.port, head.dist_port, head.aux_port) == ("gpu-01", 18000, 18001, None)
+    assert (second.node, second.port, second.dist_port, second.aux_port) == (
+        "gpu-02", None, None, 18000)
+    assert (head.gpus, head.gpu_uuids, head.gpu_class) == (
+        (0, 1), ("GPU-gpu-01-00", "GPU-gpu-01-01"), "h100-80g")
+
+
+def test_current_memory_of_a_cpu_replica() -> None:
+    capacity, fleet, spec = two_profiles(CPU)
+    placed = place(capacity, Request("m", 1, spec, "/models/m"))
+    assert isinstance(placed, Placement)
+    rebuilt = current(capacity, running(capacity, fleet, placed))
+    assert rebuilt is not None and rebuilt.memory == 24 * GIB
+    assert rebuilt.slots == (Slot("cpu-01", None, (), (), port=18000),)
+
+
+def test_current_of_a_replica_with_a_shard_missing_is_none() -> None:
+    capacity, fleet, spec = two_profiles(MULTI)
+    placed = place(capacity, Request("m", 1, spec, "/models/m"))
+    assert isinstance(placed, Placement)
+    assert current(capacity, running(capacity, fleet, placed, drop=1)) is None
+    assert current(capacity, running(capacity, fleet, placed, drop=0)) is None
+
+
+def test_current_of_a_replica_whose_specs_name_no_nodes_is_none() -> None:
+    capacity, fleet, spec = two_profiles(VLLM2)
+    placed = place(capacity, Request("m", 1, spec, "/models/m"))
+    assert isinstance(placed, Placement)
+    replica = running(capacity, fleet, placed)
+    for nodes in ([], None):
+        member = replica.members[0]
+        head = {**(member.spec or {}), "nodes": nodes}
+        if nodes is None:
+            del head["nodes"]
+        replica.members[0] = replace(member, spec=head)
+        assert current(capacity, replica) is None
+
+
+def test_current_marks_a_gpu_the_node_no_longer_reports() -> None:
+    capacity, fleet, spec = two_profiles(VLLM2)
+    placed = Placement(1, (Slot("gpu-01", "h100-80g", (2, 3),
+                                ("GPU-gpu-01-02", "GPU-gone"), port=18000),))
+    rebuilt = current(capacity, running(capacity, fleet, placed))
+    assert rebuilt is not None and rebuilt.slots[0].gpus == (2, -1)
+
+
+# -- one profile's node_selector is that profile's only -------------------------
+
+
+def test_a_selector_leaves_no_node_excluded_for_the_next_profile() -> None:
+    picky = {**VLLM2, "node_selector": {"zone": "b"}}
+    capacity, spec = setup(picky)
+    plain = Profile.model_validate(VLLM2)
+    result = place(capacity, Request("m", 0, spec, "/models/m"))
+    assert reasons(result) == {
+        "gpu-01": "node_selector wants zone=b; the node has zone=a",
+        "gpu-02": "node_selector wants zone=b; the node has no such label"}
+    assert [n.excluded for n in capacity.nodes.values()] == [None, None]
+    assert on(place(capacity, Request("m", 0, plain, "/models/m"))) == "gpu-01"
+    capacity.take("gpu-01", [0, 1, 2, 3], [], 0, "x", "x/r0")
+    capacity.take("gpu-02", [0, 1, 2, 3], [], 0, "x", "x/r1")
+    assert reasons(place(capacity, Request("m", 0, plain, "/models/m"))) == {
+        "gpu-01": "0 free h100-80g, needs 2", "gpu-02": "0 free h100-80g, needs 2"}
+
+
+# -- ranking: NVLink, then spreading, then weights, then the tightest fit -------
+
+
+def ranked(fleet: dict[str, Any], held: dict[str, list[tuple[list[int], str]]],
+           profile: dict[str, Any] = VLLM2, count: int = 4) -> Placement | Attempt:
+    nodes = {"gpu-01": {**node("10.0.0.1"), "gpus": [{"class": "h100-80g", "count": count}]},
+             "gpu-02": {**node("10.0.0.2"), "gpus": [{"class": "h100-80g", "count": count}]},
+             "gpu-03": {**node("10.0.0.3"), "gpus": [{"class": "h100-80g", "count": count}]}}
+    capacity, spec = setup(profile, fleet, nodes)
+    for name, takes in held.items():
+        for number, (gpus, model) in enumerate(takes):
+            capacity.take(name, gpus, [], 0, model, f"{model}/r{number}")
+    return place(capacity, Request("m", 0, spec, "/models/m"))
+
+
+WEIGHTS = {"weights": ["/models/m"]}
+
+
+@pytest.mark.parametrize(("fleet", "held", "winner"), [
+    # NVLink beats spreading: gpu-01 already runs m but has an NVLink pair free
+    ({"gpu-02": {"nvlink": "none"}, "gpu-03": {"nvlink": "none"}},
+     {"gpu-01": [([0], "m")]}, "gpu-01"),
+    # spreading beats the weights: gpu-01 has them, and already runs m
+    ({"gpu-01": WEIGHTS}, {"gpu-01": [([0], "m")]}, "gpu-02"),
+    # two replicas of m on gpu-01, one on gpu-02: the one with fewer
+    ({}, {"gpu-01": [([0], "m"), ([1], "m")], "gpu-02": [([0], "m")], "gpu-03": [([0], "m")]},
+     "gpu-02"),
+    # the weights beat the tightest fit
+    ({"gpu-03": WEIGHTS}, {"gpu-01": [([0, 1], "x")]}, "gpu-03"),
+    # the tightest fit beats the name
+    ({}, {"gpu-02": [([0], "x")]}, "gpu-02"),
+    ({}, {"gpu-03": [([0, 1], "x")], "gpu-02": [([0], "x")]}, "gpu-03"),
+    # otherwise the name
+    ({}, {}, "gpu-01"),
+])
+def test_single_node_ranking(fleet: dict[str, Any], held: dict[str, Any], winner: str) -> None:
+    assert on(ranked(fleet, held)) == winner
+
+
+def members(result: Placement | Attempt) -> tuple[str | None, list[str]]:
+    assert isinstance(result, Placement), result
+    return result.fabric, [slot.node for slot in result.slots]
+
+
+def two_fabrics(fleet: dict[str, Any], held: dict[str, list[tuple[list[int], str]]],
+                ) -> Placement | Attempt:
+    """gpu-01 and gpu-02 on fabric ib-a, gpu-03 and gpu-04 on ib-b; which pair wins."""
+    def on_fabric(address: str, fabric: str) -> dict[str, Any]:
+        return {**node(address), "fabrics": {fabric: ["mlx5_0"]}}
+    cluster = cluster_from({
+        "fabrics": {"ib-a": {"kind": "infiniband"}, "ib-b": {"kind": "infiniband"}},
+        "nodes": {"gpu-01": on_fabric("10.0.0.1", "ib-a"), "gpu-02": on_fabric("10.0.0.2", "ib-a"),
+                  "gpu-03": on_fabric("10.0.0.3", "ib-b"), "gpu-04": on_fabric("10.0.0.4", "ib-b")},
+        "models": {"m": {"source": "/models/m", "profiles": [MULTI]}},
+    })
+    capacity = Capacity(cluster, fleet_from(cluster, fleet, None, NOW))
+    for name, takes in held.items():
+        for number, (gpus, model) in enumerate(takes):
+            capacity.take(name, gpus, [], 0, model, f"{model}/r{number}")
+    return place(capacity, Request("m", 0, cluster.models["m"].profiles[0], "/models/m"))
+
+
+IB_A, IB_B = ("ib-a", ["gpu-01", "gpu-02"]), ("ib-b", ["gpu-03", "gpu-04"])
+
+
+@pytest.mark.parametrize(("fleet", "held", "winner"), [
+    # NVLink on every member beats spreading
+    ({"gpu-01": {"nvlink": "none"}}, {"gpu-03": [([0], "m")], "gpu-04": [([0], "m")]}, IB_B),
+    # spreading beats the weights
+    ({"gpu-01": WEIGHTS, "gpu-02": WEIGHTS}, {"gpu-01": [([0], "m")]}, IB_B),
+    # the weights beat the tightest fit
+    ({"gpu-03": WEIGHTS}, {"gpu-01": [([0], "x")], "gpu-02": [([0], "x")]}, IB_B),
+    # the tightest fit beats the fabric's name
+    ({}, {"gpu-03": [([0], "x")], "gpu-04": [([0], "x")]}, IB_B),
+    ({}, {"gpu-03": [([0], "x")]}, IB_B),
+    ({}, {"gpu-01": [([0], "x")]}, IB_A),
+    ({}, {}, IB_A),
+])
+def test_multi_node_ranking_between_fabrics(fleet: dict[str, Any], held: dict[str, Any],
+                                            winner: tuple[str, list[str]]) -> None:
+    assert members(two_fabrics(fleet, held)) == winner
+
+
+@pytest.mark.parametrize(("fleet", "held", "winners"), [
+    # NVLink on both nodes beats spreading
+    ({"gpu-03": {"nvlink": "none"}}, {"gpu-01": [([0], "m")], "gpu-02": [([0], "m")]},
+     ["gpu-01", "gpu-02"]),
+    # spreading beats the weights
+    ({"gpu-01": WEIGHTS, "gpu-02": WEIGHTS}, {"gpu-01": [([0], "m")]}, ["gpu-02", "gpu-03"]),
+    # the weights beat the tightest fit
+    ({"gpu-03": WEIGHTS}, {"gpu-01": [([0], "x")], "gpu-02": [([0], "x")]},
+     ["gpu-01", "gpu-03"]),
+    # the tightest fit beats the name
+    ({}, {"gpu-02": [([0], "x")], "gpu-03": [([0], "x")]}, ["gpu-02", "gpu-03"]),
+    ({}, {}, ["gpu-01", "gpu-02"]),
+])
+def test_multi_node_ranking_on_one_fabric(fleet: dict[str, Any], held: dict[str, Any],
+                                          winners: list[str]) -> None:
+    assert members(ranked(fleet, held, MULTI)) == ("ib-a", winners)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 from plan_builders import cluster_from, fleet_from
 
@@ -23,6 +24,7 @@ from llmgw.agent import unitfiles
 from llmgw.planning import plans
 from llmgw.planning.types import Plan, Shard
 from llmgw.rendering import quoting
+from llmgw.rendering.units import UNIT_TEMPLATE, UnitSpec, render
 
 NOW = 1_700_000_000.0
 STUBS = ("vllm", "ray", "python3", "llama-server")
@@ -252,3 +254,32 @@ def test_nul_never_reaches_a_unit(write: Any) -> None:
 def test_labels_refuse_anything_but_one_printable_line(text: str) -> None:
     with pytest.raises(ValueError, match="cannot be a unit label"):
         quoting.label(text)
+
+
+SHARD = UnitSpec(
+    name="llmgw-m-r0-s0.service", model="m", replica=0, rank=0, ranks=1, node="gpu-01",
+    engine="vllm", digest="0" * 16, spec_json="{}", argv=("vllm", "serve", "org/m"),
+    port=18000, served_name="m", user_env=(("MAX_JOBS", "4"),))
+
+
+def test_rendered_files_are_whole_lines_and_named_for_their_unit() -> None:
+    files = render(SHARD)
+    assert files.name == "llmgw-m-r0-s0.service"
+    assert files.unit_text.endswith("LimitMEMLOCK=infinity\n")
+    assert files.env_text.endswith("\nMAX_JOBS=\"4\"\n")
+
+
+@pytest.mark.parametrize(("env_dir", "named"), [
+    ("/srv/llmgw/env", "/srv/llmgw/env"), ("/srv/llmgw/env/", "/srv/llmgw/env"),
+    ("/srv/llmgw/env//", "/srv/llmgw/env"), ("/srv/env-X/", "/srv/env-X"),
+])
+def test_env_files_are_named_under_env_dir(env_dir: str, named: str) -> None:
+    text = render(SHARD, env_dir=env_dir).unit_text
+    assert f"EnvironmentFile=-{named}/llmgw-m-r0-s0.service.env\n" in text
+    assert f"EnvironmentFile=-{named}/llmgw-m-r0-s0.service.secret.env\n" in text
+
+
+def test_a_template_naming_a_missing_field_fails_instead_of_rendering_nothing() -> None:
+    environment = UNIT_TEMPLATE.environment
+    with pytest.raises(jinja2.UndefinedError):
+        environment.from_string("ExecStart={{ unit.argvs }}").render(unit=SHARD)

@@ -1,0 +1,175 @@
+"""``llmgw node remove NAME``: drain a node, then take it out of ``cluster/nodes.yaml``.
+
+Steps, each one line (:mod:`llmgw.onboarding.removals` has the rules):
+
+1. **plan** — every node's report, and a plan with the node draining. A
+   model whose every replica is on the node and fits nowhere else would be
+   left unservable: refused, nothing changed, unless ``--force``. So is an
+   unreachable node (nothing there can be moved or removed).
+2. **drain** — ``drain: true`` written into nodes.yaml (comments and order
+   kept; diff printed), then the moves applied: each replica created on
+   another node and Ready before its units here are removed.
+3. **units** — whatever llmgw unit is still on the node is removed.
+4. **remove** — the node's entry deleted from nodes.yaml, the diff printed
+   to commit; ``--stop-agent`` stops and disables its agent, ``--uninstall``
+   also deletes what ``node add`` installed; then its known_hosts line goes.
+
+A failed move stops at step 2 with the node left draining: running the
+command again picks up from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from llmgw.applying import executions
+from llmgw.cli import clusters
+from llmgw.cli.apply_cmd import Display
+from llmgw.cli.errors import UserError
+from llmgw.onboarding import removals, yamledits
+from llmgw.planning import outputs, plans
+from llmgw.proto.conversions import UnitChange
+from llmgw.spec.models import Cluster
+from llmgw.spec.quantities import count, parse_duration
+from llmgw.transport import hostkeys, pools
+from llmgw.transport.failures import NodeUnreachable
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    remove = commands.add_parser(
+        "remove", help="drain a node (move its replicas, remove its units), drop it from "
+        "nodes.yaml",
+        description="Move every replica off the node (each created elsewhere and Ready "
+        "before its units here go), remove its remaining units, then delete its entry from "
+        "nodes.yaml and its known_hosts line. Refuses when a model would be left with no "
+        "replica, unless --force.")
+    remove.add_argument("name", metavar="NAME")
+    remove.add_argument("--force", action="store_true",
+                        help="remove it even when a model is left unservable or the node is "
+                        "unreachable")
+    remove.add_argument("--stop-agent", action="store_true",
+                        help="then stop and disable the node's agent")
+    remove.add_argument("--uninstall", action="store_true",
+                        help="then stop the agent and delete what `node add` installed")
+    remove.add_argument("--ready-timeout", default="15m", metavar="DURATION",
+                        help="how long a moved replica may take to become Ready (default 15m)")
+    clusters.add_cluster_flag(remove)
+    remove.set_defaults(handler=run_remove)
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    try:
+        ready_timeout = parse_duration(args.ready_timeout)
+    except ValueError as exc:
+        raise UserError(f"--ready-timeout: {exc}") from None
+    cluster = clusters.load(args.cluster)
+    path = args.cluster / "nodes.yaml"
+    try:
+        yamledits.set_node_key(path.read_text(), args.name, "drain", True)
+    except (OSError, KeyError):
+        raise UserError(f"{path}: no node named {args.name!r} there (node remove edits "
+                        "nodes.yaml only)") from None
+    try:
+        return asyncio.run(_remove(cluster, args, ready_timeout))
+    except removals.RemoveError as exc:
+        raise UserError(str(exc)) from None
+
+
+async def _remove(cluster: Cluster, args: argparse.Namespace, ready_timeout: float) -> int:
+    name: str = args.name
+    path = args.cluster / "nodes.yaml"
+    async with pools.Pool(cluster, args.cluster) as pool:
+        fleet = await pool.fleet()
+        report = fleet.nodes[name]
+        if not report.reachable:
+            if not args.force:
+                raise UserError(f"{name} is unreachable ({report.error}): its replicas cannot "
+                                "be moved nor its units removed. Bring it back, or pass --force "
+                                "to drop it from nodes.yaml anyway (its units keep running "
+                                "there until the machine is wiped)")
+            say(f"plan       {name} unreachable: nothing moved, its units stay (--force)")
+        else:
+            drained = removals.draining(cluster, name)
+            plan = plans.plan(drained, fleet, time.time())
+            stuck = removals.stranded(plan, fleet, cluster, name)
+            refused = removals.refusals(stuck)
+            if refused and not args.force:
+                raise UserError(f"removing {name} would leave models unservable; nothing was "
+                                "changed:\n  - " + "\n  - ".join(refused) + "\nadd capacity "
+                                "for them elsewhere, or pass --force")
+            moves = removals.moves(plan, name)
+            say(f"plan       {count(len(report.units), 'unit')} on {name}; "
+                f"{count(len(moves.changes), 'replica')} to move first"
+                + (f", {len(stuck)} with nowhere to go (--force)" if stuck else ""))
+            if report.units:
+                _write(path, *yamledits.set_node_key(path.read_text(), name, "drain", True),
+                       f"nodes.yaml {name} draining (cordoned: nothing new lands there)")
+            if moves.changes:
+                sys.stdout.write(outputs.text(moves))
+                display = Display(sys.stdout)
+                outcome = await executions.execute(moves, pool, progress=display.step,
+                                                   ready_timeout=ready_timeout)
+                display.close()
+                if not outcome.ok:
+                    for item in outcome.failed:
+                        for error in item.errors:
+                            say(f"  {item.change.model} r{item.change.replica}: {error}")
+                    say(f"drain      failed: {name} stays in nodes.yaml, draining; run "
+                        "`llmgw node remove` again once the cause is fixed")
+                    return 1
+                say(f"drain      {outcome.summary()}")
+            await _remove_units(pool, name)
+    _write(path, *yamledits.remove_node(path.read_text(), name),
+           f"nodes.yaml {name} removed; commit this")
+    node = cluster.nodes[name]
+    code = 0
+    if args.stop_agent or args.uninstall:
+        try:  # before its key is forgotten: that is how it is reached
+            say("agent      " + await removals.stop_agent(cluster, args.cluster, name,
+                                                          uninstall=args.uninstall))
+        except removals.RemoveError as exc:
+            say(f"agent      not stopped: {exc}")
+            code = 1
+    known_hosts = Path(cluster.cluster.ssh.known_hosts).expanduser()
+    if not known_hosts.is_absolute():
+        known_hosts = args.cluster / known_hosts
+    port = node.ssh_port or cluster.cluster.ssh.port
+    if removals.forget_host(known_hosts, node.address, port):
+        say(f"host key   {hostkeys.entry(node.address, port)} forgotten in known_hosts")
+    return code
+
+
+async def _remove_units(pool: pools.Pool, name: str) -> None:
+    """Remove every llmgw unit still on ``name``; raise when one cannot be."""
+    left = (await pool.report(name)).units
+    if not left:
+        say(f"units      none left on {name}")
+        return
+    changes = [UnitChange(u.name, "", action="remove") for u in left]
+    try:
+        results = await pool.call(name, lambda agent: agent.apply_units(changes))
+    except NodeUnreachable as exc:
+        raise removals.RemoveError(f"{name}: units not removed ({exc}); it stays in "
+                                   "nodes.yaml, draining") from None
+    failed = [f"{r.name}: {r.error}" for r in results if not r.ok]
+    if failed:
+        raise removals.RemoveError(f"{name}: units not removed: {'; '.join(failed)}; it stays "
+                                   "in nodes.yaml, draining")
+    say(f"units      {len(left)} removed from {name}: {', '.join(u.name for u in left)}")
+
+
+def _write(path: Path, after: str, diff: str, line: str) -> None:
+    if not diff:
+        return
+    path.write_text(after)
+    say(f"{line}:\n")
+    sys.stdout.write(diff)
+    say("")
