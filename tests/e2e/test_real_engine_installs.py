@@ -19,6 +19,7 @@ import asyncio
 import os
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -183,17 +184,28 @@ def test_an_engine_upgrade_by_plain_apply_never_stops_answering(
             client.completions.create(model="gemma", prompt="Hello", max_tokens=2)
 
     switch: list[int] = []  # the new replica's port once it is Ready
+    coming: list[int] = []  # the new replica's port once its unit exists
 
     def watch() -> None:
-        while not done.is_set() and not switch:
-            fresh = new_ready()
-            if fresh is not None and fresh.port is not None:
-                switch.append(fresh.port)
-            done.wait(0.5)
+        while not done.is_set() and not coming:
+            units = [u for u in pool_report(directory).units
+                     if u.model == "gemma" and u.replica != old.replica and u.port]
+            if units and units[0].port is not None:
+                coming.append(units[0].port)
+            done.wait(0.2)
+
+    def healthy(port: int) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
 
     def clients() -> None:
         # Like a router: the old replica until the new one is Ready, then the new one.
         while not done.is_set():
+            if coming and not switch and healthy(coming[0]):
+                switch.append(coming[0])  # Ready as the agent probes it: /health answers
             which = "new" if switch else "old"
             port = switch[0] if switch else old.port
             try:
@@ -223,6 +235,7 @@ def test_an_engine_upgrade_by_plain_apply_never_stops_answering(
         done.set()
         for thread in threads:
             thread.join(timeout=300)
+    print(f"requests answered during the upgrade: {served}")
     assert failures == [], out
     assert code == 0, out
     assert "Installing engine versions first:" in out
