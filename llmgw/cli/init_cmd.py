@@ -20,10 +20,10 @@ from llmgw.cli.errors import UserError
 from llmgw.onboarding import sites
 
 NEXT = """\
-Next:
+Next:{cd}
   llmgw node add [USER@]HOST      # pin its key, install the agent, add it to nodes.yaml
   llmgw doctor                    # check every node
-  git add -A && git commit -m "llmgw: {name}\""""
+  {git}git add -A && git commit -m "llmgw: {name}\""""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,13 +48,21 @@ def run(args: argparse.Namespace) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     host = sites.this_host(directory, args.name)
     for relative, written in sites.write(directory, host):
-        print(f"{'wrote' if written else 'kept '} {relative}")
+        print(f"{'wrote' if written else 'kept '} {directory / relative}")
     cluster_dir = directory / "cluster"
     cluster = clusters.load(cluster_dir)
     if args.install:
         _install(cluster_dir, cluster.cluster.listeners.admin, args.health_timeout)
-    print(NEXT.format(name=cluster.cluster.name))
+    print(_next_steps(directory, cluster.cluster.name))
     return 0
+
+
+def _next_steps(directory: Path, name: str) -> str:
+    """What to type next, from where the command ran: into DIR first, and a git repository."""
+    here = directory.resolve() == Path.cwd().resolve()
+    cd = "" if here else f"\n  cd {directory}"
+    in_git = any((d / ".git").exists() for d in (directory.resolve(), *directory.resolve().parents))
+    return NEXT.format(cd=cd, git="" if in_git else "git init -q && ", name=name)
 
 
 def _install(cluster_dir: Path, admin: str, timeout: float) -> None:

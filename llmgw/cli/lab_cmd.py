@@ -16,7 +16,7 @@ NEXT = """\
 Next, in {where}:
   llmgw validate                  # check the files, reach no node
   llmgw inventory                 # ask every node's agent what it has
-  git init -q && git add -A && git commit -qm "a lab"
+  {git}git add -A && git commit -qm "a lab"
   llmgw plan                      # what apply would change
   llmgw apply                     # make it so
   llmgw lab down                  # stop every node and engine of this lab"""
@@ -65,7 +65,8 @@ def run_up(args: argparse.Namespace) -> int:
     except labs.LabError as exc:
         raise UserError(str(exc)) from None
     where = "this directory" if lab.directory == Path.cwd().resolve() else str(args.dir)
-    print(NEXT.format(where=where))
+    in_git = any((d / ".git").exists() for d in (lab.directory, *lab.directory.parents))
+    print(NEXT.format(where=where, git="" if in_git else "git init -q && "))
     return 0
 
 

@@ -1,7 +1,10 @@
 """Forwarding one request to an engine: pick, retry before the first byte, relay.
 
 :class:`Proxy` owns the one :class:`aiohttp.ClientSession` (a pooled,
-keep-alive connector) every request goes through. ``forward`` picks the
+keep-alive connector) plain requests go through, and the pool of engine
+connections streamed requests go through (:mod:`llmgw.router.upstreams`: the
+engine's socket read is relayed to the client's transport in the same callback,
+with flow control both ways). ``forward`` picks the
 replica with the fewest outstanding requests; a connection error or a 5xx
 *before any byte reached the client* is retried once on another replica. For
 a stream that point is the first chunk: the client's response starts only
@@ -28,16 +31,21 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
+from yarl import URL
 
-from llmgw.router import streams, usages
+from llmgw.router import framings, streams, upstreams, usages
 from llmgw.router.errors import ApiError
 from llmgw.router.routes import Routes, Upstream
 
 _UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_FAILURES = (OSError, framings.FramingError)  # an engine connection failing
+_MAX_DOCUMENT = 16 * 1024 * 1024  # a stream request answered with a document, at most
 
 
 @dataclass
@@ -65,6 +73,7 @@ class Proxy:
         self.routes = routes
         self.connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._pool = upstreams.Pool(connect_timeout)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -85,6 +94,7 @@ class Proxy:
         return self._session
 
     async def close(self) -> None:
+        self._pool.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -143,6 +153,9 @@ class Proxy:
         can_retry: bool,
         first_byte_timeout: float,
     ) -> web.StreamResponse:
+        if stream:
+            return await self._attempt_stream(request, upstream, body, strip_usage_chunk,
+                                              outcome, can_retry, first_byte_timeout)
         url = upstream.url(request.path)
         upstream.outstanding += 1
         reply: aiohttp.ClientResponse | None = None
@@ -163,13 +176,6 @@ class Proxy:
                 raise _Retry(ApiError(reply.status, f"replica {_name(upstream)} answered "
                                       f"{reply.status}"))
             content_type = reply.headers.get("Content-Type", "application/json")
-            if stream and content_type.startswith("text/event-stream"):
-                response = await self._relay(
-                    request, reply, upstream, content_type, strip_usage_chunk, outcome,
-                    can_retry, deadline, first_byte_timeout,
-                )
-                done = True
-                return response
             try:
                 async with asyncio.timeout_at(deadline):
                     data = await reply.read()
@@ -199,68 +205,169 @@ class Proxy:
                     # connection is what tells the engine to stop generating.
                     reply.close()
 
-    async def _relay(
+    async def _attempt_stream(
         self,
         request: web.Request,
-        reply: aiohttp.ClientResponse,
         upstream: Upstream,
-        content_type: str,
+        body: bytes,
         strip_usage_chunk: bool,
         outcome: Outcome,
         can_retry: bool,
-        deadline: float,
         first_byte_timeout: float,
     ) -> web.StreamResponse:
-        relay = streams.Relay(strip_usage_chunk)
+        """A streaming request, on a connection the router reads itself (:mod:`upstreams`)."""
+        base = upstream.endpoint.base_url
+        message = _request_bytes(upstream.url(request.path), body)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + first_byte_timeout
+        conn: upstreams.Connection | None = None
+        done = False
+        upstream.outstanding += 1
         try:
-            async with asyncio.timeout_at(deadline):
-                first = await reply.content.readany()
-        except TimeoutError as exc:
-            raise _too_slow(upstream, first_byte_timeout) from exc
-        except aiohttp.ClientError as exc:
-            error = _unreachable(upstream, exc)
-            if can_retry:
-                raise _Retry(error) from exc
-            raise error from exc
-        try:
-            return await self._relay_events(request, reply, upstream, content_type, relay,
-                                            first, outcome)
+            outcome.sent = True
+            relay = streams.Relay(strip_usage_chunk)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    conn, head = await self._open(base, message)
+                    if head.status >= 500 and can_retry:
+                        raise _Retry(ApiError(head.status, f"replica {_name(upstream)} "
+                                              f"answered {head.status}"))
+                    content_type = head.headers.get("content-type", "application/json")
+                    if not content_type.startswith("text/event-stream"):
+                        whole = await self._whole(upstream, conn, head, content_type, outcome)
+                        done = True
+                        return whole
+                    out = b""
+                    while not out:
+                        data = await conn.first()
+                        if not data:
+                            break
+                        out = relay.feed(data)
+            except TimeoutError as exc:
+                if loop.time() >= deadline:
+                    raise _too_slow(upstream, first_byte_timeout) from exc
+                raise _Retry(_unreachable(upstream, exc)) from exc
+            except _FAILURES as exc:
+                raise _Retry(_unreachable(upstream, exc)) from exc
+            if not out and conn.ended.done() and conn.ended.exception() is not None:
+                error = _unreachable(upstream, conn.ended.exception() or ConnectionError())
+                if can_retry:
+                    raise _Retry(error)
+                raise error
+            try:
+                response = await self._pipe(request, conn, upstream, head.status,
+                                            content_type, relay, out, outcome)
+            finally:
+                # Also when the client hung up (cancelled): what was served is charged.
+                outcome.usage = relay.usage
+                outcome.relayed = relay.events
+            done = True
+            return response
         finally:
-            # Also when the client hung up (cancelled): what was served is charged.
-            outcome.usage = relay.usage
-            outcome.relayed = relay.events
+            upstream.outstanding -= 1
+            if conn is not None:
+                if done:
+                    self._pool.release(base, conn)
+                else:
+                    # Failed, retried or cancelled (the client hung up): closing the
+                    # connection is what tells the engine to stop generating.
+                    conn.close()
 
-    async def _relay_events(
+    async def _open(
+        self, base: str, message: bytes
+    ) -> tuple[upstreams.Connection, framings.Head]:
+        """Send ``message`` and read the head; a reused connection that failed before
+        answering (the engine closed it while idle) is replaced by a fresh one, once."""
+        conn, reused = await self._pool.acquire(base)
+        conn.send(message)
+        try:
+            return conn, await conn.head
+        except BaseException as exc:
+            conn.close()  # also on a timeout or cancellation: the engine must stop
+            if not reused or conn.received or not isinstance(exc, _FAILURES):
+                raise
+        conn, _ = await self._pool.acquire(base, fresh=True)
+        conn.send(message)
+        try:
+            return conn, await conn.head
+        except BaseException:
+            conn.close()
+            raise
+
+    async def _whole(
+        self, upstream: Upstream, conn: upstreams.Connection, head: framings.Head,
+        content_type: str, outcome: Outcome,
+    ) -> web.Response:
+        """A stream request answered with a document (an error, usually): read it whole."""
+        parts: list[bytes] = []
+        size = 0
+
+        def collect(data: bytes) -> bool:
+            nonlocal size
+            size += len(data)
+            if size > _MAX_DOCUMENT:
+                conn.close()
+                return False
+            parts.append(data)
+            return True
+
+        collect(conn.early())
+        conn.attach(collect)
+        await asyncio.shield(conn.ended)  # a timeout must not cancel the future itself
+        if size > _MAX_DOCUMENT:
+            raise ApiError(502, f"replica {_name(upstream)} answered with a document over "
+                           f"{_MAX_DOCUMENT} bytes", code="upstream_failed")
+        data = b"".join(parts)
+        if head.status < 400 and head.body == framings.CLOSE and not _is_json(data):
+            raise ApiError(502, f"replica {_name(upstream)} closed the connection "
+                           "before its answer was complete", code="upstream_failed")
+        outcome.status = head.status
+        if head.status < 400:
+            outcome.usage = usages.from_body(data)
+        return web.Response(status=head.status, body=data,
+                            headers={"Content-Type": content_type})
+
+    async def _pipe(
         self,
         request: web.Request,
-        reply: aiohttp.ClientResponse,
+        conn: upstreams.Connection,
         upstream: Upstream,
+        status: int,
         content_type: str,
         relay: streams.Relay,
         first: bytes,
         outcome: Outcome,
     ) -> web.StreamResponse:
+        """Relay the stream: the first events through aiohttp (with the headers), the
+        rest from the engine's reads straight to the client's transport (:class:`_Sink`)."""
         response = web.StreamResponse(
-            status=reply.status, headers={"Content-Type": content_type, **_STREAM_HEADERS}
+            status=status, headers={"Content-Type": content_type, **_STREAM_HEADERS}
         )
-        outcome.status = reply.status
+        outcome.status = status
         await response.prepare(request)
         failure: BaseException | None = None
-        # The loop runs once per read of the engine's stream (often one event each): it
-        # holds only what it calls, and logs, times and counts nothing per event.
-        feed, write, read = relay.feed, response.write, reply.content.readany
-        chunk = first
-        while chunk:
-            out = feed(chunk)
-            if out:
-                if outcome.first_byte_at is None:
-                    outcome.first_byte_at = time.monotonic()
-                await write(out)  # a client that hung up raises here: no retry
-            try:
-                chunk = await read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                failure = exc
-                break
+        if first:
+            outcome.first_byte_at = time.monotonic()
+            await response.write(first)  # a client that hung up raises here: no retry
+            writer, transport = request.writer, request.transport
+            assert isinstance(writer, StreamWriter) and transport is not None
+            sink = _Sink(relay.feed, transport, request.protocol, writer.chunked)
+            backlog = conn.early()
+            conn.attach(sink)
+            if backlog and not sink(backlog):
+                conn.pause()
+            ended = conn.ended
+            while not ended.done():
+                sink.stalled = stalled = asyncio.get_running_loop().create_future()
+                await asyncio.wait((stalled, ended), return_when=asyncio.FIRST_COMPLETED)
+                if stalled.done():
+                    if transport.is_closing():
+                        raise ConnectionResetError("the client hung up")
+                    await writer.drain()
+                    conn.resume()
+            failure = ended.exception()
+        elif conn.ended.done():
+            failure = conn.ended.exception()
         if failure is None:
             rest = relay.finish()
             if rest:
@@ -277,6 +384,55 @@ class Proxy:
             await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
         await response.write_eof()
         return response
+
+
+class _Sink:
+    """The engine's payload, read by read: through the relay, onto the client's transport.
+
+    Runs inside the engine connection's ``data_received``: one call and at most one
+    write per read, however many events it holds. Returns False (the engine
+    connection stops reading) when the client's transport is past its high-water
+    mark or closing, and wakes the handler through ``stalled``.
+    """
+
+    __slots__ = ("feed", "transport", "protocol", "chunked", "stalled")
+
+    def __init__(self, feed: Callable[[bytes], bytes], transport: asyncio.BaseTransport,
+                 protocol: Any, chunked: bool) -> None:
+        self.feed = feed
+        self.transport = transport
+        self.protocol = protocol
+        self.chunked = chunked
+        self.stalled: asyncio.Future[None] | None = None
+
+    def __call__(self, payload: bytes) -> bool:
+        transport = self.transport
+        if transport.is_closing():
+            return self._stall()
+        out = self.feed(payload)
+        if out:
+            if self.chunked:
+                transport.write(b"%x\r\n%b\r\n" % (len(out), out))  # type: ignore[attr-defined]
+            else:
+                transport.write(out)  # type: ignore[attr-defined]
+        if self.protocol.writing_paused:
+            return self._stall()
+        return True
+
+    def _stall(self) -> bool:
+        stalled = self.stalled
+        if stalled is not None and not stalled.done():
+            stalled.set_result(None)
+        return False
+
+
+def _request_bytes(url: URL, body: bytes) -> bytes:
+    target = url.raw_path_qs
+    if not target.isprintable() or " " in target or not target.isascii():
+        raise ApiError(400, "the request path cannot be forwarded", code="invalid_request")
+    return (f"POST {target} HTTP/1.1\r\nHost: {url.raw_authority}\r\n"
+            f"Content-Type: application/json\r\nAccept-Encoding: identity\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
 def _name(upstream: Upstream) -> str:

@@ -30,6 +30,9 @@ def test_init_writes_a_valid_site_once(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     site = tmp_path / "acme-gpu"
     assert first.stdout.count("wrote ") == 6
+    # Paths as seen from where it ran, and the way into the repository first.
+    assert "wrote acme-gpu/cluster/cluster.yaml\n" in first.stdout
+    assert "Next:\n  cd acme-gpu\n" in first.stdout
     files = snapshot(site)
     assert set(files) == {"cluster/cluster.yaml", "cluster/nodes.yaml", "cluster/models.yaml",
                           "cluster/known_hosts", ".github/workflows/llmgw-plan.yml", ".gitignore"}
