@@ -22,7 +22,7 @@ import httpx
 
 from llmgw.agent import readiness
 from llmgw.agent.settings import ReadinessSettings
-from llmgw.agent.units import Backend, Observation
+from llmgw.agent.units import Backend, Evidence, Observation
 from llmgw.fleet.types import Unit
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,12 @@ class Monitor:
             replica = int(match.group("replica")) if match else 0
             rank = int(match.group("rank")) if match else 0
             digest, port, raw = "", None, {}
+        evidence = obs.evidence or Evidence()
         return Unit(
             name=obs.name, model=model, replica=replica, rank=rank, digest=digest, state=state,
             port=port, pid=obs.pid, since=since, log_tail=log_tail, detail=detail, labels=raw,
+            restarts=evidence.restarts, last_exit=evidence.last_exit,
+            last_exit_at=evidence.last_exit_at, crashes=list(evidence.crashes),
+            stopped_by=evidence.stopped_by if state == "stopped" else "",
+            written_by_llmgw=evidence.written,
         )

@@ -57,6 +57,8 @@ class Collector:
     settings: Settings
     run: commands.Runner | None = None
     _weights_cache: weights.Cache = field(default_factory=dict)
+    # When this agent started: a later time in a report than before says it restarted.
+    started_at: float = field(default_factory=time.time)
     _sudo: bool | None = None
 
     def __post_init__(self) -> None:
@@ -185,4 +187,24 @@ class Collector:
             collected_at=time.time(),
             warnings=warnings,
             host=host_facts,
+            agent_started_at=self.started_at,
+            **boot(Path(self.settings.hardware.proc_root)),
         )
+
+
+def boot(proc_root: Path) -> dict[str, str | float | None]:
+    """``boot_id`` (a new one means the node rebooted) and ``booted_at`` (unix time) from
+    ``/proc``; each None when it cannot be read."""
+    def read(path: Path) -> str | None:
+        try:
+            return path.read_text()
+        except OSError:
+            return None
+
+    boot_id = (read(proc_root / "sys" / "kernel" / "random" / "boot_id") or "").strip()
+    booted_at = None
+    for line in (read(proc_root / "stat") or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "btime" and value.strip().isdigit():
+            booted_at = float(value.strip())
+    return {"boot_id": boot_id or None, "booted_at": booted_at}

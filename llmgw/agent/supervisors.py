@@ -18,8 +18,13 @@ or CI job expects of PATH, HF_HOME and the like. It mirrors what llmgw's units a
   process whose fingerprint still matches — a reused pid is never adopted,
   never signalled.
 
+Drift evidence (:class:`llmgw.agent.units.Evidence`) is kept per unit in
+its ``evidence`` file — restarts, how and when the engine last ended, recent
+crash times, who stopped it — so a hold or a crash history outlives an agent
+restart; the unit files this agent wrote are in its ledger (``ledger/``).
+
 State directory layout, per unit: ``units/<name>/{unit,env,secret.env,
-wanted,pid,log}``. A state file that cannot be read back (not UTF-8, not
+wanted,pid,log,evidence}``. A state file that cannot be read back (not UTF-8, not
 the format this module writes: a disk error, a hand edit, a crash mid-write
 on a filesystem without atomic rename) is moved aside with a warning rather
 than taking the agent down: a bad pid or ``wanted`` file is renamed to
@@ -46,6 +51,7 @@ from llmgw.agent import processes, unitfiles, units
 from llmgw.agent.settings import SuperviseSettings
 from llmgw.agent.unitfiles import Labels, UnitFile, UnitFileError
 from llmgw.agent.units import Observation, ProcessState, UnitChange, UnitResult
+from llmgw.fleet.types import UNSEEN_EXIT
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,7 @@ WANTED = ("running", "stopped")  # what a unit's ``wanted`` file may say
 _CLEAN = ("exited with status 0",) + tuple(
     f"killed by {sig}" for sig in ("SIGHUP", "SIGINT", "SIGTERM", "SIGPIPE")
 )
+
 
 
 @dataclass
@@ -76,6 +83,12 @@ class _Slot:
     given_up: bool = False
     last_exit: str = ""
     since: float | None = None
+    # Drift evidence (units.Evidence): restarts since llmgw last started the unit,
+    # when the main process last ended, recent crash times, who stopped it.
+    restarts: int = 0
+    last_exit_at: float | None = None
+    crashes: list[float] = field(default_factory=list)
+    stopped_by: str = ""
 
     @property
     def pid_file(self) -> Path:
@@ -103,9 +116,13 @@ class Supervisor:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
+        self.ledger = units.Ledger(self.state_dir / "ledger")
         if not self.readonly:
             self.units_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._load()
+        if not self.readonly:
+            self.ledger.adopt({name: text for name, slot in self._slots.items()
+                               if (text := self._unit_text(slot)) is not None})
 
     @property
     def units_dir(self) -> Path:
@@ -128,6 +145,7 @@ class Supervisor:
             except OSError:
                 pass  # unreadable now is not corrupt: observe() reports it
             wanted = self._state_file(slot, "wanted", lambda text: text in WANTED)
+            self._load_evidence(slot)
             slot.run = self._adopt(slot)
             slot.wanted = wanted == "running" if wanted is not None else slot.run is not None
             if slot.run is not None:
@@ -154,6 +172,26 @@ class Supervisor:
             log.warning("%s: %s is not a %s file llmgw wrote; moved aside to %s",
                         slot.name, path, name, aside.name)
         return None
+
+    def _load_evidence(self, slot: _Slot) -> None:
+        """The drift evidence an earlier agent kept (``evidence``), so a hold or a crash
+        history outlives an agent restart."""
+        raw = self._state_file(slot, "evidence", _valid_evidence)
+        if raw is None:
+            return
+        data = json.loads(raw)
+        slot.restarts, slot.last_exit = int(data["restarts"]), str(data["last_exit"])
+        slot.last_exit_at = data["last_exit_at"]
+        slot.crashes = [float(t) for t in data["crashes"]][-units.CRASHES_KEPT:]
+        slot.stopped_by = str(data["stopped_by"])
+
+    def _save_evidence(self, slot: _Slot) -> None:
+        if self.readonly or not slot.directory.exists():
+            return
+        data = {"restarts": slot.restarts, "last_exit": slot.last_exit,
+                "last_exit_at": slot.last_exit_at, "crashes": slot.crashes,
+                "stopped_by": slot.stopped_by}
+        units.write(slot.directory / "evidence", json.dumps(data) + "\n", mode=0o600)
 
     def _set_aside_unit(self, slot: _Slot, why: str) -> None:
         """Move a unit whose unit file is unusable out of the way, with a warning."""
@@ -183,6 +221,7 @@ class Supervisor:
             "%s: pid %d from the pid file is gone or is another process now; not adopted",
             slot.name, recorded.pid,
         )
+        slot.last_exit = UNSEEN_EXIT
         if not self.readonly:
             slot.pid_file.unlink(missing_ok=True)
         return None
@@ -202,11 +241,19 @@ class Supervisor:
     async def _apply_one(self, change: UnitChange) -> UnitResult:
         if change.action == "remove":
             slot = self._slots.pop(change.name, None)
+            self.ledger.forget(change.name)
             if slot is None:
                 return UnitResult(change.name, ok=True)
             await self._stop(slot)
             shutil.rmtree(slot.directory, ignore_errors=True)
             return UnitResult(change.name, ok=True, changed=True)
+        if change.action == "stop" and not change.unit_text:
+            # A hold: stop the unit as it is; its files stay for a later start.
+            held = self._slots.get(change.name)
+            if held is None:
+                return UnitResult(change.name, ok=True)
+            units.write(held.directory / "wanted", "stopped")
+            return UnitResult(change.name, ok=True, changed=await self._stop(held))
         unit, _ = units.check(change)
         secret_text = units.render_secrets(change.secret_env)
         slot = self._slots.get(change.name)
@@ -220,6 +267,7 @@ class Supervisor:
             units.write(slot.directory / "secret.env", secret_text, mode=0o600),
         ]
         changed = any(written)
+        self.ledger.record(change.name, change.unit_text)
         if change.action == "stop":
             units.write(slot.directory / "wanted", "stopped")
             stopped = await self._stop(slot)
@@ -231,6 +279,7 @@ class Supervisor:
         units.write(slot.directory / "wanted", "running")
         if slot.run is None:
             slot.wanted, slot.failures, slot.given_up, slot.next_start = True, 0, False, 0.0
+            slot.restarts = 0
             self._start(slot, unit)
             return UnitResult(change.name, ok=True, changed=True)
         slot.wanted = True
@@ -258,7 +307,14 @@ class Supervisor:
                 detail = f"{slot.last_exit}; restarting in {wait:.1f}s" if slot.last_exit else ""
             else:
                 state, detail = "stopped", slot.last_exit or detail
-            observations.append(Observation(slot.name, labels, state, pid, slot.since, detail))
+            text = self._unit_text(slot)
+            evidence = units.Evidence(
+                restarts=slot.restarts, last_exit=slot.last_exit, last_exit_at=slot.last_exit_at,
+                crashes=tuple(slot.crashes), stopped_by=slot.stopped_by if state == "stopped"
+                else "", written=text is not None and self.ledger.vouches(slot.name, text),
+            )
+            observations.append(Observation(slot.name, labels, state, pid, slot.since, detail,
+                                            evidence))
         return observations
 
     async def logs(self, name: str, lines: int) -> list[str]:
@@ -297,6 +353,12 @@ class Supervisor:
                     await self._stop(slot, persist=False)
 
     # ---- processes ----------------------------------------------------------
+
+    def _unit_text(self, slot: _Slot) -> str | None:
+        try:
+            return (slot.directory / "unit").read_text()
+        except (OSError, ValueError):
+            return None
 
     def _unit(self, slot: _Slot) -> UnitFile:
         raw = (slot.directory / "unit").read_bytes()
@@ -352,6 +414,8 @@ class Supervisor:
         now = time.time()
         print_ = processes.fingerprint(popen.pid) or processes.Fingerprint(popen.pid, 0, "", "")
         slot.run, slot.since, slot.wanted = _Run(print_, popen, now), now, True
+        slot.stopped_by = ""
+        self._save_evidence(slot)
         self._write_pid(slot)
         log.info("%s: started pid %d", slot.name, popen.pid)
 
@@ -372,7 +436,7 @@ class Supervisor:
         current = processes.fingerprint(run.print.pid)
         if current is not None and current.start_ticks == run.print.start_ticks:
             return True, ""
-        return False, "exited (status unknown: started before this agent)"
+        return False, UNSEEN_EXIT
 
     def _reap(self, slot: _Slot) -> None:
         """Notice a main process that ended; kill what is left of its group; plan a restart."""
@@ -394,9 +458,21 @@ class Supervisor:
             processes.signal_group(pgid, signal.SIGKILL)
         ran_for = time.time() - slot.run.started_at
         slot.run, slot.since, slot.last_exit = None, time.time(), how
+        slot.last_exit_at = slot.since
+        if how in _CLEAN:
+            # A server does not end cleanly on its own: a signal llmgw did not send (engines
+            # catch SIGTERM and exit 0) means someone stopped it.
+            slot.stopped_by = "operator"
+        elif how not in _CLEAN and how != UNSEEN_EXIT:
+            slot.crashes = [*slot.crashes, slot.since][-units.CRASHES_KEPT:]
         slot.pid_file.unlink(missing_ok=True)
         with slot.log_file.open("ab") as output:
             output.write(f"-- llmgw: main process {how}\n".encode())
+        self._reap_settled(slot, how, ran_for)
+        self._save_evidence(slot)
+
+    def _reap_settled(self, slot: _Slot, how: str, ran_for: float) -> None:
+        """Plan a restart, give up, or end the unit, after its main process ended."""
         if not slot.wanted:
             return
         try:
@@ -416,11 +492,14 @@ class Supervisor:
                 slot.given_up = True
                 slot.last_exit = f"{how}; gave up after {slot.failures - 1} restarts"
                 return
+            slot.restarts += 1
             base = unitfiles.parse_timespan(unit.value("Service", "RestartSec") or "0") or 0.0
             delay = max(base, self.settings.restart_backoff) * 2 ** (slot.failures - 1)
             slot.next_start = time.monotonic() + min(delay, self.settings.restart_backoff_max)
         elif clean:
             slot.wanted = False  # a clean exit under on-failure ends the unit, as in systemd
+            # and it stays ended across an agent restart, as a `systemctl stop` would.
+            units.write(slot.directory / "wanted", "stopped")
         else:
             slot.given_up = True
 
@@ -429,6 +508,9 @@ class Supervisor:
         slot.wanted = slot.wanted and not persist
         if persist and slot.directory.exists():
             units.write(slot.directory / "wanted", "stopped")
+        if persist:
+            slot.stopped_by = "llmgw"  # also when it was waiting for a restart (a hold)
+            self._save_evidence(slot)
         run = slot.run
         if run is None:
             return False
@@ -447,8 +529,10 @@ class Supervisor:
             await self._wait_group(run, pgid, 10.0)
         _, how = self._alive(run)
         slot.run, slot.since, slot.last_exit = None, time.time(), f"stopped ({how})"
+        slot.last_exit_at = slot.since
         slot.given_up, slot.failures = False, 0
         slot.pid_file.unlink(missing_ok=True)
+        self._save_evidence(slot)
         return True
 
     async def _wait_group(self, run: _Run, pgid: int, timeout: float) -> bool:
@@ -488,3 +572,16 @@ def _valid_pid_file(text: str) -> bool:
     except (ValueError, KeyError, TypeError):
         return False
     return isinstance(data.get("boot_id"), str) and isinstance(data.get("cmdline_sha256"), str)
+
+
+def _valid_evidence(text: str) -> bool:
+    """Whether ``text`` is an evidence file as :meth:`Supervisor._save_evidence` writes it."""
+    try:
+        data = json.loads(text)
+        int(data["restarts"]), [float(t) for t in data["crashes"]]
+        at = data["last_exit_at"]
+        float(at) if at is not None else None
+    except (ValueError, KeyError, TypeError):
+        return False
+    return (isinstance(data.get("last_exit"), str)
+            and data.get("stopped_by") in ("", "llmgw", "operator"))

@@ -27,7 +27,10 @@ from llmgw.agent.units import Observation, ProcessState, UnitChange, UnitResult
 SHOW_PROPERTIES = (
     "Id", "LoadState", "ActiveState", "SubState", "Result", "MainPID", "ExecMainCode",
     "ExecMainStatus", "NRestarts", "StateChangeTimestampMonotonic",
+    "ExecMainExitTimestampMonotonic",
 )
+# Signals a person (systemctl stop, kill) sends; a main process ending by one is no crash.
+_STOP_SIGNALS = ("1", "2", "15")
 _CLD = {"1": "exited with status", "2": "killed by signal", "3": "dumped core on signal"}
 
 
@@ -97,6 +100,20 @@ class Shown:
             return None
         return now - (monotonic_now - int(raw) / 1e6)
 
+    def ended_at(self, now: float, monotonic_now: float) -> float | None:
+        """Unix time the main process last ended; None when it has not (this boot)."""
+        raw = self.get("ExecMainExitTimestampMonotonic")
+        if not raw.isdigit() or raw == "0":
+            return None
+        return now - (monotonic_now - int(raw) / 1e6)
+
+    def crashed(self) -> bool:
+        """Whether the last end was abnormal: a non-zero status, or a signal nobody stops by."""
+        code, status = self.get("ExecMainCode"), self.get("ExecMainStatus")
+        if code == "1":
+            return status not in ("", "0")
+        return code in ("2", "3") and status not in _STOP_SIGNALS
+
     @property
     def pid(self) -> int | None:
         raw = self.get("MainPID")
@@ -139,6 +156,14 @@ class SystemdBackend:
     run: commands.Runner = field(default=commands.run)
     proc: Path = Path("/proc")
     kind: str = "systemd"
+    # Drift evidence this agent gathers between observations: the units it stopped
+    # itself, and each unit's recent crashes (by the monotonic time systemd gives them).
+    _stopped: set[str] = field(default_factory=set)
+    _crashes: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    @property
+    def ledger(self) -> units.Ledger:
+        return units.Ledger(self.env_dir)
 
     @property
     def unit_dir(self) -> Path:
@@ -183,8 +208,11 @@ class SystemdBackend:
         for i, change in enumerate(changes):
             if i in errors and errors[i]:
                 continue
+            if change.action == "stop" and not change.unit_text:
+                continue  # a hold: stop the unit as it is, files untouched
             try:
                 if change.action == "remove":
+                    self.ledger.forget(change.name)
                     gone = [units.remove(path) for path in self._files(change.name)]
                     reload_needed |= gone[0]
                     changed[i] = changed.get(i, False) or any(gone)
@@ -195,6 +223,7 @@ class SystemdBackend:
                 wrote_unit = units.write(unit_path, change.unit_text)
                 wrote_env = units.write(env_path, change.env_text, mode=0o640)
                 wrote_secret = units.write(secret_path, secret, mode=0o600)
+                self.ledger.record(change.name, change.unit_text)
                 reload_needed |= wrote_unit
                 if wrote_unit or wrote_env or wrote_secret:
                     rewritten.add(i)
@@ -220,6 +249,10 @@ class SystemdBackend:
             if verb:
                 errors[i] = await self._do(verb, change.name)
                 changed[i] = True
+            if change.action == "start":
+                self._stopped.discard(change.name)
+            else:
+                self._stopped.add(change.name)
         return [
             UnitResult(c.name, ok=not errors.get(i), changed=changed.get(i, False),
                        error=errors.get(i, ""))
@@ -231,6 +264,13 @@ class SystemdBackend:
         shown, why = await self._show(names)
         now, mono = time.time(), time.monotonic()
         observations = []
+        texts = {}
+        for name in names:
+            try:
+                texts[name] = (self.unit_dir / name).read_text()
+            except (OSError, ValueError):
+                pass
+        self.ledger.adopt(texts)
         for name in names:
             labels: Labels | None
             try:
@@ -249,9 +289,32 @@ class SystemdBackend:
                 continue
             state, state_detail = info.state()
             observations.append(Observation(
-                name, labels, state, info.pid, info.since(now, mono), detail or state_detail
+                name, labels, state, info.pid, info.since(now, mono), detail or state_detail,
+                self._evidence(name, info, state, texts.get(name), now, mono),
             ))
         return observations
+
+    def _evidence(
+        self, name: str, info: Shown, state: ProcessState, text: str | None, now: float,
+        mono: float,
+    ) -> units.Evidence:
+        ended = info.ended_at(now, mono)
+        crashes = self._crashes.setdefault(name, {})
+        raw = info.get("ExecMainExitTimestampMonotonic")
+        if ended is not None and info.crashed() and raw.isdigit():
+            crashes[int(raw)] = ended
+            for key in sorted(crashes)[:-units.CRASHES_KEPT]:
+                del crashes[key]
+        stopped_by = ""
+        if state == "stopped" and ended is not None and info.get("Result") == "success":
+            stopped_by = "llmgw" if name in self._stopped else "operator"
+        restarts = info.get("NRestarts")
+        return units.Evidence(
+            restarts=int(restarts) if restarts.isdigit() else None,
+            last_exit=info.exit() if ended is not None else "", last_exit_at=ended,
+            crashes=tuple(sorted(crashes.values())), stopped_by=stopped_by,
+            written=text is not None and self.ledger.vouches(name, text),
+        )
 
     async def logs(self, name: str, lines: int) -> list[str]:
         if not (self.unit_dir / name).exists():

@@ -10,6 +10,7 @@ run units behind :class:`Backend`: ``systemd`` (production) and
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -22,11 +23,12 @@ from llmgw.agent.unitfiles import Labels, UnitFile, UnitFileError
 from llmgw.proto.conversions import Action, UnitChange, UnitResult
 
 __all__ = [
-    "Action", "Backend", "Observation", "ProcessState", "SecretError", "UnitChange",
-    "UnitResult", "check", "remove", "render_secrets", "tail", "write",
+    "CRASHES_KEPT", "Action", "Backend", "Evidence", "Ledger", "Observation", "ProcessState",
+    "SecretError", "UnitChange", "UnitResult", "check", "remove", "render_secrets", "tail", "write",
 ]
 
 ProcessState = Literal["running", "activating", "stopped", "failed"]
+CRASHES_KEPT = 32  # crash times kept per unit: enough for any crash-loop rule worth setting
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,24 @@ class Observation:
     pid: int | None = None
     since: float | None = None
     detail: str = ""
+    evidence: Evidence | None = None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What tells one kind of drift from another (:mod:`llmgw.planning.drifts`).
+
+    ``crashes`` are unix times of abnormal ends, oldest first; ``stopped_by``
+    says who stopped a stopped unit ("llmgw", "operator", or "" unknown);
+    ``written`` whether the unit file is one this agent's ledger vouches for.
+    """
+
+    restarts: int | None = None
+    last_exit: str = ""
+    last_exit_at: float | None = None
+    crashes: tuple[float, ...] = ()
+    stopped_by: str = ""
+    written: bool | None = None
 
 
 class Backend(Protocol):
@@ -170,3 +190,48 @@ def tail(path: Path, lines: int, chunk: int = 64 * 1024) -> list[str]:
     except FileNotFoundError:
         return []
     return data.decode(errors="replace").splitlines()[-lines:]
+
+
+class Ledger:
+    """Which unit files this agent wrote: one ``<name><suffix>`` file per unit holding the
+    SHA-256 of the unit text it wrote. A unit whose file does not match is not llmgw's (a
+    stranger, or a hand edit). The first agent to keep a ledger on a node vouches for the
+    units already there (``adopt``), so an upgrade does not turn the fleet into strangers.
+    """
+
+    MARKER = ".llmgw-ledger"
+
+    def __init__(self, directory: Path, suffix: str = ".written") -> None:
+        self.directory = directory
+        self.suffix = suffix
+
+    def _path(self, name: str) -> Path:
+        return self.directory / f"{name}{self.suffix}"
+
+    def record(self, name: str, unit_text: str) -> None:
+        write(self._path(name), _sha256(unit_text) + "\n", mode=0o600)
+
+    def forget(self, name: str) -> None:
+        remove(self._path(name))
+
+    def vouches(self, name: str, unit_text: str) -> bool:
+        try:
+            return self._path(name).read_text().strip() == _sha256(unit_text)
+        except (OSError, ValueError):
+            return False
+
+    def adopt(self, units: Mapping[str, str]) -> None:
+        """Vouch for ``units`` (name → text) once, when this node had no ledger yet."""
+        marker = self.directory / self.MARKER
+        if marker.exists():
+            return
+        try:
+            for name, text in units.items():
+                self.record(name, text)
+            write(marker, "units llmgw wrote: one file per unit with the SHA-256 of its text\n")
+        except OSError:
+            pass  # a read-only look (`llmgw agent inventory` as another user) adopts nothing
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -8,9 +8,19 @@ Order, so that nothing is stopped before what replaces it serves:
    ``ApplyUnits`` call per node, removes first, nodes in parallel with a bound.
 2. **Wait** for each started unit to be Ready (Starting → Loading → Ready), or
    Failed, or the readiness timeout — watching the agents' unit streams.
-3. **Second call per node**: the old shards of create-before-destroy replaces
-   whose new replica became Ready. A replacement that failed leaves the old
-   replica running.
+3. **Gate** (with ``gating``, for models with a ``rollout``): each new replica
+   of a create-before-destroy replace is probed and baked on a share of live
+   traffic (:mod:`llmgw.applying.bakes`). Promoted, it serves as any replica;
+   rolled back, it is the one removed below, and the old one was never touched.
+4. **Second call per node**: the old shards of create-before-destroy replaces
+   whose new replica became Ready and passed its gate — or the new shards of
+   those that failed their gate. Either is first drained: taken out of the
+   routes, in-flight requests let finish. A replacement that failed to become
+   Ready leaves the old replica running.
+
+With ``gating``, replacements of a gated model run in waves of at most
+``max_surge`` (create before destroy) and ``max_unavailable`` (destroy before
+create) (:mod:`llmgw.planning.waves`); each wave is steps 1–4.
 
 Nothing here raises for a node that cannot be reached: its changes fail with
 the reason, the rest go on, and the :class:`Outcome` says what changed and
@@ -29,9 +39,13 @@ from typing import Protocol, TypeVar
 
 import grpc
 
+from llmgw.applying import bakes
 from llmgw.fleet.types import Unit
+from llmgw.planning import waves
 from llmgw.planning.types import Change, Plan, Shard, UnitOp
+from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import count
+from llmgw.spec.rollouts import Rollout, effective
 from llmgw.transport.agent_client import AgentClient, UnitChange
 from llmgw.transport.failures import NodeUnreachable
 
@@ -77,6 +91,9 @@ class ChangeOutcome:
     logs: dict[str, list[str]] = field(default_factory=dict)  # unit → log tail
     kept_old: bool = False  # a failed create-before-destroy replace left the old replica
     elapsed: float = 0.0  # seconds from the apply's start to this change's last step
+    gate: str | None = None  # "passed: …" / "failed: …" (gated rollouts)
+    rolled_back: bool = False  # failed its gate: the new replica was removed
+    rolled_back_at: float = 0.0  # seconds from the apply's start to the gate's verdict
 
     def fail(self, message: str) -> None:
         self.ok = False
@@ -108,6 +125,23 @@ class Outcome:
 Progress = Callable[[Step], None]
 
 
+@dataclass
+class Gating:
+    """What execution needs for gated rollouts: each gated model's rollout and served
+    name, and the routers' traffic (:class:`llmgw.applying.bakes.Traffic`)."""
+
+    rollouts: dict[str, Rollout]
+    served: dict[str, str]
+    traffic: bakes.Traffic
+
+    @classmethod
+    def of(cls, cluster: Cluster, traffic: bakes.Traffic) -> Gating:
+        rollouts = {name: gate for name, model in cluster.models.items()
+                    if (gate := effective(cluster.cluster.rollout, model.rollout)) is not None}
+        served = {name: model.served_name or name for name, model in cluster.models.items()}
+        return cls(rollouts, served, traffic)
+
+
 async def execute(
     plan: Plan,
     agents: Agents,
@@ -115,6 +149,7 @@ async def execute(
     progress: Progress | None = None,
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
     clock: Callable[[], float] = time.monotonic,
+    gating: Gating | None = None,
 ) -> Outcome:
     """Carry out ``plan``; never raises for a node or an engine that fails."""
     started = clock()
@@ -126,10 +161,25 @@ async def execute(
         outcomes[id(change)].elapsed = elapsed
         report(Step(change, node, unit, state, elapsed, detail))
 
-    first = _first_calls(plan.changes)
+    for wave in waves.split(plan.changes, gating.rollouts if gating is not None else {}):
+        await _wave(wave, agents, outcomes, emit, ready_timeout, gating,
+                    lambda: clock() - started)
+    return Outcome(list(outcomes.values()), clock() - started)
+
+
+async def _wave(
+    changes: Sequence[Change],
+    agents: Agents,
+    outcomes: dict[int, ChangeOutcome],
+    emit: Callable[[Change, str, str, str, str], None],
+    ready_timeout: float,
+    gating: Gating | None,
+    elapsed: Callable[[], float],
+) -> None:
+    first = _first_calls(changes)
     await _call_all(agents, first, outcomes, emit)
 
-    waiting = [(c, s) for c in plan.changes for s in c.shards if outcomes[id(c)].ok]
+    waiting = [(c, s) for c in changes for s in c.shards if outcomes[id(c)].ok]
     states = await _wait_ready(agents, waiting, ready_timeout, emit)
     no_logs: list[tuple[ChangeOutcome, Shard]] = []
     for change, shard in waiting:
@@ -138,23 +188,66 @@ async def execute(
             continue
         outcome = outcomes[id(change)]
         outcome.fail(f"{shard.unit} on {shard.node}: {state}" + (f" ({detail})" if detail else ""))
-        outcome.elapsed = clock() - started  # a timeout emits no step: it ended now
+        outcome.elapsed = elapsed()  # a timeout emits no step: it ended now
         if tail:
             outcome.logs[f"{shard.node}/{shard.unit}"] = tail
         else:
             no_logs.append((outcome, shard))
     await _fetch_logs(agents, no_logs)
 
+    if gating is not None:
+        await asyncio.gather(*(_gate(change, outcomes[id(change)], gating, emit)
+                               for change in changes if _waits(change)
+                               and outcomes[id(change)].ok and change.model in gating.rollouts))
+
     second: dict[str, list[tuple[Change, UnitChange]]] = defaultdict(list)
-    for change in plan.changes:
+    drained: list[str] = []
+    for change in changes:
         outcome = outcomes[id(change)]
+        if outcome.rolled_back:
+            # Failed its gate: the new replica goes, the old one was never touched.
+            outcome.kept_old = True
+            for shard in change.shards:
+                second[shard.node].append((change, UnitChange(shard.unit, "", action="remove")))
+            if gating is not None:
+                drained.extend(u for u in [bakes.head_urls(change, gating.traffic)[0]] if u)
+            continue
         for op in _later(change):
             if not outcome.ok:
                 outcome.kept_old = True  # the replacement failed: the old replica serves on
                 break
             second[op.node].append((change, _unit_change(op)))
+        if gating is not None and outcome.ok and _later(change):
+            drained.extend(bakes.head_urls(change, gating.traffic)[1])
+    if gating is not None and drained:
+        await gating.traffic.drain(drained)
     await _call_all(agents, second, outcomes, emit)
-    return Outcome(list(outcomes.values()), clock() - started)
+
+
+async def _gate(change: Change, outcome: ChangeOutcome, gating: Gating,
+                emit: Callable[[Change, str, str, str, str], None]) -> None:
+    """Probe and bake the new replica of ``change``; record the verdict on ``outcome``."""
+    head = next((s for s in change.shards if s.rank == 0), change.shards[0])
+    rollout = gating.rollouts[change.model]
+    emit(change, head.node, head.unit, "gating", "probe" + (
+        f", then {rollout.share:.0%} of traffic for {rollout.bake:g} s" if rollout.bake else ""))
+    verdict = await bakes.run(change, rollout, gating.traffic,
+                              gating.served.get(change.model, change.model))
+    if verdict.passed:
+        outcome.gate = f"passed: {verdict.reason}"
+        new = bakes.head_urls(change, gating.traffic)[0]
+        if new is not None:
+            await gating.traffic.share(new, None)  # promoted: a replica like any other
+        emit(change, head.node, head.unit, "promoted", verdict.reason)
+        return
+    outcome.gate = f"failed: {verdict.reason}"
+    outcome.rolled_back = True
+    outcome.fail(f"failed its gate: {verdict.reason}")
+    emit(change, head.node, head.unit, "rolled back", verdict.reason)
+    outcome.rolled_back_at = outcome.elapsed
+
+
+_VERBS = {"remove": "removing", "stop": "stopping"}
 
 
 def _first_calls(changes: Sequence[Change]) -> dict[str, list[tuple[Change, UnitChange]]]:
@@ -185,6 +278,8 @@ def _waits(change: Change) -> bool:
 def _unit_change(op: UnitOp) -> UnitChange:
     if op.action == "remove":
         return UnitChange(op.unit, "", action="remove")
+    if op.action == "stop":  # a hold: the agent stops the unit and keeps its files
+        return UnitChange(op.unit, "", action="stop")
     if op.files is None:
         raise ValueError(f"unit {op.unit} on {op.node} has no rendered files to start")
     files = op.files
@@ -202,8 +297,7 @@ async def _call_all(
 
     async def one(node: str, items: list[tuple[Change, UnitChange]]) -> None:
         for change, unit in items:
-            emit(change, node, unit.name, "removing" if unit.action == "remove" else "writing",
-                 "")
+            emit(change, node, unit.name, _VERBS.get(unit.action, "writing"), "")
         async with limit:
             try:
                 results = await agents.call(
@@ -216,7 +310,7 @@ async def _call_all(
                 return
         for (change, unit), result in zip(items, results, strict=False):
             if result.ok:
-                state = "removed" if unit.action == "remove" else "starting"
+                state = {"remove": "removed", "stop": "stopped"}.get(unit.action, "starting")
                 emit(change, node, unit.name, state, "")
             else:
                 outcomes[id(change)].fail(f"{unit.name} on {node}: {result.error}")

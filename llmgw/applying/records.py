@@ -23,9 +23,13 @@ import getpass
 import logging
 import re
 import socket
+from collections.abc import Mapping
 
 from llmgw.applying.executions import ChangeOutcome, Outcome
+from llmgw.planning import holds
 from llmgw.planning.types import Change, Plan
+from llmgw.spec.models import Model
+from llmgw.spec.rollouts import Hold
 from llmgw.store.journals import ApplyEntry, ChangeEntry
 from llmgw.store.stores import Store, StoreError
 
@@ -48,21 +52,79 @@ def invoker() -> str:
 
 
 def entry(plan: Plan, outcome: Outcome, started_at: float, started_by: str) -> ApplyEntry:
-    """The journal entry of ``plan`` applied with ``outcome``. Purely computational."""
+    """The journal entry of ``plan`` applied with ``outcome``. Purely computational.
+
+    ``gate`` sums the gates up: ``passed`` when every gated change passed, else
+    ``failed: MODEL rN: reason`` for each that failed.
+    """
+    gated = [item for item in outcome.changes if item.gate is not None]
+    failed = [item for item in gated if item.rolled_back]
+    gate = None
+    if gated:
+        gate = "; ".join(f"failed: {i.change.model} r{i.change.replica}: "
+                         f"{(i.gate or '').removeprefix('failed: ')}" for i in failed) or "passed"
     return ApplyEntry(
         started_at=started_at, duration=outcome.elapsed, revision=plan.revision,
         started_by=started_by, ok=outcome.ok,
-        changes=tuple(_change(item) for item in outcome.changes),
+        changes=tuple(_change(item) for item in outcome.changes), gate=gate,
     )
+
+
+def rollback(plan: Plan, outcome: Outcome, started_at: float, started_by: str,
+             of: int | None) -> ApplyEntry | None:
+    """The journal entry of the rollbacks in ``outcome`` (apply ``of``), or None if none.
+
+    Each rolled-back change is a ``destroy`` of its new replica, whose gate failed;
+    the old replica was never touched. Purely computational.
+    """
+    items = [item for item in outcome.changes if item.rolled_back]
+    if not items:
+        return None
+    first = min(item.rolled_back_at for item in items)
+    changes = []
+    for item in items:
+        change = item.change
+        left = item.errors[1:]  # the first is the gate's verdict; more: the removal failed
+        changes.append(ChangeEntry(
+            model=change.model, replica=change.new_replica if change.new_replica is not None
+            else change.replica, action="destroy",
+            nodes=tuple(sorted({s.node for s in change.shards})),
+            why=f"rollback: r{change.replica}'s replacement failed its gate; r{change.replica} "
+                "kept", ok=not left, error=_scrub("; ".join(left), _secrets(change)) or None,
+            duration=item.elapsed - item.rolled_back_at, gate=item.gate, rolled_back=True,
+        ))
+    return ApplyEntry(
+        started_at=started_at + first, duration=max(i.elapsed for i in items) - first,
+        revision=plan.revision, started_by=started_by, ok=all(c.ok for c in changes),
+        changes=tuple(changes), gate=entry(plan, outcome, started_at, started_by).gate,
+        rollback_of=of,
+    )
+
+
+def held(plan: Plan, outcome: Outcome, models: Mapping[str, Model], now: float) -> list[Hold]:
+    """A hold for each model whose replacement failed its gate in ``outcome``: its spec is
+    not replaced again until it changes or ``llmgw apply --retry``. Purely computational."""
+    found: dict[str, Hold] = {}
+    for item in outcome.changes:
+        spec = models.get(item.change.model)
+        if item.rolled_back and item.gate is not None and spec is not None:
+            found[item.change.model] = Hold(item.change.model, holds.digest(spec), plan.revision,
+                                            item.gate.removeprefix("failed: "), now)
+    return list(found.values())
 
 
 async def record(store: Store | None, plan: Plan, outcome: Outcome, started_at: float,
                  started_by: str) -> int | None:
-    """Write the entry of this apply; its id, or None (logged) when the store refused."""
+    """Write the entry of this apply, and of its rollbacks when a gate failed; the apply's
+    id, or None (logged) when the store refused."""
     if store is None:
         return None
     try:
-        return await store.record_apply(entry(plan, outcome, started_at, started_by))
+        apply_id = await store.record_apply(entry(plan, outcome, started_at, started_by))
+        undone = rollback(plan, outcome, started_at, started_by, apply_id)
+        if undone is not None:
+            await store.record_apply(undone)
+        return apply_id
     except StoreError as exc:
         log.warning("the apply was not written to the journal: %s", exc)
         return None
@@ -77,7 +139,8 @@ def _change(item: ChangeOutcome) -> ChangeEntry:
         model=change.model, replica=change.replica, action=change.action,
         nodes=tuple(nodes), why=why, ok=item.ok,
         error=None if item.ok else _error(item, secrets), duration=item.elapsed,
-        new_replica=change.new_replica,
+        new_replica=change.new_replica, drift_class=change.drift, gate=item.gate,
+        rolled_back=True if item.rolled_back else None,
     )
 
 

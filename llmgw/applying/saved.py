@@ -94,6 +94,8 @@ def _change(data: dict[str, Any]) -> Change:
         reasons=tuple(data["reasons"]),
         strategy=data.get("strategy"),
         new_replica=data.get("new_replica"),
+        drift=str(data.get("drift") or "declared_change"),
+        evidence=tuple(str(line) for line in data.get("evidence") or ()),
         shards=tuple(
             _checked(Shard(
                 model=model, replica=data.get("new_replica") or replica, rank=int(s["rank"]),

@@ -5,6 +5,13 @@ saved plan and re-plan only the nodes whose observation changed), print,
 confirm (unless ``--auto-approve``), execute with progress, summarise. A
 partial failure prints what changed and what did not, the engine's log tail
 for failed replicas, and exits 1; running it again converges.
+
+Models with a ``rollout`` gate are replaced in waves and their new replicas
+probed before the old ones go (there is no router in this process to bake on:
+``llmgw serve`` does that). A model held after a failed gate is left out of
+the plan until ``--retry`` releases it (all held models, or those named).
+Under ``sync: auto`` ``--retry`` only releases: the daemon, which applies
+there, retries at its next iteration.
 """
 
 from __future__ import annotations
@@ -17,17 +24,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from llmgw.applying import executions, records, saved
+from llmgw.applying import bakes, executions, records, saved
 from llmgw.applying.executions import Outcome, Step
 from llmgw.cli import clusters, engine_cmd
 from llmgw.cli.errors import UserError
 from llmgw.cli.plan_cmd import revision_of
-from llmgw.planning import installs, outputs, plans
+from llmgw.planning import holds, installs, outputs, plans
 from llmgw.planning.types import Plan
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import parse_duration
+from llmgw.spec.rollouts import Hold
 from llmgw.store import migrations, stores
-from llmgw.store.stores import StoreError
+from llmgw.store.stores import Store, StoreError
 from llmgw.transport import pools
 
 
@@ -46,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="apply without asking for confirmation")
     parser.add_argument("--ready-timeout", default="15m", metavar="DURATION",
                         help="how long a replica may take to become Ready (default: 15m)")
+    parser.add_argument("--retry", nargs="*", metavar="MODEL", default=None,
+                        help="release the hold of models whose replacement failed its "
+                        "rollout gate (all of them, or the MODELs named), then plan")
     parser.set_defaults(handler=run)
 
 
@@ -65,7 +76,26 @@ def run(args: argparse.Namespace) -> int:
 async def _apply(
     cluster: Cluster, args: argparse.Namespace, previous: Plan | None, ready_timeout: float
 ) -> int:
+    try:
+        store: Store | str = await stores.open_store(cluster.cluster.store)
+    except (StoreError, migrations.SchemaTooNew) as exc:
+        store = str(exc)  # why it did not open, said where it matters
+    try:
+        return await _apply_with(cluster, args, previous, ready_timeout, store)
+    finally:
+        if not isinstance(store, str):
+            await store.close()
+
+
+async def _apply_with(cluster: Cluster, args: argparse.Namespace, previous: Plan | None,
+                      ready_timeout: float, store: Store | str) -> int:
     out = sys.stdout
+    known = await _holds(cluster, store, args.retry, out)
+    if args.retry is not None and cluster.cluster.sync == "auto":
+        # The daemon applies under sync: auto; a second applier would race it.
+        print("sync is auto: the daemon retries at its next iteration (within "
+              f"{cluster.cluster.drift_interval:g} s); watch `llmgw status`.", file=out)
+        return 0
     async with pools.Pool(cluster, args.cluster) as pool:
         fleet = await pool.fleet()
         for name, report in sorted(fleet.nodes.items()):
@@ -73,6 +103,7 @@ async def _apply(
                 print(f"! {name} is unreachable, nothing will change there: {report.error}",
                       file=out)
         fresh = plans.plan(cluster, fleet, time.time(), revision=revision_of(args.cluster))
+        fresh, _ = holds.apply(fresh, dict(cluster.models), known)
         plan = fresh
         if previous is not None:
             merge = saved.merge(previous, fresh)
@@ -81,7 +112,7 @@ async def _apply(
                 print(f"! {node}: its observation changed since the plan was saved; its "
                       "changes were re-planned from what it reports now.", file=out)
         out.write(outputs.text(plan))
-        if not plan.has_changes and not plan.held:
+        if not plan.has_changes and not plan.awaiting_install:
             return 0
         if not args.auto_approve and not _confirm(out):
             print("Apply cancelled.", file=out)
@@ -92,6 +123,7 @@ async def _apply(
                 return 1
             fleet = await pool.fleet()
             plan = plans.plan(cluster, fleet, time.time(), revision=revision_of(args.cluster))
+            plan, _ = holds.apply(plan, dict(cluster.models), known)
             if previous is not None:
                 plan = saved.merge(previous, plan).plan
             print("\nPlanned again with the engines installed:", file=out)
@@ -101,11 +133,12 @@ async def _apply(
         display = Display(out)
         started_at = time.time()
         outcome = await executions.execute(
-            plan, pool, progress=display.step, ready_timeout=ready_timeout
+            plan, pool, progress=display.step, ready_timeout=ready_timeout,
+            gating=executions.Gating.of(cluster, bakes.ProbeOnly(cluster)),
         )
         display.close()
     _report(outcome, out)
-    await _journal(cluster, plan, outcome, started_at, out)
+    await _journal(cluster, plan, outcome, started_at, out, store)
     return 0 if outcome.ok else 1
 
 
@@ -125,19 +158,47 @@ async def _install(pool: pools.Pool, directory: Path,
     return False
 
 
+async def _holds(cluster: Cluster, store: Store | str, retry: list[str] | None,
+                 out: TextIO) -> list[Hold]:
+    """The holds in force, after releasing those ``--retry`` names (all for a bare one)."""
+    if isinstance(store, str):
+        if retry is not None:
+            raise UserError(f"--retry: cannot open the store: {store}")
+        return []
+    try:
+        if retry is not None:
+            unknown = sorted(set(retry) - set(cluster.models))
+            if unknown:
+                raise UserError(f"--retry: no model {', '.join(map(repr, unknown))} in the "
+                                "cluster")
+            released = await store.release_holds(retry or None)
+            for hold in released:
+                print(f"released {hold.model} ({hold.line()})", file=out)
+            if not released:
+                print("nothing was held", file=out)
+        return await store.holds()
+    except StoreError as exc:
+        print(f"! cannot read held revisions: {exc}", file=out)
+        return []
+
+
 async def _journal(cluster: Cluster, plan: Plan, outcome: Outcome, started_at: float,
-                   out: TextIO) -> None:
-    """Record the apply in the store's journal (``llmgw history``); a refusal only warns."""
-    try:
-        store = await stores.open_store(cluster.cluster.store)
-    except (StoreError, migrations.SchemaTooNew) as exc:
-        print(f"! the apply was not written to the journal: {exc}", file=out)
+                   out: TextIO, store: Store | str) -> None:
+    """Record the apply in the store's journal (``llmgw history``) and hold the models whose
+    gate failed; a refusal only warns."""
+    if isinstance(store, str):
+        print(f"! the apply was not written to the journal: {store}", file=out)
         return
-    try:
-        if await records.record(store, plan, outcome, started_at, records.invoker()) is None:
-            print("! the apply was not written to the journal (see the log)", file=out)
-    finally:
-        await store.close()
+    if await records.record(store, plan, outcome, started_at, records.invoker()) is None:
+        print("! the apply was not written to the journal (see the log)", file=out)
+    for hold in records.held(plan, outcome, cluster.models, time.time()):
+        try:
+            await store.put_hold(hold)
+        except StoreError as exc:
+            print(f"! {hold.model} could not be held: {exc}", file=out)
+            continue
+        print(f"{hold.model} {hold.line()}; run `llmgw apply --retry {hold.model}` to try it "
+              "again", file=out)
 
 
 def _confirm(out: TextIO) -> bool:
@@ -165,7 +226,8 @@ class Display:
         change = step.change
         line = (f"{outputs.symbol(change)} {change.model} r{change.replica}  "
                 f"{step.node}  {step.unit}  {step.state}  ({step.elapsed:.1f}s)"
-                + (f"  {step.detail}" if step.detail and step.state == "failed" else ""))
+                + (f"  {step.detail}" if step.detail and step.state in (
+                    "failed", "gating", "promoted", "rolled back") else ""))
         if not self.live:
             print(line, file=self.out, flush=True)
             return

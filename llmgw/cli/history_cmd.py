@@ -83,9 +83,14 @@ def table(entries: list[ApplyEntry]) -> str:
                 label += f" → r{change.new_replica}"
             if change.nodes:
                 label += f" on {','.join(change.nodes)}"
+            if item.rollback_of is not None:
+                label = f"rollback of #{item.rollback_of}: {label}"
             duration = "-" if change.duration is None else f"{change.duration:.1f}s"
-            rows.append((when, revision, item.started_by, label,
-                         _outcome(change.ok, change.error), duration))
+            outcome = _outcome(change.ok, change.error)
+            if change.gate is not None and item.rollback_of is None:
+                outcome = (f"rolled back: gate {change.gate}" if change.rolled_back
+                           else f"{outcome}, gate {change.gate}")
+            rows.append((when, revision, item.started_by, label, outcome, duration))
     widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER) - 2)]
     lines = []
     for row in [HEADER, *rows]:

@@ -15,8 +15,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from llmgw.fleet.types import Fleet, NodeReport
-from llmgw.planning import summaries
+from llmgw.planning import drifts, outputs, summaries
 from llmgw.planning.summaries import STATE_ORDER, Shard, gpu_counts, replicas
+from llmgw.planning.types import Plan
 from llmgw.spec.models import Cluster
 
 __all__ = ["gpu_counts", "render_inventory", "render_status", "replicas"]
@@ -248,3 +249,23 @@ def _age(seconds: float) -> str:
     if seconds < 172800:
         return f"{seconds // 3600}h"
     return f"{seconds // 86400}d"
+
+
+def render_drift(plan: Plan) -> str:
+    """The ``Drift`` block of ``llmgw status``: every difference between the cluster and the
+    fleet with its class (:mod:`llmgw.planning.drifts`), what llmgw will do about it, and
+    what it holds instead of repairing. Empty when the fleet matches the cluster."""
+    lines = []
+    for change in plan.changes:
+        what = outputs.headline(change).split(" will ", 1)[-1]
+        why = change.evidence[0] if change.evidence else "; ".join(change.reasons)
+        lines.append(f"  {outputs.symbol(change)} {change.model} r{change.replica} "
+                     f"({drifts.title(change.drift)}): will {what}: {why}")
+    for held in plan.held:
+        lines.append(f"  = {held.model} r{held.replica} on {', '.join(held.nodes)} "
+                     f"({drifts.title(held.drift)}): held: {'; '.join(held.reasons)}")
+        lines += [f"      {line}" for line in held.evidence]
+    for unknown in plan.unknown:
+        lines.append(f"  ? {unknown.model} r{unknown.replica} on {', '.join(unknown.nodes)} "
+                     f"(node lost): {'; '.join(unknown.reasons)}")
+    return "\n".join(["", "Drift", *lines]) + "\n" if lines else ""

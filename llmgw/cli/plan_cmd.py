@@ -9,6 +9,10 @@ replicas that cannot be placed (with or without changes), 1 error.
 
 A snapshot is planned *as of the moment it was taken* (its latest
 ``collected_at``), so the same snapshot always gives the same plan.
+
+Models held after a failed rollout gate are read from the store when it
+exists (a CI job with the store's URL shows them in the pull request comment);
+their replacements are left out and the hold is listed instead.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ import pydantic
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.fleet.types import FORMAT_VERSION, Fleet
-from llmgw.planning import outputs, plans
+from llmgw.planning import holds, outputs, plans
 from llmgw.planning.types import Plan
 from llmgw.spec import bounds
 from llmgw.spec.models import Cluster
+from llmgw.spec.rollouts import Hold
+from llmgw.store import migrations, stores
+from llmgw.store.stores import StoreError
 from llmgw.transport import pools
 
 EXIT_CHANGES = 2
@@ -70,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         fleet = collect_fleet(cluster, args.cluster)
         now = time.time()
     result = plans.plan(cluster, fleet, now, revision=revision_of(args.cluster))
+    result, _ = holds.apply(result, dict(cluster.models), read_holds(cluster))
     rendered = FORMATS[args.format](result)
     if args.out is not None:
         try:
@@ -82,6 +90,30 @@ def run(args: argparse.Namespace) -> int:
     if args.detailed_exitcode:
         return detailed_exitcode(result)
     return 0
+
+
+def read_holds(cluster: Cluster) -> list[Hold]:
+    """The held models in the cluster's store; none when it does not exist or cannot be read
+    (said on standard error): a plan never fails, or creates a database, for them."""
+    settings = cluster.cluster.store
+    try:
+        target = stores.target_of(settings.url, settings.path, settings.password_file)
+    except ValueError:
+        return []
+    if target.kind == "sqlite" and (target.path is None or not target.path.exists()):
+        return []
+
+    async def read() -> list[Hold]:
+        store = await stores.open_target(target)
+        try:
+            return await store.holds()
+        finally:
+            await store.close()
+    try:
+        return asyncio.run(read())
+    except (StoreError, migrations.SchemaTooNew) as exc:
+        print(f"! held revisions unknown: {exc}", file=sys.stderr)
+        return []
 
 
 def detailed_exitcode(plan: Plan) -> int:

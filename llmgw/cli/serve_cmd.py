@@ -44,7 +44,7 @@ from llmgw.daemon.leaders import Leadership, new_holder
 from llmgw.daemon.reconcilers import Daemon
 from llmgw.daemon.routetables import Follower
 from llmgw.metrics import servers
-from llmgw.metrics.collectors import FleetCollector, LeaseCollector
+from llmgw.metrics.collectors import FleetCollector, LeaseCollector, RolloutCollector
 from llmgw.router import catalogs, connections
 from llmgw.router.apps import Router, Settings
 from llmgw.spec import loading
@@ -237,6 +237,8 @@ async def _serve(cluster: Cluster, directory: Path, options: Options,
             daemon = Daemon(directory, cluster, router=router, collector=collector,
                             revision_of=revision_of, ready_timeout=options.ready_timeout,
                             leadership=leadership, store=store, router_id=holder)
+            registry.register(RolloutCollector(
+                lambda: ([h.model for h in daemon.state.held], dict(daemon.state.gates))))
             token = admin.ensure_token(Path(cluster.cluster.store.path).parent)
             admin_runner = web.AppRunner(
                 admin.create_app(daemon, token, pages.gate if pages else None),

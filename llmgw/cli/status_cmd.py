@@ -1,7 +1,9 @@
-"""``llmgw status``: one line per node and per replica.
+"""``llmgw status``: one line per node and per replica, then the drift.
 
 Until the daemon serves its admin API, this asks the agents directly (the
-same collection as ``llmgw inventory``) and prints the compact view. With a
+same collection as ``llmgw inventory``) and prints the compact view, then
+every difference between the cluster and the fleet with its class of drift
+and what is held instead of repaired (:func:`inventories.render_drift`). With a
 PostgreSQL store (several reconcilers, docs/ha.md) it also says which
 reconciler leads, from the lease in the store.
 """
@@ -13,8 +15,9 @@ import asyncio
 import sys
 import time
 
-from llmgw.cli import clusters, inventories, inventory_cmd
+from llmgw.cli import clusters, inventories, inventory_cmd, plan_cmd
 from llmgw.daemon.leaders import LEASE
+from llmgw.planning import plans
 from llmgw.spec.models import Cluster
 from llmgw.store import migrations, stores
 from llmgw.store.stores import StoreError
@@ -34,7 +37,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
     fleet = inventory_cmd.collect(cluster, args.cluster, args.timeout)
-    sys.stdout.write(inventories.render_status(cluster, fleet, time.time()))
+    now = time.time()
+    sys.stdout.write(inventories.render_status(cluster, fleet, now))
+    for hold in plan_cmd.read_holds(cluster):
+        print(f"{hold.model}: {hold.line()} (`llmgw apply --retry {hold.model}` tries it "
+              "again)")
+    # The same classification the daemon's plan makes (no router demand here).
+    sys.stdout.write(inventories.render_drift(plans.plan(cluster, fleet, now)))
     if cluster.cluster.store.url and not cluster.cluster.store.url.startswith("sqlite"):
         print(leader_line(cluster))
     return 0

@@ -136,11 +136,19 @@ def status(daemon: Daemon) -> dict[str, Any]:
         "nodes": {},
         "replicas": [],
         "leadership": leadership(daemon),
+        "held": [{"model": h.model, "revision": h.revision, "reason": h.reason,
+                  "held_at": h.held_at, "line": h.line()} for h in state.held],
     }
     if state.plan is not None:
         doc["plan"] = {"summary": state.plan.summary(), "has_changes": state.plan.has_changes,
                        "unplaceable": sum(len(u.replicas) for u in state.plan.unplaceable),
-                       "at": state.planned_at}
+                       "at": state.planned_at,
+                       "drift": [{"model": c.model, "replica": c.replica, "action": c.action,
+                                  "drift": c.drift, "evidence": list(c.evidence)}
+                                 for c in state.plan.changes],
+                       "held": [{"model": h.model, "replica": h.replica, "drift": h.drift,
+                                 "nodes": list(h.nodes), "reasons": list(h.reasons),
+                                 "evidence": list(h.evidence)} for h in state.plan.held]}
     if state.outcome is not None:
         doc["last_apply"] = {"summary": state.outcome.summary(), "ok": state.outcome.ok,
                              "at": state.applied_at}

@@ -41,11 +41,12 @@ import watchfiles
 from llmgw.applying import executions, records
 from llmgw.applying.executions import Outcome, Step
 from llmgw.daemon import routetables
+from llmgw.daemon.canaries import RouterTraffic
 from llmgw.daemon.leaders import LEASE, Leadership, NotLeader
 from llmgw.engines import profiles
 from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.metrics.collectors import FleetCollector
-from llmgw.planning import outputs, plans
+from llmgw.planning import drifts, holds, outputs, plans
 from llmgw.planning.types import Plan
 from llmgw.router import catalogs
 from llmgw.router.apps import Router
@@ -53,6 +54,7 @@ from llmgw.router.routes import Endpoint
 from llmgw.spec import loading
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import count
+from llmgw.spec.rollouts import Hold
 from llmgw.store.stores import Store, StoreError
 from llmgw.transport import pools
 from llmgw.transport.failures import NodeUnreachable
@@ -80,6 +82,8 @@ class State:
     applied_at: float | None = None
     refused: list[str] = field(default_factory=list)  # errors of the last refused edit
     iterations: int = 0
+    held: list[Hold] = field(default_factory=list)  # models held after a failed gate
+    gates: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, result) → count
 
 
 class Daemon:
@@ -111,11 +115,14 @@ class Daemon:
         self._reasons: set[str] = set()
         self._watchers: list[asyncio.Task[None]] = []
         self._last_units: dict[str, list[Unit]] = {}
+        self._held: set[tuple[str, int, str, tuple[str, ...]]] = set()  # logged already
         self.leadership = leadership
         self.store = store
         self.router_id = router_id  # our own router's id in the store's demand signals
         self._signals = Demand()  # other routers' demand, from the store
         self.first_lead_iteration_at: float | None = None  # clock(), per leadership term
+        self.traffic = RouterTraffic(lambda: self.cluster, self.observe, router, store,
+                                     router_id)
 
     def leads(self) -> bool:
         return self.leadership is None or self.leadership.is_leader()
@@ -223,9 +230,17 @@ class Daemon:
             self.first_lead_iteration_at = self.clock()
         plan = plans.plan(self.cluster, fleet, self.clock(), self._demand(),
                           revision=state.revision)
+        plan = await self._hold(plan)
         state.plan, state.planned_at = plan, self.clock()
+        if self.collector is not None:
+            self.collector.observe_plan(plan)
+        held = {(h.model, h.replica, h.drift, h.reasons) for h in plan.held}
+        for model, replica, kind, why in sorted(held - self._held):  # once, not every tick
+            log.warning("held %s r%d (%s): %s", model, replica, drifts.title(kind), "; ".join(why))
+        self._held = held
         if not plan.has_changes:
-            if state.applied_revision != state.revision and not plan.unplaceable:
+            if state.applied_revision != state.revision and not (plan.unplaceable
+                                                                 or plan.holds):
                 state.applied_revision = state.revision
             return plan
         log.info("%s", plan.summary())
@@ -236,8 +251,13 @@ class Daemon:
             if line.strip():
                 log.info("  %s", line)
         started_at = time.time()
-        outcome = await executions.execute(plan, self.pool, progress=_log_step,
-                                           ready_timeout=self.ready_timeout)
+        try:
+            outcome = await executions.execute(
+                plan, self.pool, progress=_log_step, ready_timeout=self.ready_timeout,
+                gating=executions.Gating.of(self.cluster, self.traffic))
+        finally:
+            self.traffic.clear()
+        await self._gated(plan, outcome)
         await records.record(self.store, plan, outcome, started_at, records.DAEMON)
         state.outcome, state.applied_at = outcome, self.clock()
         log.info("%s", outcome.summary())
@@ -249,6 +269,46 @@ class Daemon:
         await self.observe()
         return plan
 
+    async def _hold(self, plan: Plan) -> Plan:
+        """``plan`` without the replacements of held models (:mod:`llmgw.planning.holds`);
+        holds a commit made stale are released."""
+        known = self.state.held
+        if self.store is not None:
+            try:
+                known = await self.store.holds()
+            except StoreError as exc:
+                log.warning("cannot read held revisions (keeping the last known): %s", exc)
+        plan, stale = holds.apply(plan, dict(self.cluster.models), known)
+        if stale:
+            log.info("released holds the cluster changed since: %s",
+                     ", ".join(h.model for h in stale))
+            if self.store is not None:
+                try:
+                    await self.store.release_holds([h.model for h in stale])
+                except StoreError as exc:
+                    log.warning("cannot release stale holds: %s", exc)
+        if [h.model for h in plan.holds] != [h.model for h in self.state.held]:
+            for hold in plan.holds:  # said once, not at every iteration
+                log.warning("%s %s", hold.model, hold.line())
+        self.state.held = list(plan.holds)
+        return plan
+
+    async def _gated(self, plan: Plan, outcome: Outcome) -> None:
+        """Count gate verdicts; hold each model whose replacement was rolled back."""
+        for item in outcome.changes:
+            if item.gate is not None:
+                key = (item.change.model, "rolled_back" if item.rolled_back else "promoted")
+                self.state.gates[key] = self.state.gates.get(key, 0) + 1
+        for hold in records.held(plan, outcome, self.cluster.models, time.time()):
+            self.state.held = [h for h in self.state.held if h.model != hold.model] + [hold]
+            log.warning("%s %s; the old replica serves on", hold.model, hold.line())
+            if self.store is not None:
+                try:
+                    await self.store.put_hold(hold)
+                except StoreError as exc:
+                    log.warning("cannot write the hold of %s (held until restart): %s",
+                                hold.model, exc)
+
     async def observe(self) -> Fleet:
         """Collect every node's report; hand ready replicas to the router and metrics."""
         fleet = self._remember(await self.pool.fleet())
@@ -256,7 +316,7 @@ class Daemon:
         for name, report in sorted(fleet.nodes.items()):
             if not report.reachable:
                 log.warning("node %s unreachable: %s", name, report.error)
-        table = endpoints(self.cluster, fleet)
+        table = self.traffic.adjust(endpoints(self.cluster, fleet))
         if self.router is not None:
             self.router.update_routes(table)
         await self._publish(table)
@@ -427,6 +487,7 @@ def endpoints(cluster: Cluster, fleet: Fleet) -> dict[str, list[Endpoint]]:
 
 def _log_step(step: Step) -> None:
     change = step.change
-    detail = f" ({step.detail})" if step.detail and step.state == "failed" else ""
+    shown = step.state in ("failed", "gating", "promoted", "rolled back")
+    detail = f" ({step.detail})" if step.detail and shown else ""
     log.info("  %s r%d %s %s: %s after %.1fs%s", change.model, change.replica, step.node,
              step.unit, step.state, step.elapsed, detail)

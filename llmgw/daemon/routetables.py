@@ -10,11 +10,14 @@ leader is gone: nothing here ever empties a router's table on an error.
 
 * The leader publishes ``{"routes": {model: [[url, node, replica], ...]}}``
   after every observation, fenced by its lease epoch
-  (:meth:`Store.publish_routes`): a deposed leader's write is refused.
+  (:meth:`Store.publish_routes`): a deposed leader's write is refused. A
+  canary baking behind a rollout gate has a fourth item, its share.
 * Each router polls it every ``interval`` (0.5 s) and applies a table with a
   newer sequence number, and writes its own demand (requests waiting, last
   use per model) under its id; the leader merges every router's demand heard
-  from within 30 s into the scaling decision (:func:`merge`).
+  from within 30 s into the scaling decision (:func:`merge`). The same record
+  carries the router's per-replica tallies (:mod:`llmgw.router.tallies`),
+  which a rollout gate adds up (:func:`read_tallies`).
 
 Usage::
 
@@ -29,11 +32,13 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
 from llmgw.daemon.leaders import LEASE
 from llmgw.fleet.types import Demand
+from llmgw.router import tallies
 from llmgw.router.apps import Router
 from llmgw.router.routes import Endpoint
 from llmgw.store.stores import Store, StoreError
@@ -44,7 +49,8 @@ SIGNAL_MAX_AGE = 30.0  # a router not heard from for this long has stopped
 
 def encode(table: Mapping[str, Sequence[Endpoint]]) -> str:
     return json.dumps({"routes": {
-        model: [[e.base_url, e.node, e.replica] for e in endpoints]
+        model: [[e.base_url, e.node, e.replica] + ([e.share] if e.share else [])
+                for e in endpoints]
         for model, endpoints in sorted(table.items())
     }}, separators=(",", ":"))
 
@@ -53,11 +59,19 @@ def decode(doc: str) -> dict[str, list[Endpoint]]:
     """The table in ``doc``; ValueError when it is not one (a newer llmgw's, say)."""
     try:
         routes = json.loads(doc)["routes"]
-        return {str(model): [Endpoint(str(url), str(node), None if r is None else int(r))
-                             for url, node, r in endpoints]
+        return {str(model): [_endpoint(*item) for item in endpoints]
                 for model, endpoints in routes.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a routing table: {exc}") from None
+
+
+def _endpoint(url: object, node: object, replica: object,
+              share: object = None) -> Endpoint:
+    canary = None if share is None else float(str(share))
+    if canary is not None and not 0.0 < canary <= 1.0:
+        raise ValueError(f"a share of {canary}")
+    return Endpoint(str(url), str(node), None if replica is None else int(str(replica)),
+                    canary)
 
 
 def merge(demands: Iterable[Demand]) -> Demand:
@@ -96,6 +110,19 @@ async def read_signals(store: Store, skip: str | None = None) -> Demand:
     return merge(found)
 
 
+async def read_tallies(store: Store, skip: str | None = None) -> dict[str, dict[str, Any]]:
+    """Every live router's per-replica tallies, added up; ``skip`` leaves out one."""
+    found = []
+    for doc in await store.signals(SIGNAL_MAX_AGE):
+        try:
+            record = json.loads(doc)
+            if record.get("router") != skip and isinstance(record.get("tallies"), dict):
+                found.append(record["tallies"])
+        except (ValueError, TypeError, AttributeError):
+            continue
+    return tallies.merge(found)
+
+
 class Follower:
     """A router's link to the leader through the store: routes in, demand out."""
 
@@ -126,7 +153,8 @@ class Follower:
             if not self.leading():
                 await self._follow()
             record = {"router": self.router_id,
-                      "demand": self.router.demand().model_dump(mode="json")}
+                      "demand": self.router.demand().model_dump(mode="json"),
+                      "tallies": self.router.tallies()}
             await self.store.put_signals(self.router_id, json.dumps(record))
         except StoreError as exc:
             if not self._failing:

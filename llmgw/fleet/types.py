@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 FORMAT_VERSION = 1
+# A unit's last_exit when its engine ended while no agent watched (the agent restarted).
+UNSEEN_EXIT = "ended while no agent watched (status unknown)"
 
 UnitState = Literal[
     "fetching", "starting", "loading", "ready", "failed", "stopped", "unknown",
@@ -187,6 +189,23 @@ class Unit(Observed):
         "(`X-Llmgw-Spec` holds the shard spec the digest covers, so a plan can say which "
         "fields changed).",
     )
+    # Evidence for drift classes (llmgw.planning.drifts); absent from older agents.
+    restarts: int | None = Field(
+        None, description="Automatic restarts after a failure since llmgw last started it.")
+    last_exit: str = Field(
+        "", description="How the main process last ended (`exited with status 3`, `killed by "
+        "SIGKILL`); empty when it has not ended since the agent started or the node booted.")
+    last_exit_at: float | None = Field(None, description="Unix time of that end.")
+    crashes: list[float] = Field(
+        default_factory=list,
+        description="Unix times of the latest abnormal ends (at most 32), oldest first: what a "
+        "crash-loop rule counts.")
+    stopped_by: Literal["", "llmgw", "operator"] = Field(
+        "", description="Who stopped a stopped unit: llmgw (asked by the daemon) or someone else "
+        "(`systemctl stop`, a signal by hand); empty when not stopped or not known.")
+    written_by_llmgw: bool | None = Field(
+        None, description="Whether the unit file is the one an llmgw agent wrote (its ledger "
+        "holds the file's digest); None when the agent does not say.")
 
 
 class EngineBinary(Observed):
@@ -247,6 +266,9 @@ class NodeReport(Observed):
     fetches: list[Fetch] = Field(default_factory=list)
     cached_weights: list[CachedWeights] = Field(default_factory=list)
     host: HostFacts | None = None
+    agent_started_at: float | None = Field(None, description="Unix time the agent started.")
+    boot_id: str | None = Field(None, description="The kernel's boot id: a new one is a reboot.")
+    booted_at: float | None = Field(None, description="Unix time the node booted.")
 
     @property
     def is_cpu_only(self) -> bool:

@@ -12,6 +12,7 @@ Usage::
     collector = collectors.FleetCollector()
     registry.register(collector)
     collector.observe(fleet)      # after each observation
+    collector.observe_plan(plan)  # after each plan: drift per class and node
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmgw.fleet.types import Fleet, Gpu, NodeReport, Unit
+from llmgw.metrics.drifts import DriftCounts
+from llmgw.planning.types import Plan
 
 GPU_STATES = ("used", "free", "faulty")
 REPLICA_STATES = ("fetching", "starting", "loading", "ready", "failed", "stopped", "unknown")
@@ -57,6 +60,11 @@ def replica_states(fleet: Fleet) -> dict[tuple[str, int], str]:
 class FleetCollector(Collector):
     def __init__(self) -> None:
         self._fleet: Fleet | None = None
+        self.drifts = DriftCounts()
+
+    def observe_plan(self, plan: Plan) -> None:
+        """Count the plan's drift (:mod:`llmgw.metrics.drifts`)."""
+        self.drifts.observe(plan)
 
     def observe(self, fleet: Fleet) -> None:
         """Export ``fleet`` from now on (the reference swap is atomic for scraping threads)."""
@@ -64,10 +72,10 @@ class FleetCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         # Declared so registering never calls collect() before a fleet exists.
-        return list(_families(None))
+        return [*_families(None), *DriftCounts().families()]
 
     def collect(self) -> Iterable[Metric]:
-        return list(_families(self._fleet))
+        return [*_families(self._fleet), *self.drifts.families()]
 
 
 def _families(fleet: Fleet | None) -> Iterator[Metric]:
@@ -173,3 +181,30 @@ class LeaseCollector(Collector):
                                        labels=["holder"])
             epochs.add_metric([holder], float(epoch))
             yield epochs
+
+
+RolloutView = tuple[list[str], dict[tuple[str, str], int]]
+
+
+class RolloutCollector(Collector):
+    """Gated rollouts, read at scrape time: ``llmgw_rollout_held{model}`` is 1 for each
+    model held after a failed gate (alert on it), ``llmgw_rollout_gates_total{model,
+    result}`` counts verdicts (``promoted``, ``rolled_back``) since the daemon started."""
+
+    def __init__(self, read: Callable[[], RolloutView]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        held, gates = self._read()
+        family = GaugeMetricFamily("llmgw_rollout_held",
+                                   "1 for each model held after its replacement failed a "
+                                   "rollout gate.", labels=["model"])
+        for model in sorted(held):
+            family.add_metric([model], 1.0)
+        yield family
+        verdicts = CounterMetricFamily("llmgw_rollout_gates",
+                                       "Rollout gate verdicts by model and result.",
+                                       labels=["model", "result"])
+        for (model, result), n in sorted(gates.items()):
+            verdicts.add_metric([model, result], float(n))
+        yield verdicts

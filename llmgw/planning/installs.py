@@ -120,14 +120,14 @@ def noted(plan: Plan, reports: Mapping[str, NodeReport]) -> Plan:
         else:
             changes.append(replace(change, reasons=change.reasons + reasons(change, reports)))
     return replace(plan, changes=tuple(changes), warnings=plan.warnings + tuple(warnings),
-                   held=plan.held + tuple(held))
+                   awaiting_install=plan.awaiting_install + tuple(held))
 
 
 def needed(plan: Plan, reports: Mapping[str, NodeReport]) -> Lacking:
     """Every (engine, version) the plan's changes and held replaces need, and the nodes
     that lack it: what ``llmgw apply`` installs before it changes anything."""
     found: Lacking = {}
-    for change in plan.changes + plan.held:
+    for change in plan.changes + plan.awaiting_install:
         for need, nodes in lacking(change, reports).items():
             found.setdefault(need, set()).update(nodes)
     return dict(sorted(found.items()))

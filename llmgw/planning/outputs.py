@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from llmgw.planning import installs
+from llmgw.planning import drifts, installs
 from llmgw.planning.types import (
     FORMAT_VERSION,
     Attempt,
@@ -39,6 +39,7 @@ SYMBOLS = {
     "create": "+",
     "destroy": "-",
     "restart": "~",
+    "hold": "=",
     "create-before-destroy": "+/-",
     "destroy-before-create": "-/+",
 }
@@ -81,6 +82,8 @@ def headline(change: Change) -> str:
         return f"{name} will be destroyed"
     if change.action == "restart":
         return f"{name} will be restarted"
+    if change.action == "hold":
+        return f"{name} will be held (stopped, not restarted)"
     if change.strategy == "create-before-destroy":
         return f"{name} will be replaced by r{change.new_replica} (create before destroy)"
     return f"{name} will be replaced (destroy, then create: no room beside it)"
@@ -128,6 +131,18 @@ def text(plan: Plan) -> str:
             out.append(f"  ? {unknown.model} r{unknown.replica} on {', '.join(unknown.nodes)}")
             out += [f"      {reason}" for reason in unknown.reasons]
             out.append("")
+    if plan.held:
+        out += ["Held (drift shown, not repaired):", ""]
+        for held in plan.held:
+            out.append(f"  = {held.model} r{held.replica} on {', '.join(held.nodes)} "
+                       f"({drifts.title(held.drift)})")
+            out += [f"      {reason}" for reason in held.reasons]
+            out += [f"      evidence: {line}" for line in held.evidence]
+            out.append("")
+    if plan.holds:
+        out += ["Held (not replaced again until a commit changes the model or "
+                "`llmgw apply --retry`):", ""]
+        out += [f"  = {hold.model}: {hold.line()}" for hold in plan.holds] + [""]
     if plan.warnings:
         out += ["Warnings:", *(f"  - {w}" for w in plan.warnings), ""]
     out.append(plan.summary())
@@ -155,6 +170,11 @@ def _no_changes(plan: Plan) -> str:
     if plan.unplaceable:
         return "No changes can be made, and the fleet does not match the cluster: " \
             "replicas cannot be placed (see below)."
+    if plan.held:
+        return "No changes: what differs is held, not repaired (see below)."
+    if plan.holds:
+        return "No changes: the fleet does not match the cluster, but what differs is held " \
+            "after a failed rollout gate (see below)."
     if installs.holds(plan):
         return "No changes can be made yet: replaces wait for engine installs (see below)."
     if plan.unknown:
@@ -176,7 +196,9 @@ def _time(now: float) -> str:
 
 def _text_change(change: Change) -> list[str]:
     out = [f"  {symbol(change)} {headline(change)}"]
-    out += [f"      why: {reason}" for reason in change.reasons]
+    kind = drifts.title(change.drift)
+    out += [f"      why ({kind}): {reason}" for reason in change.reasons]
+    out += [f"      evidence: {line}" for line in change.evidence]
     if change.shards:
         first = change.shards[0]
         out.append(f"      {_describe(first)}")
@@ -271,8 +293,9 @@ def _markdown_rows(plan: Plan) -> list[str]:
         if change.action == "replace":
             what = ("replace: create before destroy" if change.strategy == "create-before-destroy"
                     else "replace: destroy, then create")
+        why = f"{drifts.title(change.drift)}: " + "; ".join(change.reasons)
         rows.append(_row(f"`{symbol(change)}`", change.model, f"r{change.replica}", what,
-                         where(shards), _inert("; ".join(change.reasons))))
+                         where(shards), _inert(why)))
     for entry in plan.unplaceable:
         replicas = ", ".join(f"r{r}" for r in entry.replicas)
         rows.append(_row("`!`", entry.model, replicas, "cannot be placed", "—",
@@ -280,6 +303,11 @@ def _markdown_rows(plan: Plan) -> list[str]:
     for unknown in plan.unknown:
         rows.append(_row("`?`", unknown.model, f"r{unknown.replica}", "unknown",
                          ", ".join(unknown.nodes), _inert("; ".join(unknown.reasons))))
+    for held in plan.held:
+        rows.append(_row("`=`", held.model, f"r{held.replica}", "held", ", ".join(held.nodes),
+                         _inert(f"{drifts.title(held.drift)}: " + "; ".join(held.reasons))))
+    for hold in plan.holds:
+        rows.append(_row("`=`", hold.model, "—", "held", "—", _inert(hold.line())))
     return rows
 
 
@@ -355,8 +383,9 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "now": plan.now,
         "summary": {
             **{action: plan.count(action)
-               for action in ("create", "replace", "destroy", "restart")},
+               for action in ("create", "replace", "destroy", "restart", "hold")},
             "unplaceable": plan.unplaced,
+            "held": len(plan.held),
             "unknown": len(plan.unknown),
             "text": plan.summary(),
         },
@@ -378,8 +407,13 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         ],
         "unknown": [
             {"model": u.model, "replica": u.replica, "nodes": list(u.nodes),
-             "reasons": list(u.reasons)}
+             "drift": "node_lost", "reasons": list(u.reasons)}
             for u in plan.unknown
+        ],
+        "held": [
+            {"model": h.model, "replica": h.replica, "nodes": list(h.nodes), "drift": h.drift,
+             "reasons": list(h.reasons), "evidence": list(h.evidence)}
+            for h in plan.held
         ],
         "capacity": [
             {"gpu_class": r.gpu_class, "total": r.total, "faulty": r.faulty,
@@ -390,7 +424,9 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "nodes": [{"node": n.node, "reachable": n.reachable, "digest": n.digest}
                   for n in plan.nodes],
         "warnings": list(plan.warnings),
-    }
+    } | ({"holds": [{"model": h.model, "revision": h.revision, "digest": h.digest,
+                     "reason": h.reason, "held_at": h.held_at, "line": h.line()}
+                    for h in plan.holds]} if plan.holds else {})
 
 
 def _change_dict(change: Change) -> dict[str, Any]:
@@ -400,7 +436,9 @@ def _change_dict(change: Change) -> dict[str, Any]:
         "replica": change.replica,
         "strategy": change.strategy,
         "new_replica": change.new_replica,
+        "drift": change.drift,
         "reasons": list(change.reasons),
+        "evidence": list(change.evidence),
         "shards": [
             {
                 "node": s.node, "unit": s.unit, "rank": s.rank, "engine": s.engine,

@@ -14,6 +14,8 @@ The steps, in order:
 4. Scale up to the wanted count: ``min`` for every model first, then what
    demand asks; profiles tried in order; what fits nowhere says why, per node.
 5. One eviction, when an on-demand model has requests waiting and no room.
+6. Each change gets its class of drift; what the cluster does not let llmgw
+   repair, and engines in a crash loop, are held (:mod:`.drifts`).
 
 This is a purely computational function with no side effects: no I/O, no
 clock, and the same inputs give the same plan byte for byte.
@@ -27,7 +29,16 @@ from typing import Any
 
 from llmgw.engines import launches
 from llmgw.fleet.types import Demand, Fleet, NodeReport
-from llmgw.planning import diffs, fingerprints, installs, placements, replicas, scaling, shards
+from llmgw.planning import (
+    diffs,
+    drifts,
+    fingerprints,
+    installs,
+    placements,
+    replicas,
+    scaling,
+    shards,
+)
 from llmgw.planning.nodes import Capacity
 from llmgw.planning.placements import Placement, Request
 from llmgw.planning.replicas import ObservedReplica
@@ -66,7 +77,8 @@ def plan(
     ``demand`` is what the router has seen (default: nothing).
     """
     planner = _Planner(cluster, fleet, now, demand or Demand(), policy or Policy())
-    return installs.noted(planner.run(revision), planner.reports)
+    return drifts.settle(installs.noted(planner.run(revision), planner.reports), cluster,
+                         fleet, now)
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,7 @@ class _Planner:
         observation = replicas.collect(cluster, fleet)
         self.observed = observation.replicas
         self.orphans = observation.orphans
+        self.kept = drifts.kept_strangers(cluster, fleet)  # repair off: they stay, hold GPUs
         self.warnings: list[str] = list(observation.warnings)
         self.destroys: list[Change] = []
         self.restarts: list[Change] = []
@@ -112,7 +125,7 @@ class _Planner:
     # -- the steps ----------------------------------------------------------
 
     def run(self, revision: str | None) -> Plan:
-        self._warn_blind_nodes()
+        self.warnings += drifts.blind_nodes(self.cluster, self.reports)
         self._destroy_orphans()
         self._hold_observed()
         used_before = self._gpus_in_use()
@@ -140,24 +153,6 @@ class _Planner:
             warnings=tuple(self.warnings),
         )
 
-    def _warn_blind_nodes(self) -> None:
-        for name in sorted(self.cluster.nodes):
-            report = self.reports.get(name)
-            if report is None:
-                self.warnings.append(
-                    f"{name}: no report from its agent; replicas there, if any, cannot be seen"
-                )
-            elif not report.reachable and not report.units:
-                self.warnings.append(
-                    f"{name}: unreachable and no earlier report of its units; replicas there, "
-                    "if any, cannot be seen"
-                )
-            elif report.reachable:
-                for status in report.fabrics:
-                    if status.advertised and len(status.adapters) < status.declared_adapters:
-                        self.warnings.append(f"{name}: fabric {status.name} has "
-                                             f"{status.active}")
-
     def _destroy_orphans(self) -> None:
         groups: dict[Key, list[replicas.Orphan]] = {}
         for orphan in self.orphans:
@@ -170,13 +165,17 @@ class _Planner:
                 spec = replicas.parse_spec(orphan.unit) or {}
                 gpus = tuple(sorted(node.by_uuid[u] for u in spec.get("gpus", [])
                                     if u in node.by_uuid)) if node else ()
-                removes.append(_observed_shard(orphan.node, orphan.unit, gpus))
+                kept = (orphan.node, orphan.unit.name) in self.kept
                 if node is not None and gpus:
-                    # Held until the plan's destroys run: counted as in use before.
+                    # Held until the plan's destroys run (for ever, if kept): in use before.
                     self.capacity.take(orphan.node, gpus, (), 0, "", f"{model} r{replica}")
-                    self.orphan_holds.append(_Hold(orphan.node, gpus, (), 0))
-            self.destroys.append(Change("destroy", model, replica, reasons,
-                                        removes=tuple(removes)))
+                    if not kept:
+                        self.orphan_holds.append(_Hold(orphan.node, gpus, (), 0))
+                if not kept:
+                    removes.append(_observed_shard(orphan.node, orphan.unit, gpus))
+            if removes:
+                self.destroys.append(Change("destroy", model, replica, reasons,
+                                            removes=tuple(removes)))
 
     def _hold_observed(self) -> None:
         unlabelled: set[str] = set()

@@ -148,6 +148,11 @@ def collect(cluster: Cluster, fleet: Fleet) -> Observation:
     for node_name in sorted(fleet.nodes):
         report = fleet.nodes[node_name]
         for unit in sorted(report.units, key=lambda u: (u.model, u.replica, u.rank, u.name)):
+            if unit.written_by_llmgw is False:  # a stranger: whatever it claims, it is not ours
+                if report.reachable:
+                    orphans.append(Orphan(node_name, unit, f"{unit.name} on {node_name} was not "
+                                                            "written by llmgw"))
+                continue
             if node_name not in cluster.nodes:
                 if report.reachable:
                     orphans.append(Orphan(node_name, unit, f"node {node_name} is not in the "

@@ -1,7 +1,9 @@
 """The plan and its parts: plain, typed, immutable data.
 
 A :class:`Plan` is a list of :class:`Change` in the order they must run
-(destroys that free capacity first, then restarts, replaces and creates),
+(destroys that free capacity first, then holds, restarts, replaces and
+creates), each with its class of drift (:mod:`llmgw.planning.drifts`),
+replicas held instead of repaired (:class:`Held`),
 replicas that cannot be placed (:class:`Unplaceable`) and replicas whose nodes
 did not answer (:class:`UnknownReplica`), each with its reasons, plus the
 fingerprints a saved plan is checked against before it is applied.
@@ -14,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from llmgw.rendering.units import UnitFiles
+from llmgw.spec.rollouts import Hold
 
 FORMAT_VERSION = 1
 
-Action = Literal["create", "replace", "destroy", "restart"]
+Action = Literal["create", "replace", "destroy", "restart", "hold"]
 Strategy = Literal["create-before-destroy", "destroy-before-create"]
-ACTIONS: tuple[Action, ...] = ("create", "replace", "destroy", "restart")
+ACTIONS: tuple[Action, ...] = ("create", "replace", "destroy", "restart", "hold")
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class UnitOp:
 
     node: str
     unit: str
-    action: Literal["start", "remove"]
+    action: Literal["start", "stop", "remove"]
     files: UnitFiles | None = None  # start only
 
 
@@ -78,6 +81,9 @@ class Change:
     removes: tuple[ObservedShard, ...] = ()  # what goes away: destroy, replace
     strategy: Strategy | None = None  # replace only
     new_replica: int | None = None  # replace only: the index of the new replica
+    # The class of drift this change repairs (llmgw.planning.drifts) and what shows it.
+    drift: str = "declared_change"
+    evidence: tuple[str, ...] = ()
 
     def phases(self) -> tuple[tuple[UnitOp, ...], ...]:
         """The unit operations of this change, phase by phase.
@@ -87,6 +93,8 @@ class Change:
         """
         starts = tuple(UnitOp(s.node, s.unit, "start", s.files) for s in self.shards)
         removes = tuple(UnitOp(s.node, s.unit, "remove") for s in self.removes)
+        if self.action == "hold":  # stop what crash-loops; its files stay for a later start
+            return (tuple(UnitOp(s.node, s.unit, "stop") for s in self.removes),)
         if self.action == "destroy":
             return (removes,)
         if self.action in ("create", "restart"):
@@ -116,6 +124,18 @@ class Unplaceable:
     wanted: str  # why these replicas are wanted
     attempts: tuple[Attempt, ...]
     note: str = ""  # e.g. "the current replica keeps running"
+
+
+@dataclass(frozen=True)
+class Held:
+    """A replica whose drift is not repaired: its class's repair is off, or it crash-loops."""
+
+    model: str
+    replica: int
+    drift: str
+    nodes: tuple[str, ...]
+    reasons: tuple[str, ...]  # why it is held
+    evidence: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,9 +179,11 @@ class Plan:
     capacity: tuple[CapacityRow, ...] = ()
     nodes: tuple[NodeFingerprint, ...] = ()
     warnings: tuple[str, ...] = ()
+    held: tuple[Held, ...] = ()
+    holds: tuple[Hold, ...] = ()  # models whose replacement failed its gate (planning.holds)
     # Replaces held until their engine version is installed (planning.installs);
     # in memory only: a saved plan keeps their warnings.
-    held: tuple[Change, ...] = field(default=(), compare=False)
+    awaiting_install: tuple[Change, ...] = field(default=(), compare=False)
 
     def count(self, action: Action) -> int:
         return sum(1 for change in self.changes if change.action == action)
@@ -184,12 +206,19 @@ class Plan:
             f"Plan: {self.count('create')} to create, {self.count('replace')} to replace, "
             f"{self.count('destroy')} to destroy"
         )
-        restarts = self.count("restart")
-        text += f", {restarts} to restart." if restarts else "."
+        restarts, holds = self.count("restart"), self.count("hold")
+        text += f", {restarts} to restart" if restarts else ""
+        text += f", {holds} to hold." if holds else "."
         if self.unplaced:
             plural = "s" if self.unplaced != 1 else ""
             text += f" {self.unplaced} replica{plural} cannot be placed."
         if self.unknown:
             plural = "s" if len(self.unknown) != 1 else ""
             text += f" {len(self.unknown)} replica{plural} unknown (node not reachable)."
+        if self.held:
+            plural = "s" if len(self.held) != 1 else ""
+            text += f" {len(self.held)} replica{plural} held (not repaired)."
+        if self.holds:
+            plural = "s" if len(self.holds) != 1 else ""
+            text += f" {len(self.holds)} model{plural} held (failed a rollout gate)."
         return text

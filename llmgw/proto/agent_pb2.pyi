@@ -615,6 +615,12 @@ class Unit(_message.Message):
     LOG_TAIL_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    LAST_EXIT_FIELD_NUMBER: _builtins.int
+    LAST_EXIT_AT_FIELD_NUMBER: _builtins.int
+    CRASHES_FIELD_NUMBER: _builtins.int
+    STOPPED_BY_FIELD_NUMBER: _builtins.int
+    WRITTEN_BY_LLMGW_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     model: _builtins.str
     replica: _builtins.int
@@ -627,11 +633,26 @@ class Unit(_message.Message):
     since: _builtins.float
     last_used: _builtins.float
     detail: _builtins.str
+    restarts: _builtins.int
+    """Drift evidence (llmgw.planning.drifts): fields 20-29.
+    automatic restarts since llmgw last started it
+    """
+    last_exit: _builtins.str
+    """"exited with status 3", "killed by SIGKILL", "" """
+    last_exit_at: _builtins.float
+    stopped_by: _builtins.str
+    """"" | llmgw | operator"""
+    written_by_llmgw: _builtins.bool
+    """the unit file matches the agent's ledger"""
     @_builtins.property
     def log_tail(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """every X-Llmgw-* key of the unit's [Unit] section"""
+
+    @_builtins.property
+    def crashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """unix times of the latest abnormal ends, oldest first"""
 
     def __init__(
         self,
@@ -649,19 +670,33 @@ class Unit(_message.Message):
         log_tail: _abc.Iterable[_builtins.str] | None = ...,
         detail: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        restarts: _builtins.int | None = ...,
+        last_exit: _builtins.str = ...,
+        last_exit_at: _builtins.float | None = ...,
+        crashes: _abc.Iterable[_builtins.float] | None = ...,
+        stopped_by: _builtins.str = ...,
+        written_by_llmgw: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_since", b"_since", "last_used", b"last_used", "pid", b"pid", "port", b"port", "since", b"since"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at", "_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_restarts", b"_restarts", "_since", b"_since", "_written_by_llmgw", b"_written_by_llmgw", "last_exit_at", b"last_exit_at", "last_used", b"last_used", "pid", b"pid", "port", b"port", "restarts", b"restarts", "since", b"since", "written_by_llmgw", b"written_by_llmgw"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_since", b"_since", "detail", b"detail", "digest", b"digest", "labels", b"labels", "last_used", b"last_used", "log_tail", b"log_tail", "model", b"model", "name", b"name", "pid", b"pid", "port", b"port", "rank", b"rank", "replica", b"replica", "since", b"since", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at", "_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_restarts", b"_restarts", "_since", b"_since", "_written_by_llmgw", b"_written_by_llmgw", "crashes", b"crashes", "detail", b"detail", "digest", b"digest", "labels", b"labels", "last_exit", b"last_exit", "last_exit_at", b"last_exit_at", "last_used", b"last_used", "log_tail", b"log_tail", "model", b"model", "name", b"name", "pid", b"pid", "port", b"port", "rank", b"rank", "replica", b"replica", "restarts", b"restarts", "since", b"since", "state", b"state", "stopped_by", b"stopped_by", "written_by_llmgw", b"written_by_llmgw"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__last_exit_at: _TypeAlias = _typing.Literal["last_exit_at"]  # noqa: Y015
+    _WhichOneofArgType__last_exit_at: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at"]  # noqa: Y015
     _WhichOneofReturnType__last_used: _TypeAlias = _typing.Literal["last_used"]  # noqa: Y015
     _WhichOneofArgType__last_used: _TypeAlias = _typing.Literal["_last_used", b"_last_used"]  # noqa: Y015
     _WhichOneofReturnType__pid: _TypeAlias = _typing.Literal["pid"]  # noqa: Y015
     _WhichOneofArgType__pid: _TypeAlias = _typing.Literal["_pid", b"_pid"]  # noqa: Y015
     _WhichOneofReturnType__port: _TypeAlias = _typing.Literal["port"]  # noqa: Y015
     _WhichOneofArgType__port: _TypeAlias = _typing.Literal["_port", b"_port"]  # noqa: Y015
+    _WhichOneofReturnType__restarts: _TypeAlias = _typing.Literal["restarts"]  # noqa: Y015
+    _WhichOneofArgType__restarts: _TypeAlias = _typing.Literal["_restarts", b"_restarts"]  # noqa: Y015
     _WhichOneofReturnType__since: _TypeAlias = _typing.Literal["since"]  # noqa: Y015
     _WhichOneofArgType__since: _TypeAlias = _typing.Literal["_since", b"_since"]  # noqa: Y015
+    _WhichOneofReturnType__written_by_llmgw: _TypeAlias = _typing.Literal["written_by_llmgw"]  # noqa: Y015
+    _WhichOneofArgType__written_by_llmgw: _TypeAlias = _typing.Literal["_written_by_llmgw", b"_written_by_llmgw"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_exit_at) -> _WhichOneofReturnType__last_exit_at | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_used) -> _WhichOneofReturnType__last_used | None: ...
     @_typing.overload
@@ -669,7 +704,11 @@ class Unit(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__port) -> _WhichOneofReturnType__port | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__restarts) -> _WhichOneofReturnType__restarts | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__since) -> _WhichOneofReturnType__since | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__written_by_llmgw) -> _WhichOneofReturnType__written_by_llmgw | None: ...
 
 Global___Unit: _TypeAlias = Unit  # noqa: Y015
 
@@ -698,6 +737,9 @@ class NodeReport(_message.Message):
     FETCHES_FIELD_NUMBER: _builtins.int
     CACHED_WEIGHTS_FIELD_NUMBER: _builtins.int
     HOST_FIELD_NUMBER: _builtins.int
+    AGENT_STARTED_AT_FIELD_NUMBER: _builtins.int
+    BOOT_ID_FIELD_NUMBER: _builtins.int
+    BOOTED_AT_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     reachable: _builtins.bool
     error: _builtins.str
@@ -708,6 +750,10 @@ class NodeReport(_message.Message):
     memory_total_bytes: _builtins.int
     memory_available_bytes: _builtins.int
     collected_at: _builtins.float
+    agent_started_at: _builtins.float
+    """Drift evidence: fields 60-69."""
+    boot_id: _builtins.str
+    booted_at: _builtins.float
     @_builtins.property
     def cpu_flags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -756,13 +802,22 @@ class NodeReport(_message.Message):
         fetches: _abc.Iterable[Global___Fetch] | None = ...,
         cached_weights: _abc.Iterable[Global___CachedWeights] | None = ...,
         host: Global___HostFacts | None = ...,
+        agent_started_at: _builtins.float | None = ...,
+        boot_id: _builtins.str | None = ...,
+        booted_at: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "agent_version", b"agent_version", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_model", b"cpu_model", "error", b"error", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at", "_agent_version", b"_agent_version", "_boot_id", b"_boot_id", "_booted_at", b"_booted_at", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "agent_started_at", b"agent_started_at", "agent_version", b"agent_version", "boot_id", b"boot_id", "booted_at", b"booted_at", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_model", b"cpu_model", "error", b"error", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "adapters", b"adapters", "agent_version", b"agent_version", "cached_weights", b"cached_weights", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_flags", b"cpu_flags", "cpu_model", b"cpu_model", "disks", b"disks", "error", b"error", "fabrics", b"fabrics", "fetches", b"fetches", "gpus", b"gpus", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "node", b"node", "reachable", b"reachable", "units", b"units", "warnings", b"warnings", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at", "_agent_version", b"_agent_version", "_boot_id", b"_boot_id", "_booted_at", b"_booted_at", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "adapters", b"adapters", "agent_started_at", b"agent_started_at", "agent_version", b"agent_version", "boot_id", b"boot_id", "booted_at", b"booted_at", "cached_weights", b"cached_weights", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_flags", b"cpu_flags", "cpu_model", b"cpu_model", "disks", b"disks", "error", b"error", "fabrics", b"fabrics", "fetches", b"fetches", "gpus", b"gpus", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "node", b"node", "reachable", b"reachable", "units", b"units", "warnings", b"warnings", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__agent_started_at: _TypeAlias = _typing.Literal["agent_started_at"]  # noqa: Y015
+    _WhichOneofArgType__agent_started_at: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at"]  # noqa: Y015
     _WhichOneofReturnType__agent_version: _TypeAlias = _typing.Literal["agent_version"]  # noqa: Y015
     _WhichOneofArgType__agent_version: _TypeAlias = _typing.Literal["_agent_version", b"_agent_version"]  # noqa: Y015
+    _WhichOneofReturnType__boot_id: _TypeAlias = _typing.Literal["boot_id"]  # noqa: Y015
+    _WhichOneofArgType__boot_id: _TypeAlias = _typing.Literal["_boot_id", b"_boot_id"]  # noqa: Y015
+    _WhichOneofReturnType__booted_at: _TypeAlias = _typing.Literal["booted_at"]  # noqa: Y015
+    _WhichOneofArgType__booted_at: _TypeAlias = _typing.Literal["_booted_at", b"_booted_at"]  # noqa: Y015
     _WhichOneofReturnType__collected_at: _TypeAlias = _typing.Literal["collected_at"]  # noqa: Y015
     _WhichOneofArgType__collected_at: _TypeAlias = _typing.Literal["_collected_at", b"_collected_at"]  # noqa: Y015
     _WhichOneofReturnType__cpu_count: _TypeAlias = _typing.Literal["cpu_count"]  # noqa: Y015
@@ -780,7 +835,13 @@ class NodeReport(_message.Message):
     _WhichOneofReturnType__memory_total_bytes: _TypeAlias = _typing.Literal["memory_total_bytes"]  # noqa: Y015
     _WhichOneofArgType__memory_total_bytes: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__agent_started_at) -> _WhichOneofReturnType__agent_started_at | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__agent_version) -> _WhichOneofReturnType__agent_version | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__boot_id) -> _WhichOneofReturnType__boot_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__booted_at) -> _WhichOneofReturnType__booted_at | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__collected_at) -> _WhichOneofReturnType__collected_at | None: ...
     @_typing.overload

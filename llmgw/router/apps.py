@@ -107,6 +107,10 @@ class Router:
     def demand(self) -> Demand:
         return self.demands.snapshot()
 
+    def tallies(self) -> dict[str, dict[str, Any]]:
+        """Per-replica requests, errors, TTFT and in-flight counts (rollout gates)."""
+        return self.routes.tallies.snapshot()
+
     def models(self) -> list[str]:
         """Served names a client may ask for now (what GET /v1/models lists)."""
         return self._listed()

@@ -4,9 +4,11 @@
 keep-alive connector) plain requests go through, and the pool of engine
 connections streamed requests go through (:mod:`llmgw.router.upstreams`: the
 engine's socket read is relayed to the client's transport in the same callback,
-with flow control both ways). ``forward`` picks the
-replica with the fewest outstanding requests; a connection error or a 5xx
-*before any byte reached the client* is retried once on another replica. For
+with flow control both ways). ``forward`` picks the replica with the fewest
+outstanding requests (a baking canary gets its share first:
+:mod:`llmgw.router.routes`); a connection error or a 5xx *before any byte
+reached the client* is retried once on another replica — after a canary, on
+an old one. Each attempt is tallied per replica (``routes.tallies``). For
 a stream that point is the first chunk: the client's response starts only
 once the engine has sent one, so a replica dying between its headers and its
 first token is still retried; after that, a failure ends the client's stream
@@ -129,14 +131,26 @@ class Proxy:
                 outcome.retries += 1
                 on_retry()
             tried.append(upstream)
+            # Tallied per replica for rollout gates; None: the client left, no verdict.
+            url, failed, began = upstream.endpoint.base_url, None, time.monotonic()
+            self.routes.tallies.begin(url)
             try:
-                return await self._attempt(
+                response = await self._attempt(
                     request, upstream, body, stream, strip_usage_chunk, outcome,
                     can_retry=len(self.routes.endpoints(model)) > len(tried),
                     first_byte_timeout=first_byte_timeout,
                 )
+                failed = outcome.status >= 500
+                return response
             except _Retry as retry:
+                failed = True
                 last_error = retry.error
+            except ApiError as error:
+                failed = error.status >= 500
+                raise
+            finally:
+                self.routes.tallies.end(url, failed=failed,
+                                        ttft=(outcome.first_byte_at or time.monotonic()) - began)
         if last_error is not None:
             raise last_error
         raise ApiError(503, f"no ready replica of {model!r}", code="no_replica",

@@ -18,6 +18,12 @@ Usage::
 With an ``affinity`` key, the replica comes from the model's hash ring with
 bounded loads (:mod:`llmgw.router.affinities`), so requests sharing a prompt
 prefix meet the engine that has it cached; without one, least outstanding.
+
+A **canary** (an endpoint with a ``share``: a new replica baking behind a
+rollout gate) gets that share of the model's requests, counted, not drawn at
+random: with share 0.1, every tenth. Every other request, and a retry after a
+canary failed, goes to the other replicas; the canary takes one only when no
+other replica is left. Per-replica tallies for the gate are in ``tallies``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from yarl import URL
 
 from llmgw.router import affinities
+from llmgw.router.tallies import Tallies
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class Endpoint:
     base_url: str  # http://127.0.0.1:18001, no trailing slash
     node: str = ""
     replica: int | None = None
+    share: float | None = None  # a canary: the share of the model's requests it gets
 
 
 @dataclass(eq=False)
@@ -61,6 +69,9 @@ class Routes:
         self._by_url: dict[str, Upstream] = {}
         self._ready_events: dict[str, asyncio.Event] = {}
         self._rings: dict[str, affinities.Ring[Upstream]] = {}
+        self._canaries: dict[str, list[Upstream]] = {}
+        self._counted: dict[str, int] = {}  # requests per model while it has a canary
+        self.tallies = Tallies()
 
     def update(self, model_to_endpoints: Mapping[str, Sequence[Endpoint]]) -> None:
         """Replace the whole table. Models absent from the mapping have no endpoint.
@@ -75,7 +86,8 @@ class Routes:
                 url = endpoint.base_url.rstrip("/")
                 upstream = by_url.get(url) or self._by_url.get(url)
                 if upstream is None or upstream.endpoint != endpoint:
-                    fresh = Upstream(Endpoint(url, endpoint.node, endpoint.replica))
+                    fresh = Upstream(Endpoint(url, endpoint.node, endpoint.replica,
+                                              endpoint.share))
                     if upstream is not None:
                         fresh.outstanding = upstream.outstanding
                     upstream = fresh
@@ -84,10 +96,15 @@ class Routes:
             if upstreams:
                 table[model] = upstreams
         self._table, self._by_url = table, by_url
+        self._canaries = {model: canaries for model, upstreams in table.items()
+                          if (canaries := [u for u in upstreams if u.endpoint.share])}
+        self._counted = {m: n for m, n in self._counted.items() if m in self._canaries}
         self._rings = {
-            model: affinities.Ring(upstreams, lambda u: u.endpoint.base_url)
+            model: affinities.Ring([u for u in upstreams if not u.endpoint.share] or upstreams,
+                                   lambda u: u.endpoint.base_url)
             for model, upstreams in table.items()
         }
+        self.tallies.prune(by_url)
         for model in list(self._ready_events):
             if model in table:
                 self._ready_events.pop(model).set()
@@ -116,7 +133,14 @@ class Routes:
         the average; otherwise the one with the fewest outstanding requests,
         ties to the one picked least often, so equal replicas share work in
         turn instead of the first one taking every request of a quiet period.
+        A canary gets its share first (see the module's docstring).
         """
+        canaries = self._canaries.get(model)
+        if canaries:
+            chosen = self._canary(model, canaries, exclude)
+            if chosen is not None:
+                chosen.picked += 1
+                return chosen
         if affinity is not None and model in self._rings:
             chosen = self._rings[model].pick(
                 affinity, load=lambda u: u.outstanding, load_factor=load_factor,
@@ -126,7 +150,11 @@ class Routes:
                 chosen.picked += 1
             return chosen
         best: Upstream | None = None
-        for upstream in self._table.get(model, ()):
+        upstreams: Sequence[Upstream] = self._table.get(model, ())
+        if canaries:  # the others, unless no other is left
+            allowed = [u for u in upstreams if u not in exclude]
+            upstreams = [u for u in allowed if not u.endpoint.share] or allowed
+        for upstream in upstreams:
             if upstream in exclude:
                 continue
             if best is None or (upstream.outstanding, upstream.picked) < (
@@ -136,6 +164,18 @@ class Routes:
         if best is not None:
             best.picked += 1
         return best
+
+    def _canary(self, model: str, canaries: list[Upstream],
+                exclude: Collection[Upstream]) -> Upstream | None:
+        """The canary whose turn it is, for a first attempt; None for the others."""
+        if exclude:
+            return None  # a retry goes to an old replica
+        n = self._counted[model] = self._counted.get(model, 0) + 1
+        share = min(1.0, sum(u.endpoint.share or 0.0 for u in canaries))
+        turn = int(n * share)
+        if turn == int((n - 1) * share):
+            return None
+        return canaries[turn % len(canaries)]  # several canaries take turns
 
     async def wait_ready(self, model: str, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for ``model`` to have an endpoint."""

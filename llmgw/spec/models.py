@@ -12,9 +12,10 @@ import ipaddress
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmgw.spec import identifiers, sources
+from llmgw.spec.bases import Strict
 from llmgw.spec.identifiers import (
     Adapter,
     Address,
@@ -26,6 +27,8 @@ from llmgw.spec.identifiers import (
     Variable,
 )
 from llmgw.spec.quantities import Duration, Size
+from llmgw.spec.repairs import DriftSettings
+from llmgw.spec.rollouts import Rollout
 
 NAME_PATTERN = identifiers.PATTERNS["name"][0]
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -33,21 +36,6 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
 _ENDPOINT = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+(/[A-Za-z0-9._~/-]*)?$")
 _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
-
-
-class Strict(BaseModel):
-    """Base for every spec type: unknown keys are errors, values are frozen.
-
-    Every string, free text included, is checked for what no unit can carry
-    (:func:`llmgw.spec.identifiers.check_text`).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _text(cls, value: object) -> object:
-        return identifiers.check_text(value)
 
 
 class SSHSettings(Strict):
@@ -222,6 +210,16 @@ class ClusterSettings(Strict):
     gpu_classes: dict[Name, GpuClassDecl] = Field(
         default_factory=dict,
         description="GPU classes beyond the built-in table (see `llmgw validate --classes`).",
+    )
+    drift: DriftSettings = Field(
+        default_factory=DriftSettings,
+        description="Per class of drift, whether the daemon repairs it, and when a crashing "
+        "engine counts as a crash loop (held instead of restarted). See docs/operations.md.",
+    )
+    rollout: Rollout | None = Field(
+        None,
+        description="Default gate of every model's replacements (a model's `rollout` "
+        "overrides it field by field). Absent: a replacement is done once Ready.",
     )
 
 
@@ -515,6 +513,11 @@ class Model(Strict):
     scaling: Scaling = Field(default_factory=Scaling, description="Replica count.")
     pricing: Pricing = Field(default_factory=Pricing, description="Charged to projects' budgets.")
     routing: Routing = Field(default_factory=Routing, description="How the router picks a replica.")
+    rollout: Rollout | None = Field(
+        None,
+        description="Gate of this model's replacements: probe, bake, compare (see "
+        "docs/rollouts.md), over `cluster.rollout` field by field. Absent: `cluster.rollout`.",
+    )
 
 
 class Conversations(Strict):

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from llmgw.spec import models
+from llmgw.spec import models, repairs, rollouts
 from llmgw.spec.quantities import format_duration, format_size
 
 # (heading, model, where it appears in a file)
@@ -24,6 +24,14 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("cluster.listeners", models.Listeners, "cluster: {listeners: ...}"),
     ("cluster.store", models.StoreSettings, "cluster: {store: ...}"),
     ("cluster.gpu_classes.NAME", models.GpuClassDecl, "cluster: {gpu_classes: {NAME: ...}}"),
+    ("cluster.drift", repairs.DriftSettings, "cluster: {drift: ...}"),
+    ("cluster.drift.engine_crash", repairs.EngineCrashRepair,
+     "cluster: {drift: {engine_crash: ...}}"),
+    ("cluster.drift.engine_crash.crash_loop", repairs.CrashLoop,
+     "cluster: {drift: {engine_crash: {crash_loop: ...}}}"),
+    ("cluster.drift.CLASS", repairs.Repair,
+     "cluster: {drift: {hardware_fault|foreign_process|stopped_by_hand|stranger_unit|"
+     "agent_restarted: ...}}"),
     ("fabrics.NAME", models.Fabric, "fabrics: {NAME: ...}"),
     ("nodes.NAME", models.Node, "nodes: {NAME: ...}"),
     ("nodes.NAME.gpus[]", models.GpuDecl, "nodes: {NAME: {gpus: [...]}}"),
@@ -32,6 +40,11 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("models.NAME.scaling", models.Scaling, "models: {NAME: {scaling: ...}}"),
     ("models.NAME.pricing", models.Pricing, "models: {NAME: {pricing: ...}}"),
     ("models.NAME.router", models.Routing, "models: {NAME: {router: ...}}"),
+    ("models.NAME.rollout", rollouts.Rollout, "models: {NAME: {rollout: ...}}, or cluster: "
+     "{rollout: ...}"),
+    ("models.NAME.rollout.probe", rollouts.Probe, "models: {NAME: {rollout: {probe: ...}}}"),
+    ("models.NAME.rollout.compare", rollouts.Compare,
+     "models: {NAME: {rollout: {compare: ...}}}"),
     ("projects.NAME", models.Project, "projects: {NAME: ...}"),
 )
 

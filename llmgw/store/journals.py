@@ -36,14 +36,14 @@ class ChangeEntry:
 
     model: str
     replica: int
-    action: str  # create, replace, restart, destroy
+    action: str  # create, replace, restart, destroy, hold
     nodes: tuple[str, ...]
     why: str  # the plan's reasons, "; "-joined
     ok: bool
     error: str | None = None  # failed: why, with the engine's last log line when there is one
     duration: float | None = None  # seconds from the apply's start to the change's last step
     new_replica: int | None = None  # a replace: the index of the replica that replaces it
-    drift_class: str | None = None  # classified drift: not yet given by the planner
+    drift_class: str | None = None  # the class of drift it repaired (llmgw.planning.drifts)
     gate: str | None = None  # gated rollouts: the gate's verdict
     rolled_back: bool | None = None  # gated rollouts: the change was rolled back
 

@@ -369,6 +369,27 @@ CREATE TABLE apply_changes (
 CREATE INDEX apply_changes_model ON apply_changes (model, apply_id);
 """,
     ),
+    Migration(
+        8, "held revisions (rollout gates)",
+        sqlite="""
+CREATE TABLE IF NOT EXISTS holds (
+    model    TEXT PRIMARY KEY,       -- the model whose replacement failed its gate
+    digest   TEXT NOT NULL,          -- of the model's spec that failed
+    revision TEXT,                   -- the cluster directory's git revision, when known
+    reason   TEXT NOT NULL,          -- the gate's verdict
+    held_at  REAL NOT NULL           -- Unix time
+);
+""",
+        postgres="""
+CREATE TABLE holds (
+    model    TEXT PRIMARY KEY,       -- the model whose replacement failed its gate
+    digest   TEXT NOT NULL,          -- of the model's spec that failed
+    revision TEXT,                   -- the cluster directory's git revision, when known
+    reason   TEXT NOT NULL,          -- the gate's verdict
+    held_at  DOUBLE PRECISION NOT NULL -- Unix time
+);
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -28,7 +28,8 @@ from typing import Literal
 
 import asyncpg
 
-from llmgw.store import journals, migrations
+from llmgw.spec.rollouts import Hold
+from llmgw.store import holds, journals, migrations
 from llmgw.store.postgrespages import PostgresPages
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
 from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
@@ -104,6 +105,19 @@ class PostgresStore(PostgresPages, Store):
                       limit: int = 50) -> list[journals.ApplyEntry]:
         async with self._conn() as conn:
             return await journals.postgres_history(conn, model, limit)
+
+    # -- held revisions (SQL in llmgw.store.holds) ------------------------------------------
+    async def put_hold(self, hold: Hold) -> None:
+        async with self._conn() as conn:
+            await holds.postgres_put(conn, hold)
+
+    async def holds(self) -> list[Hold]:
+        async with self._conn() as conn:
+            return await holds.postgres_holds(conn)
+
+    async def release_holds(self, models: Sequence[str] | None = None) -> list[Hold]:
+        async with self._conn() as conn:
+            return await holds.postgres_release(conn, models)
 
     # -- keys ---------------------------------------------------------------------------
     async def insert_key(self, row: KeyRow) -> bool:

@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from llmgw.store import databases, journals
+from llmgw.spec.rollouts import Hold
+from llmgw.store import databases, holds, journals
 from llmgw.store.sqlitepages import SQLitePages
 from llmgw.store.stores import (
     Admission,
@@ -87,6 +88,16 @@ class SQLiteStore(SQLitePages, Store):
     async def history(self, model: str | None = None,
                       limit: int = 50) -> list[journals.ApplyEntry]:
         return await self._run(lambda conn: journals.sqlite_history(conn, model, limit))
+
+    # -- held revisions (SQL in llmgw.store.holds) ------------------------------------------
+    async def put_hold(self, hold: Hold) -> None:
+        await self._run(lambda conn: holds.sqlite_put(conn, hold))
+
+    async def holds(self) -> list[Hold]:
+        return await self._run(holds.sqlite_holds)
+
+    async def release_holds(self, models: Sequence[str] | None = None) -> list[Hold]:
+        return await self._run(lambda conn: holds.sqlite_release(conn, models))
 
     # -- keys ---------------------------------------------------------------------------
     async def insert_key(self, row: KeyRow) -> bool:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote, urlsplit
 
+from llmgw.store.holds import HoldMethods
 from llmgw.store.journals import JournalMethods
 
 if TYPE_CHECKING:
@@ -97,8 +98,9 @@ class Published:
     doc: str
 
 
-class Store(JournalMethods, abc.ABC):
-    """The storage interface; the apply journal's methods are in :class:`JournalMethods`."""
+class Store(JournalMethods, HoldMethods, abc.ABC):
+    """The storage interface; the apply journal's methods are in :class:`JournalMethods`,
+    held revisions' in :class:`HoldMethods`."""
 
     kind: Literal["sqlite", "postgresql"]
     where: str  # for messages: a path, or the URL without a password

@@ -60,7 +60,7 @@ def test_commands() -> None:
     assert systemd.show_command(["a.service", "b.service"]) == [
         "systemctl", "show",
         "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainCode,"
-        "ExecMainStatus,NRestarts,StateChangeTimestampMonotonic",
+        "ExecMainStatus,NRestarts,StateChangeTimestampMonotonic,ExecMainExitTimestampMonotonic",
         "--", "a.service", "b.service",
     ]
     assert systemd.logs_command("u.service", 50) == [
@@ -213,3 +213,31 @@ def test_owns_processes_in_its_units_cgroups(settings: SystemdSettings, tmp_path
     (Path(settings.unit_dir) / "llmgw-llama-3.1-8b-r0-s0.service").write_text(unit_text())
     backend = systemd.SystemdBackend(settings, Systemctl(), proc=proc)
     assert backend.owns(100) and not backend.owns(200) and not backend.owns(300)
+
+
+async def test_observe_reports_drift_evidence(settings: SystemdSettings) -> None:
+    """A crash (SIGKILL), a `systemctl stop` by someone else, a unit that has not run since
+    boot; and after llmgw's own stop, llmgw is named. The ledger vouches only for units
+    llmgw wrote (the first agent adopts those already there)."""
+    unit_dir = Path(settings.unit_dir)
+    unit_dir.mkdir(parents=True)
+    for model in ("crashy", "halted", "rebooted"):
+        (unit_dir / unit_name(model)).write_text(unit_text(model))
+    backend = systemd.SystemdBackend(settings, Systemctl(show=recorded("show-drift.txt")))
+    found = {o.name: o.evidence for o in await backend.observe()}
+    crashy, halted, rebooted = (found[unit_name(m)] for m in ("crashy", "halted", "rebooted"))
+    assert crashy is not None and halted is not None and rebooted is not None
+    assert (crashy.restarts, crashy.last_exit, len(crashy.crashes)) == (
+        3, "killed by signal 9", 1)
+    assert crashy.crashes == (crashy.last_exit_at,)
+    assert (halted.stopped_by, halted.last_exit, halted.crashes) == (
+        "operator", "killed by signal 15", ())
+    assert (rebooted.stopped_by, rebooted.last_exit, rebooted.last_exit_at) == ("", "", None)
+    assert all(e.written for e in (crashy, halted, rebooted))
+
+    await backend.apply([UnitChange(unit_name("halted"), "", action="stop")])
+    (unit_dir / unit_name("rebooted")).write_text(unit_text("rebooted") + "# edited\n")
+    found = {o.name: o.evidence for o in await backend.observe()}
+    assert found[unit_name("halted")].stopped_by == "llmgw"  # type: ignore[union-attr]
+    assert found[unit_name("rebooted")].written is False  # type: ignore[union-attr]
+    assert len(found[unit_name("crashy")].crashes) == 1  # type: ignore[union-attr]

@@ -8,6 +8,7 @@ from llmgw.applying import records
 from llmgw.applying.executions import ChangeOutcome, Outcome
 from llmgw.planning.types import Change, ObservedShard, Plan, Shard
 from llmgw.rendering.units import UnitFiles
+from llmgw.spec.models import Model
 
 SECRET_PATH = "/etc/llmgw/secrets/hf-token"
 
@@ -40,6 +41,15 @@ def test_a_change_is_journaled_with_its_nodes_reasons_and_duration() -> None:
             got.duration) == ("chat", 0, "replace", ("gpu-1", "gpu-2"), True, None, 3.5)
     assert got.new_replica == 1
     assert got.why.startswith("args changed: --max-model-len 8192 → 16384; ")
+    assert got.drift_class == "declared_change"
+
+
+def test_a_change_is_journaled_with_its_class_of_drift() -> None:
+    item = outcome(True, [], [])
+    item.change = Change("restart", "chat", 0, ("gpu-1: llmgw-chat-r0-s0.service failed",),
+                         shards=(shard("gpu-1"),), drift="engine_crash",
+                         evidence=("gpu-1: llmgw-chat-r0-s0.service failed (killed by SIGKILL)",))
+    assert entry_of(item).drift_class == "engine_crash"
 
 
 def test_a_failure_keeps_the_reason_and_the_engines_last_log_line() -> None:
@@ -66,3 +76,50 @@ def test_error_text_is_bounded_and_has_no_control_characters() -> None:
     got = entry_of(outcome(False, ["x\x1b[31m" * 1000], []))
     assert got.error is not None and len(got.error) == records.MAX_ERROR
     assert "\x1b" not in got.error
+
+
+def gated(rolled_back: bool) -> tuple[Plan, Outcome]:
+    item = outcome(not rolled_back, [], [])
+    if rolled_back:
+        item.fail("failed its gate: p50 TTFT 4.1 s vs 0.3 s")
+        item.kept_old = item.rolled_back = True
+        item.gate, item.rolled_back_at, item.elapsed = "failed: p50 TTFT 4.1 s vs 0.3 s", 3.0, 3.5
+    else:
+        item.gate = "passed: error rate 0.0% vs 0.0% over 40 requests"
+    return Plan("lab", 0.0, "1a2b3c", (item.change,)), Outcome([item], 4.0)
+
+
+def test_a_passed_gate_is_journaled_and_needs_no_rollback_entry() -> None:
+    plan, result = gated(False)
+    got = records.entry(plan, result, 100.0, "daemon")
+    assert got.gate == "passed"
+    assert got.changes[0].gate == "passed: error rate 0.0% vs 0.0% over 40 requests"
+    assert got.changes[0].rolled_back is None
+    assert records.rollback(plan, result, 100.0, "daemon", 7) is None
+
+
+def test_a_failed_gate_is_journaled_with_its_rollback() -> None:
+    plan, result = gated(True)
+    applied = records.entry(plan, result, 100.0, "daemon")
+    assert applied.gate == "failed: chat r0: p50 TTFT 4.1 s vs 0.3 s"
+    (change,) = applied.changes
+    assert (change.ok, change.gate, change.rolled_back) == (
+        False, "failed: p50 TTFT 4.1 s vs 0.3 s", True)
+    undone = records.rollback(plan, result, 100.0, "daemon", 7)
+    assert undone is not None
+    assert (undone.rollback_of, undone.started_at, undone.duration, undone.ok) == (
+        7, 103.0, 0.5, True)
+    (removal,) = undone.changes
+    assert (removal.action, removal.replica, removal.nodes, removal.rolled_back) == (
+        "destroy", 1, ("gpu-2",), True)
+    assert removal.why == "rollback: r0's replacement failed its gate; r0 kept"
+
+
+def test_a_failed_gate_holds_the_model() -> None:
+    plan, result = gated(True)
+    spec = Model.model_validate({"source": "/m.gguf", "profiles": [
+        {"engine": "llama.cpp", "cpu": True}]})
+    (hold,) = records.held(plan, result, {"chat": spec}, 500.0)
+    assert (hold.model, hold.revision, hold.reason, hold.held_at) == (
+        "chat", "1a2b3c", "p50 TTFT 4.1 s vs 0.3 s", 500.0)
+    assert records.held(*gated(False), {"chat": spec}, 500.0) == []

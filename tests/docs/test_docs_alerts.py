@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from ruamel.yaml import YAML
 
 from llmgw.fleet.types import Fleet
-from llmgw.metrics.collectors import FleetCollector
+from llmgw.metrics.collectors import FleetCollector, RolloutCollector
 from llmgw.metrics.instruments import RouterMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +40,7 @@ def exposed_names() -> set[str]:
     collector = FleetCollector()
     collector.observe(Fleet.model_validate_json(SNAPSHOT.read_text()))
     registry.register(collector)
+    registry.register(RolloutCollector(lambda: (["m"], {("m", "rolled_back"): 1})))
     names: set[str] = set()
     for line in generate_latest(registry).decode().splitlines():
         match = re.match(r"# TYPE (\S+) (\S+)", line)

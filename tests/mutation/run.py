@@ -53,6 +53,7 @@ ENGINES = ["tests/planning/test_engines.py", "tests/planning/test_units.py",
 # are left out on purpose: a rule only an e2e test holds is a rule to test closer.
 MODULES: dict[str, list[str]] = {
     "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
+    "planning/drifts.py": [*PLANNING, "tests/planning/test_drifts.py"],
     "planning/fingerprints.py": [*PLANNING, "tests/planning/test_fingerprints.py"],
     "planning/installs.py": PLANNING,
     "planning/nodes.py": [*PLANNING, "tests/planning/test_nodes.py",
@@ -80,6 +81,10 @@ MODULES: dict[str, list[str]] = {
     "engines/sglang.py": ENGINES,
     "engines/tables.py": ENGINES,
     "engines/vllm.py": ENGINES,
+    "applying/gates.py": ["tests/applying/test_gates.py"],
+    "planning/waves.py": ["tests/planning/test_waves.py"],
+    "planning/holds.py": [*PLANNING, "tests/planning/test_holds.py"],
+    "spec/rollouts.py": ["tests/spec/test_rollout_specs.py"],
     "router/accounts.py": ["tests/router/test_router_access.py",
                            "tests/router/test_router_usages.py",
                            "tests/router/test_router_budgets.py",

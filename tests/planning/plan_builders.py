@@ -21,6 +21,8 @@ adapters ACTIVE. ``fleet:`` overrides that per node::
         engines: [vllm 0.11.0]  # engine versions installed (absent: an agent that does not say)
         unreachable: connection refused
         absent: true            # no report at all
+        agent_started_at: -60   # relative to the case's now (drift evidence)
+        booted_at: -90
 
 ``running:`` lists replicas the fleet runs. Their units are rendered by the
 planner's own shard builder from the cluster — as it was when they started
@@ -39,6 +41,13 @@ old spec in its label, as a real agent would report it::
         since: -3600                # relative to the case's now
         last_used: -2700
         labels: false               # the agent reported no labels
+        # drift evidence, as an agent reports it (times relative to now):
+        restarts: 3
+        last_exit: killed by SIGKILL
+        last_exit_at: -5
+        crashes: [-300, -200, -100]
+        stopped_by: operator        # or llmgw
+        written: false              # no agent's ledger vouches for the unit file
 """
 
 from __future__ import annotations
@@ -176,6 +185,7 @@ def _report(cluster: Cluster, name: str, extra: dict[str, Any], now: float) -> N
         disks = [Disk(path=spec.weights_dirs[0], free_bytes=free, total_bytes=free * 4)]
     cached = [CachedWeights(source=str(s), path=f"/models/hub/{s}", size_bytes=1)
               for s in extra.get("fetched", [])]
+    started, booted = extra.get("agent_started_at"), extra.get("booted_at")
     host = None
     if "engines" in extra:
         installed = [str(e).split(" ", 1) for e in extra["engines"] or []]
@@ -188,6 +198,8 @@ def _report(cluster: Cluster, name: str, extra: dict[str, Any], now: float) -> N
         memory_total_bytes=memory_bytes, memory_available_bytes=memory_bytes,
         gpus=gpu_list, fabrics=fabrics, weights=weights, collected_at=now,
         disks=disks, cached_weights=cached, host=host,
+        agent_started_at=None if started is None else now + float(started),
+        booted_at=None if booted is None else now + float(booted),
     )
 
 
@@ -300,9 +312,28 @@ def _units(
             detail=str(entry.get("detail", "")) if state == "failed" else "",
             log_tail=[str(line) for line in entry.get("log_tail", [])],
             labels=labels if entry.get("labels", True) else {},
+            **_evidence(entry, now),
         )
         out.append((shard.node, unit, list(shard.gpus)))
     return out
+
+
+def _evidence(entry: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """The drift evidence fields of a ``running:`` entry, times made absolute."""
+    found: dict[str, Any] = {}
+    if "restarts" in entry:
+        found["restarts"] = int(entry["restarts"])
+    if "last_exit" in entry:
+        found["last_exit"] = str(entry["last_exit"])
+    if "last_exit_at" in entry:
+        found["last_exit_at"] = now + float(entry["last_exit_at"])
+    if "crashes" in entry:
+        found["crashes"] = [now + float(t) for t in entry["crashes"]]
+    if "stopped_by" in entry:
+        found["stopped_by"] = str(entry["stopped_by"])
+    if "written" in entry:
+        found["written_by_llmgw"] = bool(entry["written"])
+    return found
 
 
 def apply(fleet: Fleet, plan: Any, now: float, state: str = "ready") -> Fleet:

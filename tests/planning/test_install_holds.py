@@ -74,6 +74,6 @@ def test_needed_names_the_installs_of_changes_and_held_replaces() -> None:
     beside = Change("create", "llama-8b", 1, ("scaling: min 2, 1 running",),
                     shards=(replace(shard("llama-8b", 1, (0,), "0.12.0"), node="gpu-02"),))
     noted = installs.noted(plan_of(MOVE, beside), REPORTS | {"gpu-02": REPORTS["gpu-01"]})
-    assert [c.model for c in noted.held] == ["llama-8b"]
+    assert [c.model for c in noted.awaiting_install] == ["llama-8b"]
     assert installs.needed(noted, REPORTS | {"gpu-02": REPORTS["gpu-01"]}) == {
         ("vllm", "0.12.0"): {"gpu-01", "gpu-02"}}

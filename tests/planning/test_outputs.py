@@ -45,7 +45,7 @@ def test_json_is_versioned_and_complete(scenario: tuple[Plan, Cluster, Fleet, fl
     data = json.loads(outputs.json_text(scenario[0]))
     assert next(iter(data)) == "format_version" and data["format_version"] == 1
     assert data["summary"] == {"create": 3, "replace": 2, "destroy": 2, "restart": 1,
-                               "unplaceable": 4, "unknown": 1,
+                               "hold": 0, "unplaceable": 4, "held": 0, "unknown": 1,
                                "text": "Plan: 3 to create, 2 to replace, 2 to destroy, "
                                        "1 to restart. 4 replicas cannot be placed. "
                                        "1 replica unknown (node not reachable)."}

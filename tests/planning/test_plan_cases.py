@@ -7,7 +7,12 @@ fleet shorthand). A case's ``expect`` lists, exactly and in order:
 * ``unplaceable``: ``{replicas: "m r1", wanted: ..., why: [...]}`` where each
   ``why`` line is ``profile N (label): nodes: reason`` as plans group them
 * ``unknown``: ``{replica: "m r0 on gpu-02", why: [...]}``
+* ``held``: ``{replica: "m r0 on gpu-01", drift: engine_crash, why: [...], evidence: [...]}``
 * ``warnings`` (only checked when given)
+
+A change lists its class of drift (``drift: engine_crash``) and, when it has
+any, its ``evidence`` as soon as one change of the case says ``drift``: the
+drift cases (75-89) all do.
 
 ``stable_after_apply: true`` also applies the plan (every new unit ready)
 and checks that planning again changes nothing: placement is stable.
@@ -49,13 +54,23 @@ def change_line(change: Change) -> str:
             name += f" by r{change.new_replica} (create-before-destroy)"
         else:
             name += " (destroy-before-create)"
-    shards = change.removes if change.action == "destroy" else change.shards
+    shards = change.removes if change.action in ("destroy", "hold") else change.shards
     return f"{name} on {outputs.where(shards)}"
 
 
-def summarize(plan: Plan) -> dict[str, Any]:
+def summarize(plan: Plan, drift: bool = False) -> dict[str, Any]:
     return {
-        "changes": [{"change": change_line(c), "why": list(c.reasons)} for c in plan.changes],
+        "changes": [
+            {"change": change_line(c), "why": list(c.reasons),
+             **({"drift": c.drift} if drift else {}),
+             **({"evidence": list(c.evidence)} if drift and c.evidence else {})}
+            for c in plan.changes
+        ],
+        "held": [
+            {"replica": f"{h.model} r{h.replica} on {', '.join(h.nodes)}", "drift": h.drift,
+             "why": list(h.reasons), **({"evidence": list(h.evidence)} if h.evidence else {})}
+            for h in plan.held
+        ],
         "unplaceable": [
             {
                 "replicas": f"{u.model} " + ", ".join(f"r{r}" for r in u.replicas),
@@ -88,8 +103,8 @@ def run_case(case: dict[str, Any]) -> tuple[Plan, Any, Any, float]:
 def test_case(path: Path) -> None:
     case = load_case(path)
     plan, cluster, fleet, now = run_case(case)
-    actual = summarize(plan)
     expect = case.get("expect") or {}
+    actual = summarize(plan, any("drift" in c for c in expect.get("changes") or []))
     if os.environ.get("LLMGW_SHOW_ACTUAL"):
         yaml = YAML()
         yaml.width = 4096
@@ -100,6 +115,7 @@ def test_case(path: Path) -> None:
     assert actual["changes"] == expect.get("changes", []), case["description"]
     assert actual["unplaceable"] == expect.get("unplaceable", []), case["description"]
     assert actual["unknown"] == expect.get("unknown", []), case["description"]
+    assert actual["held"] == expect.get("held", []), case["description"]
     if "warnings" in expect:
         assert actual["warnings"] == expect["warnings"], case["description"]
     if case.get("stable_after_apply"):
