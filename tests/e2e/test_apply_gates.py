@@ -73,7 +73,7 @@ def test_apply_probes_rolls_back_holds_and_retries(
     assert "Plan: 0 to create, 0 to replace, 0 to destroy. 1 model held" in out
     assert tinies(engines) == [old]
     code, out = run(capsys, "plan", "--cluster", str(directory), "--format", "json")
-    (held,) = json.loads(out)["held"]
+    (held,) = json.loads(out)["holds"]
     assert (held["model"], held["reason"]) == ("tiny", REASON)
 
     # --retry releases it; under sync: manual the apply goes on, fails, holds again.

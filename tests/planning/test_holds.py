@@ -33,18 +33,18 @@ def test_a_held_model_is_not_replaced_and_the_plan_says_why() -> None:
     assert stale == []
     assert held.changes == (CREATE, SCALE_UP)
     line = "held: revision 1a2b3c4 failed its gate: p50 TTFT 4.1 s vs 0.3 s"
-    assert [h.line() for h in held.held] == [line]
+    assert [h.line() for h in held.holds] == [line]
     text = outputs.text(held)
     assert f"  = m: {line}" in text
     assert held.summary() == ("Plan: 2 to create, 0 to replace, 0 to destroy. "
                               "1 model held (failed a rollout gate).")
     assert line in outputs.markdown(held)
-    assert outputs.to_dict(held)["held"][0]["line"] == line
+    assert outputs.to_dict(held)["holds"][0]["line"] == line
 
 
 def test_a_commit_that_changes_the_model_releases_the_hold() -> None:
     fresh, stale = holds.apply(plan(REPLACE), {"m": GOOD}, [hold("m", BAD)])
-    assert fresh.changes == (REPLACE,) and fresh.held == ()
+    assert fresh.changes == (REPLACE,) and fresh.holds == ()
     assert [h.model for h in stale] == ["m"]
 
 
@@ -62,7 +62,7 @@ def test_scaling_or_the_gate_itself_changing_does_not_release_it() -> None:
 def test_no_holds_no_change_to_the_plan() -> None:
     same = plan(REPLACE)
     assert holds.apply(same, {"m": GOOD}, []) == (same, [])
-    assert "held" not in outputs.to_dict(same)
+    assert "holds" not in outputs.to_dict(same)
 
 
 def test_without_git_the_line_names_the_spec() -> None:
