@@ -261,7 +261,7 @@ class Installer:
         progress = self._progress.get(waiting[0])
         if progress is None:
             return "failed", (f"engine {engine} {version} is not installed on this node: run "
-                              f"`llmgw engine install NODE {engine}=={version}`")
+                              f"`llmgw engine install {engine}=={version} NODE`")
         if progress.state == "failed":
             return "failed", f"installing {engine} {version} failed: {progress.error}"
         if progress.state == "skipped":

@@ -43,6 +43,7 @@ from llmgw.applying import bakes
 from llmgw.fleet.types import Unit
 from llmgw.planning import waves
 from llmgw.planning.types import Change, Plan, Shard, UnitOp
+from llmgw.rendering import units
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import count
 from llmgw.spec.rollouts import Rollout, effective
@@ -62,6 +63,7 @@ class Agents(Protocol):
     """What execution needs of :class:`llmgw.transport.pools.Pool`."""
 
     max_parallel: int
+    call_timeout: float  # seconds an agent call may take, stops aside (see _call_all)
 
     async def call(
         self, node: str, fn: Callable[[AgentClient], Awaitable[T]],
@@ -298,10 +300,15 @@ async def _call_all(
     async def one(node: str, items: list[tuple[Change, UnitChange]]) -> None:
         for change, unit in items:
             emit(change, node, unit.name, _VERBS.get(unit.action, "writing"), "")
+        # The agent answers once every stop is done, and an engine may drain for up to its
+        # TimeoutStopSec before SIGKILL: a remove is not failed for taking that long.
+        stops = sum(1 for _, unit in items if unit.action in ("remove", "stop"))
+        timeout = agents.call_timeout + stops * units.STOP_TIMEOUT_SECONDS
         async with limit:
             try:
                 results = await agents.call(
-                    node, lambda agent: agent.apply_units([u for _, u in items])
+                    node, lambda agent: agent.apply_units([u for _, u in items]),
+                    timeout=timeout,
                 )
             except NodeUnreachable as failure:
                 for change, unit in items:

@@ -20,15 +20,16 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
 from llmgw.applying import bakes, executions, records, saved
 from llmgw.applying.executions import Outcome, Step
-from llmgw.cli import clusters
+from llmgw.cli import clusters, engine_cmd
 from llmgw.cli.errors import UserError
 from llmgw.cli.plan_cmd import revision_of
-from llmgw.planning import holds, outputs, plans
+from llmgw.planning import holds, installs, outputs, plans
 from llmgw.planning.types import Plan
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import parse_duration
@@ -111,11 +112,24 @@ async def _apply_with(cluster: Cluster, args: argparse.Namespace, previous: Plan
                 print(f"! {node}: its observation changed since the plan was saved; its "
                       "changes were re-planned from what it reports now.", file=out)
         out.write(outputs.text(plan))
-        if not plan.has_changes:
+        if not plan.has_changes and not plan.awaiting_install:
             return 0
         if not args.auto_approve and not _confirm(out):
             print("Apply cancelled.", file=out)
             return 1
+        needs = installs.needed(plan, fleet.nodes)
+        if needs:
+            if not await _install(pool, args.cluster, needs, out):
+                return 1
+            fleet = await pool.fleet()
+            plan = plans.plan(cluster, fleet, time.time(), revision=revision_of(args.cluster))
+            plan, _ = holds.apply(plan, dict(cluster.models), known)
+            if previous is not None:
+                plan = saved.merge(previous, plan).plan
+            print("\nPlanned again with the engines installed:", file=out)
+            out.write(outputs.text(plan))
+            if not plan.has_changes:
+                return 0
         display = Display(out)
         started_at = time.time()
         outcome = await executions.execute(
@@ -126,6 +140,22 @@ async def _apply_with(cluster: Cluster, args: argparse.Namespace, previous: Plan
     _report(outcome, out)
     await _journal(cluster, plan, outcome, started_at, out, store)
     return 0 if outcome.ok else 1
+
+
+async def _install(pool: pools.Pool, directory: Path,
+                   needs: Mapping[tuple[str, str], set[str]], out: TextIO) -> bool:
+    """Install the engine versions the plan needs before anything changes; False (with
+    the reasons printed) when any install failed: then nothing was stopped or started."""
+    print("\nInstalling engine versions first:", file=out)
+    failures = await engine_cmd.install_missing(
+        pool, directory, needs, lambda line: print(f"  {line}", file=out, flush=True))
+    if not failures:
+        return True
+    print("\nApply stopped before changing anything (every running replica keeps "
+          "running):", file=out)
+    for failure in failures:
+        print(f"  {failure}", file=out)
+    return False
 
 
 async def _holds(cluster: Cluster, store: Store | str, retry: list[str] | None,

@@ -18,6 +18,7 @@ import asyncio
 import re
 import shutil
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from llmgw.agent import installs
@@ -68,9 +69,21 @@ def wanted_from(args: argparse.Namespace) -> Wanted:
     match = WANTED.match(args.wanted)
     if match is None:
         raise UserError(f"{args.wanted!r}: write ENGINE==VERSION, e.g. llama.cpp==11434.0.0")
-    engine, version = match["engine"], match["version"]
+    return wanted_for(match["engine"], match["version"], binary=args.binary,
+                      requirements=args.requirements, index_url=args.index_url,
+                      extra_index_urls=tuple(args.extra_index_url))
+
+
+def wanted_for(engine: str, version: str, *, binary: Path | None = None,
+               requirements: Path | None = None, index_url: str = "",
+               extra_index_urls: tuple[str, ...] = ()) -> Wanted:
+    """What installs ``engine version``, checked; :class:`UserError` says what is wrong.
+
+    llama.cpp: ``binary``, default the ``llama-server`` on PATH. vLLM, SGLang:
+    the ``requirements`` file, every line ``name==version --hash=sha256:…``.
+    """
     if engine == "llama.cpp":
-        binary = args.binary or (Path(found) if (found := shutil.which("llama-server")) else None)
+        binary = binary or (Path(found) if (found := shutil.which("llama-server")) else None)
         if binary is None or not binary.is_file():
             raise UserError(f"no llama-server to ship: {binary or 'none on PATH'}; "
                             "give --binary (`make engine` builds one)")
@@ -80,22 +93,81 @@ def wanted_from(args: argparse.Namespace) -> Wanted:
         except installs.InstallError as exc:
             raise UserError(str(exc)) from None
         return Wanted(engine, version, binary=binary.resolve())
-    if args.requirements is None:
+    if requirements is None:
         raise UserError(f"{engine} needs --requirements FILE: every package pinned with "
                         "--hash (docs/engines.md)")
     try:
-        text = args.requirements.read_text()
+        text = requirements.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{args.requirements}: cannot read: {exc}") from None
+        raise UserError(f"{requirements}: cannot read: {exc}") from None
     try:
-        installs.request(engine, version, requirements=text, index_url=args.index_url,
-                         extra_index_urls=args.extra_index_url)
+        installs.request(engine, version, requirements=text, index_url=index_url,
+                         extra_index_urls=extra_index_urls)
     except installs.RequirementsError as exc:
-        raise UserError(f"{args.requirements}:{exc.line}:1: {exc.detail}") from None
+        raise UserError(f"{requirements}:{exc.line}:1: {exc.detail}") from None
     except installs.InstallError as exc:
-        raise UserError(f"{args.requirements}: {exc}") from None
-    return Wanted(engine, version, requirements=text, index_url=args.index_url,
-                  extra_index_urls=tuple(args.extra_index_url))
+        raise UserError(f"{requirements}: {exc}") from None
+    return Wanted(engine, version, requirements=text, index_url=index_url,
+                  extra_index_urls=extra_index_urls)
+
+
+def requirements_path(directory: Path, engine: str, version: str) -> Path:
+    """Where a cluster directory keeps the requirements ``llmgw apply`` installs."""
+    return directory / "engines" / f"{engine}-{version}.txt"
+
+
+REQUIREMENTS_NAME = re.compile(r"^(?P<engine>vllm|sglang)-(?P<version>[^/]+)\.txt$")
+
+
+def requirement_file_errors(directory: Path) -> list[str]:
+    """``file:line:col: message`` for each bad requirements file under ``engines/`` of a
+    cluster directory (what ``llmgw validate`` prints): a name that is not
+    ``vllm-VERSION.txt`` or ``sglang-VERSION.txt``, a line not pinned by hash."""
+    folder = directory / "engines"
+    if not folder.is_dir():
+        return []
+    errors: list[str] = []
+    for path in sorted(folder.iterdir()):
+        where = f"engines/{path.name}"
+        match = REQUIREMENTS_NAME.match(path.name)
+        if match is None or not path.is_file():
+            errors.append(f"{where}:1:1: not a requirements file llmgw installs: name it "
+                          "vllm-VERSION.txt or sglang-VERSION.txt (llama.cpp is shipped, "
+                          "not installed from requirements)")
+            continue
+        try:
+            text = path.read_text()
+            installs.request(match["engine"], match["version"], requirements=text)
+        except (OSError, UnicodeDecodeError) as exc:
+            errors.append(f"{where}:1:1: cannot read: {exc}")
+        except installs.RequirementsError as exc:
+            errors.append(f"{where}:{exc.line}:1: {exc.detail}")
+        except installs.InstallError as exc:
+            errors.append(f"{where}:1:1: {exc}")
+    return errors
+
+
+async def install_missing(pool: pools.Pool, directory: Path,
+                          needs: Mapping[tuple[str, str], set[str]],
+                          say: Callable[[str], None]) -> list[str]:
+    """Install each needed (engine, version) on the nodes that lack it, as ``llmgw apply``
+    does before it changes anything; the failures, one line each (none: all there).
+
+    llama.cpp ships the ``llama-server`` on PATH; vLLM and SGLang install the
+    cluster directory's ``engines/<engine>-<version>.txt`` (:func:`requirements_path`).
+    """
+    failures: list[str] = []
+    for (engine, version), nodes in needs.items():
+        try:
+            wanted = wanted_for(engine, version, requirements=None if engine == "llama.cpp"
+                                else requirements_path(directory, engine, version))
+        except UserError as exc:
+            failures.append(f"{engine} {version} on {', '.join(sorted(nodes))}: {exc}")
+            continue
+        outcomes = await engineinstalls.install(pool, sorted(nodes), wanted, say)
+        failures += [f"{node}: installing {wanted.target} failed: {outcome.detail}"
+                     for node, outcome in sorted(outcomes.items()) if outcome.state == "failed"]
+    return failures
 
 
 def run_install(args: argparse.Namespace) -> int:

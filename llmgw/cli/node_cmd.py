@@ -1,4 +1,4 @@
-"""``llmgw node add [USER@]HOST[:PORT]``: pin, check, install, start, report, write nodes.yaml.
+"""``llmgw node add [USER@]HOST[:PORT]``: pin, check, account, install, start, report, nodes.yaml.
 
 The steps are :mod:`llmgw.onboarding.enrolments`'. At a terminal they show
 as a checklist updated in place (:mod:`.checklists`), the host key
@@ -24,7 +24,7 @@ from llmgw.onboarding import enrolments, yamledits
 from llmgw.spec.models import NAME_PATTERN
 
 DEFAULT_PREFIX = "/opt/llmgw"
-STEPS = ("host key", "preflight", "install", "agent", "report", "fabrics", "nodes.yaml")
+STEPS = ("host key", "preflight", "account", "install", "agent", "report", "fabrics", "nodes.yaml")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -104,6 +104,7 @@ def run_add(args: argparse.Namespace) -> int:
         await enrolment.pin(args.fingerprint, confirm)
         async with await enrolment.connect() as conn:
             facts = await enrolment.preflight(conn)
+            await enrolment.ensure_account(conn, facts)
             upgraded = await enrolment.install(conn, facts)
             plan = await enrolment.agent(conn, facts, upgraded)
         return await enrolment.first_report(plan)

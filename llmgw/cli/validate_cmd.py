@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter, defaultdict
 
-from llmgw.cli import clusters
+from llmgw.cli import clusters, engine_cmd
 from llmgw.spec import checks, gpus
 from llmgw.spec.models import Cluster, Profile
 from llmgw.spec.quantities import count, format_duration, format_size
@@ -28,6 +29,10 @@ def run(args: argparse.Namespace) -> int:
         print(classes_table())
         return 0
     cluster = clusters.load(args.cluster)
+    errors = engine_cmd.requirement_file_errors(args.cluster)
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        return 1
     print(summary(cluster))
     return 0
 

@@ -8,16 +8,19 @@ Steps, each shown through :class:`Progress` as it starts and as it finishes:
 2. **preflight** — root or password-less sudo, Python ≥ 3.11 with ``venv``,
    free disk under the prefix, whether systemd is PID 1. Anything missing
    stops here, before any change, with every problem listed.
-3. **install** — this llmgw version and its dependencies as wheels (built
+3. **account** — when ``cluster.ssh.user`` is not the user ``node add`` logs in
+   as (and not root), that account is made and given the key ``node add``
+   logged in with (:mod:`.accounts`), so the daemon can log in.
+4. **install** — this llmgw version and its dependencies as wheels (built
    here once with ``pip wheel``, cached), copied over SFTP and installed into
    ``<prefix>/venv`` with ``--no-index``: the node never reaches the
    internet. Skipped when that version is already there.
-4. **agent** — ``agent.yaml`` and ``llmgw-agent.service`` written under the
+5. **agent** — ``agent.yaml`` and ``llmgw-agent.service`` written under the
    prefix; with systemd the unit is installed, enabled and (re)started;
    without it the agent runs with the supervise backend, detached, its pid
    recorded. An upgrade restarts the agent only: engines keep running.
-5. **report** — waits for the agent's first report through the tunnel the
-   daemon will use.
+6. **report** — waits for the agent's first report through the tunnel the
+   daemon will use, as ``cluster.ssh.user``.
 
 The caller then writes the node into ``nodes.yaml`` (:mod:`.yamledits`).
 Every step is idempotent: a second run changes nothing.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -40,11 +44,13 @@ from pathlib import Path
 from typing import Protocol
 
 import asyncssh
+from asyncssh.public_key import load_default_keypairs
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from llmgw import __version__
 from llmgw.fleet.types import NodeReport
+from llmgw.onboarding import accounts
 from llmgw.spec.models import Cluster, Node
 from llmgw.transport import hostkeys, pools
 
@@ -148,13 +154,15 @@ class Plan:
     name: str
     # Kept from an agent.yaml already on the node: where its nvidia-smi and sysfs are.
     hardware: dict[str, object] | None = None
+    # The socket's group without systemd: llmgw once the daemon's account is in it.
+    group: str | None = None
 
     @property
     def socket(self) -> str:
         return "/run/llmgw/agent.sock" if self.systemd else f"{self.prefix}/run/agent.sock"
 
     def agent_yaml(self) -> str:
-        group = "llmgw" if self.systemd else "null"
+        group = "llmgw" if self.systemd else (self.group or "null")
         return (f"# Written by `llmgw node add`: the agent of node {self.name}.\n"
                 f"node: {json.dumps(self.name)}\n"
                 f"socket: {{path: {self.socket}, mode: \"0660\", group: {group}}}\n"
@@ -195,6 +203,8 @@ class Enrolment:
     progress: Progress
     wheel_cache: Path
     plan: Plan | None = None  # where things went on the node, once the agent step ran
+    login_key: asyncssh.SSHKeyPair | None = None  # the key connect() logged in with
+    account: accounts.Outcome | None = None  # the daemon's account, once that step ran
 
     async def pin(self, expected: str | None, confirm: Callable[[str], bool]) -> None:
         known_hosts = Path(self.cluster.cluster.ssh.known_hosts)
@@ -231,14 +241,50 @@ class Enrolment:
             self.progress.done("host key", f"{offered} already pinned")
 
     async def connect(self) -> asyncssh.SSHClientConnection:
-        keys = {"client_keys": [str(self.identity)]} if self.identity else {}
+        """Log in as the target user with ``identity_file``, else the ssh-agent's keys and
+        the default ones, one key at a time, so that :attr:`login_key` is the key that
+        worked: the one the daemon's account is given."""
         try:
-            return await asyncssh.connect(
-                self.target.host, port=self.target.port, username=self.target.user,
-                known_hosts=self.cluster.cluster.ssh.known_hosts, agent_path=None,
-                connect_timeout=15, **keys)
-        except (OSError, asyncssh.Error) as exc:
-            raise EnrolError(f"cannot log in as {self.target.user}: {exc}") from None
+            if self.identity:
+                candidates = asyncssh.load_keypairs(str(self.identity))[:1]
+            else:
+                candidates = [*await _agent_keys(), *load_default_keypairs()]
+        except (OSError, ValueError, asyncssh.KeyImportError) as exc:
+            raise EnrolError(f"cannot read the SSH key {self.identity}: {exc}") from None
+        if not candidates:
+            raise EnrolError("no SSH key to log in with: set ssh.identity_file in "
+                             "cluster.yaml, or load a key into your ssh-agent")
+        failure: Exception | None = None
+        for key in candidates:
+            try:
+                conn = await asyncssh.connect(
+                    self.target.host, port=self.target.port, username=self.target.user,
+                    known_hosts=self.cluster.cluster.ssh.known_hosts, agent_path=None,
+                    client_keys=[key], connect_timeout=15, config=None)
+            except asyncssh.PermissionDenied as exc:
+                failure = exc
+                continue
+            except (OSError, asyncssh.Error) as exc:
+                raise EnrolError(f"cannot log in as {self.target.user}: {exc}") from None
+            self.login_key = key
+            return conn
+        raise EnrolError(f"cannot log in as {self.target.user}: {failure}")
+
+    async def ensure_account(self, conn: asyncssh.SSHClientConnection, facts: Facts) -> None:
+        """The daemon's account (``cluster.ssh.user``) on the node: see :mod:`.accounts`."""
+        user = self.cluster.cluster.ssh.user
+        if user == self.target.user or user == "root":
+            self.progress.begin("account", "the daemon's account")
+            self.progress.done("account", f"the daemon logs in as {user}, as node add does: "
+                               "no account to make")
+            return
+        self.progress.begin("account", f"{user}, the daemon's account, and our key")
+        assert self.login_key is not None
+        try:
+            self.account = await accounts.ensure(conn, user, facts.uid != 0, self.login_key)
+        except accounts.AccountError as exc:
+            raise EnrolError(str(exc)) from None
+        self.progress.done("account", self.account.detail())
 
     async def preflight(self, conn: asyncssh.SSHClientConnection) -> Facts:
         self.progress.begin("preflight", "root or sudo, Python, disk, systemd")
@@ -291,7 +337,8 @@ class Enrolment:
 
     async def agent(self, conn: asyncssh.SSHClientConnection, facts: Facts,
                     upgraded: bool) -> Plan:
-        plan = self.plan = Plan(self.prefix, facts.systemd, self.name)
+        plan = self.plan = Plan(self.prefix, facts.systemd, self.name,
+                                group=accounts.GROUP if self.account else None)
         self.progress.begin("agent", "agent.yaml and llmgw-agent.service")
         prefix = shlex.quote(self.prefix)
         sudo = "" if facts.uid == 0 else "sudo -n "
@@ -340,12 +387,12 @@ class Enrolment:
         node = Node(address=self.target.host,
                     ssh_port=None if self.target.port == 22 else self.target.port,
                     agent_socket=plan.socket)
-        settings = self.cluster.cluster.model_copy(update={
-            "ssh": self.cluster.cluster.ssh.model_copy(update={"user": self.target.user})})
-        alone = self.cluster.model_copy(update={"cluster": settings, "nodes": {self.name: node},
+        # As the daemon will: as cluster.ssh.user, with its keys.
+        alone = self.cluster.model_copy(update={"nodes": {self.name: node},
                                                 "models": {}})
         deadline = time.monotonic() + REPORT_TIMEOUT
-        self.progress.begin("report", "waiting for the agent's first report")
+        self.progress.begin("report", "waiting for the agent's first report as "
+                            f"{self.cluster.cluster.ssh.user}")
         begun = time.monotonic()
         async with pools.Pool(alone, self.cluster_dir) as pool:
             while True:
@@ -406,7 +453,38 @@ def _pip_wheel(source: Path, into: Path, *flags: str) -> None:
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", *flags, str(source),
                            "-w", str(into)], capture_output=True, text=True)
     if done.returncode != 0:
-        raise EnrolError(f"pip wheel failed: {done.stderr.strip()[-800:]}")
+        raise EnrolError(f"pip wheel failed: {pip_error(done.stderr)}")
+
+
+def pip_error(stderr: str, limit: int = 800) -> str:
+    """pip's error output, shortened for a message: from its first ``ERROR:`` line, else
+    its last whole lines within ``limit`` characters; never cut inside a line."""
+    lines = stderr.strip().splitlines()
+    first = next((i for i, line in enumerate(lines) if line.startswith("ERROR:")), None)
+    if first is not None:
+        lines = lines[first:]
+    kept: list[str] = []
+    for line in reversed(lines):
+        if kept and sum(len(k) + 1 for k in kept) + len(line) > limit:
+            break
+        kept.insert(0, line)
+    return "\n".join(kept)
+
+
+async def _agent_keys() -> list[asyncssh.SSHKeyPair]:
+    """The keys of the operator's ssh-agent, if one runs (``SSH_AUTH_SOCK``)."""
+    if not os.environ.get("SSH_AUTH_SOCK"):
+        return []
+    try:
+        agent = await asyncssh.connect_agent()
+    except (OSError, asyncssh.Error):
+        return []
+    if agent is None:
+        return []
+    try:
+        return list(await agent.get_keys())
+    except (OSError, asyncssh.Error, ValueError):
+        return []
 
 
 def kept_hardware(agent_yaml: str) -> dict[str, object] | None:

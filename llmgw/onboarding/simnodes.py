@@ -78,6 +78,10 @@ Subsystem sftp internal-sftp
 PrintMotd no
 LogLevel INFO
 MaxStartups 100:30:200
+# Any other account (as the one `llmgw node add` makes for cluster.ssh.user) is let in
+# only by the keys in its own ~/.ssh/authorized_keys, as on a real node.
+Match User *,!root,!{login}
+  AuthorizedKeysFile .ssh/authorized_keys
 """
 
 
@@ -200,6 +204,7 @@ class SimNode:
             keygen(self.host_key, f"host key of {self.name}")
         self.sshd_config.write_text(SSHD_CONFIG.format(
             port=self.port, host_key=self.host_key, authorized_keys=self.authorized_keys,
+            login=getpass.getuser(),
         ))
         check = subprocess.run(
             [SSHD, "-t", "-f", str(self.sshd_config)], capture_output=True, text=True

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from llmgw.planning import drifts
+from llmgw.planning import drifts, installs
 from llmgw.planning.types import (
     FORMAT_VERSION,
     Attempt,
@@ -175,6 +175,8 @@ def _no_changes(plan: Plan) -> str:
     if plan.holds:
         return "No changes: the fleet does not match the cluster, but what differs is held " \
             "after a failed rollout gate (see below)."
+    if installs.holds(plan):
+        return "No changes can be made yet: replaces wait for engine installs (see below)."
     if plan.unknown:
         return "No changes: the fleet matches the cluster on every node that answered."
     return "No changes: the fleet matches the cluster."

@@ -181,6 +181,9 @@ class Plan:
     warnings: tuple[str, ...] = ()
     held: tuple[Held, ...] = ()
     holds: tuple[Hold, ...] = ()  # models whose replacement failed its gate (planning.holds)
+    # Replaces held until their engine version is installed (planning.installs);
+    # in memory only: a saved plan keeps their warnings.
+    awaiting_install: tuple[Change, ...] = field(default=(), compare=False)
 
     def count(self, action: Action) -> int:
         return sum(1 for change in self.changes if change.action == action)

@@ -19,6 +19,7 @@ from llmgw.rendering import quoting
 
 DEFAULT_ENV_DIR = "/etc/llmgw/env"
 DEFAULT_STOP_TIMEOUT = "2min"  # engines drain requests and free GPU memory on SIGTERM
+STOP_TIMEOUT_SECONDS = 120.0  # DEFAULT_STOP_TIMEOUT in seconds, for whoever waits for a stop
 DEFAULT_RESTART_DELAY = "10s"
 
 

@@ -273,7 +273,7 @@ async def test_a_unit_of_a_version_not_installed_waits_and_says_why(
             [unit] = (await report(pool, "node-01")).units
             assert (unit.state, unit.detail, unit.pid) == (
                 "failed", f"engine vllm {VERSION} is not installed on this node: run "
-                f"`llmgw engine install NODE vllm=={VERSION}`", None)
+                f"`llmgw engine install vllm=={VERSION} NODE`", None)
             agent = await pool.client("node-01")
             async with contextlib.aclosing(agent.install_engine(
                     "vllm", VERSION, requirements=requirements(standin),

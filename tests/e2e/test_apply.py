@@ -151,3 +151,36 @@ def units_on(node: nodes.SimNode) -> list[str]:
         return [unit.name for unit in report.units]
 
     return asyncio.run(ask())
+
+
+def test_a_remove_waits_for_an_engine_that_drains_longer_than_an_agent_call(
+    sim_cluster: SimClusterFactory, engines: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An engine may take up to its TimeoutStopSec to drain on SIGTERM; the agent answers
+    the remove once it is done. A pool whose calls time out sooner must not call that
+    remove failed (it used to: the replace said FAILED while the new replica served)."""
+    from llmgw.applying import executions
+    from llmgw.planning import plans
+    from llmgw.spec import loading
+    from llmgw.transport import pools
+
+    sim = sim_cluster(1, hardware=("cpu-only",))
+    draining = json.loads(json.dumps({"tiny": MODELS["tiny"]}))
+    draining["tiny"]["profiles"][0]["env"] = {"TESTENGINE_STOP_DELAY": "4"}
+    directory = write(sim, draining)
+    code, out = apply(directory, capsys)
+    assert code == 0, out
+    pid = running(engines)["tiny"]["pid"]
+
+    write(sim, {})
+
+    async def destroy() -> executions.Outcome:
+        cluster = loading.load(directory)
+        async with pools.Pool(cluster, directory, call_timeout=2.0) as pool:
+            plan = plans.plan(cluster, await pool.fleet(), time.time())
+            assert plan.count("destroy") == 1, plan.summary()
+            return await executions.execute(plan, pool, ready_timeout=30)
+
+    outcome = asyncio.run(destroy())
+    assert outcome.ok, outcome.summary()
+    assert "tiny" not in running(engines), f"pid {pid} still serves"

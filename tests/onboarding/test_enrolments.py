@@ -8,9 +8,17 @@ supervise backend, as on any machine without systemd).
 
 from __future__ import annotations
 
+import contextlib
+import grp
+import os
+import pwd
+import secrets
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,8 +81,8 @@ def test_node_add_takes_a_bare_node_to_a_reporting_agent(
     added = llmgw(*base, "--fingerprint", node.host_fingerprint(), cwd=tmp_path)
     assert added.returncode == 0, added.stdout + added.stderr
     lines = added.stdout.splitlines()
-    steps = [line.split()[0] for line in lines[:5]]
-    assert steps == ["host", "preflight", "install", "agent", "report"], added.stdout
+    steps = [line.split()[0] for line in lines[:6]]
+    assert steps == ["host", "preflight", "account", "install", "agent", "report"], added.stdout
     assert "no systemd: supervise backend" in added.stdout
     assert node.known_hosts_line().split()[2] in (cluster / "known_hosts").read_text()
     # The agent runs from the node's own venv, installed from shipped wheels.
@@ -141,3 +149,93 @@ def test_nodes_yaml_keeps_comments_and_order() -> None:
     assert new == text + "  c:\n    address: 10.0.0.3\n    fabrics:\n      ib-a: [mlx5_0, mlx5_1]\n"
     assert diff.splitlines()[-1] == "+      ib-a: [mlx5_0, mlx5_1]"
     assert yamledits.add_node(new, "c", {"address": "10.0.0.3"})[1] == ""
+
+
+@pytest.fixture
+def daemon_account() -> Iterator[str]:
+    """A cluster ssh.user of this test only, deleted afterwards with its home."""
+    if os.geteuid() != 0:
+        pytest.skip("making a system account on this machine needs root (CI runs as root)")
+    if not shutil.which("useradd"):
+        pytest.skip("useradd not installed")
+    user = f"llmgw-t{secrets.token_hex(4)}"
+    had_group = subprocess.run(["getent", "group", "llmgw"], capture_output=True).returncode == 0
+    yield user
+    subprocess.run(["userdel", "-r", user], capture_output=True)
+    if not had_group:  # made by node add for this test's account
+        subprocess.run(["groupdel", "llmgw"], capture_output=True)
+
+
+@pytest.mark.timeout(900)
+def test_node_add_makes_the_daemons_account_and_reports_through_it(
+    sim_cluster: SimClusterFactory, tmp_path: Path, daemon_account: str,
+) -> None:
+    try:
+        enrolments.build_wheels(WHEELS)
+    except enrolments.EnrolError as exc:
+        pytest.skip(f"cannot build the wheels to ship (no package index here?): {exc}")
+    sim = sim_cluster(1, agents=False, prefix="acct")
+    node = sim.nodes["acct-01"]
+    cluster = site(tmp_path, sim)
+    text = (cluster / "cluster.yaml").read_text()
+    (cluster / "cluster.yaml").write_text(text.replace("user: root  ", f"user: {daemon_account}"))
+    # The account reaches the agent's socket through the prefix: not under pytest's 0700
+    # tmp_path, as /opt/llmgw is not on a real node.
+    prefix = Path(tempfile.mkdtemp(prefix="llmgw-acct-"))
+    prefix.chmod(0o755)
+    try:
+        base = ["node", "add", f"root@127.0.0.1:{node.port}", "--cluster", str(cluster),
+                "--prefix", str(prefix / "opt"), "--wheels", str(WHEELS), "--name", "acct-01",
+                "--fingerprint", node.host_fingerprint()]
+        added = llmgw(*base, cwd=tmp_path)
+        assert added.returncode == 0, added.stdout + added.stderr
+        lines = added.stdout.splitlines()
+        assert [line.split()[0] for line in lines[:6]] == [
+            "host", "preflight", "account", "install", "agent", "report"], added.stdout
+        assert f"account    {daemon_account}: " in added.stdout  # (group llmgw created, )
+        assert ("system account created, our key authorized "
+                f"(/home/{daemon_account}/.ssh/authorized_keys)") in added.stdout, added.stdout
+        assert "report     0 GPUs" in added.stdout  # reached as the account, not as root
+        account = pwd.getpwnam(daemon_account)
+        assert account.pw_shell == "/usr/sbin/nologin" and account.pw_uid < 1000
+        assert grp.getgrgid(account.pw_gid).gr_name == "llmgw"
+        keys = Path(account.pw_dir) / ".ssh" / "authorized_keys"
+        stat = keys.stat()
+        assert (stat.st_mode & 0o777, stat.st_uid) == (0o600, account.pw_uid)
+        public = " ".join(sim.client_key.with_suffix(".pub").read_text().split()[:2])
+        assert keys.read_text() == f"restrict,port-forwarding {public} llmgw-daemon\n"
+
+        # The daemon's view, as the cluster's user: inventory and doctor reach the node.
+        inventory = llmgw("inventory", "--cluster", str(cluster), cwd=tmp_path)
+        assert "acct-01" in inventory.stdout and "1 reachable" in inventory.stdout, \
+            inventory.stdout + inventory.stderr
+        doctor = llmgw("doctor", "acct-01", "--cluster", str(cluster), cwd=tmp_path)
+        assert "auth:" not in doctor.stdout + doctor.stderr, doctor.stdout
+        assert "1 node checked: 0 failed" in doctor.stdout, doctor.stdout + doctor.stderr
+
+        # A second run changes nothing: the account, its key file, the agent.
+        before = keys.read_text()
+        again = llmgw(*base, cwd=tmp_path)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert (f"account    {daemon_account} exists, in group llmgw, our key authorized: "
+                "unchanged") in again.stdout, again.stdout
+        assert "running (supervise backend" in again.stdout
+        assert keys.read_text() == before
+    finally:
+        pidfile = prefix / "opt" / "run" / "agent.pid"
+        if pidfile.exists():  # the agent node add started, by its pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        shutil.rmtree(prefix, ignore_errors=True)
+
+
+def test_pip_errors_are_cut_at_a_line() -> None:
+    noise = "".join(f"  Looking in indexes: https://mirror.example/simple {i}\n"
+                    for i in range(40))
+    error = ("ERROR: Could not find a version that satisfies the requirement asyncssh>=2.14\n"
+             "ERROR: No matching distribution found for asyncssh>=2.14\n")
+    assert enrolments.pip_error(noise + error) == error.strip()
+    long = "".join(f"line {i} of a build log without pip's ERROR: prefix\n" for i in range(100))
+    cut = enrolments.pip_error(long)
+    assert len(cut) <= 800 and cut.endswith("line 99 of a build log without pip's ERROR: prefix")
+    assert all(line.startswith("line ") for line in cut.splitlines())

@@ -62,6 +62,8 @@ def test_install_without_systemd_prints_a_unit_systemd_accepts(tmp_path: Path) -
     unit = result.stdout.split("llmgw.service:\n\n", 1)[1].split("\n  systemctl", 1)[0]
     cluster = tmp_path / "site" / "cluster"
     assert f"serve --cluster {cluster}" in unit
+    # As docs/operations.md's unit: a descriptor per client connection.
+    assert "\nLimitNOFILE=65536\n" in unit
     assert not sites.UNIT_PATH.exists()
     if shutil.which("systemd-analyze"):
         path = tmp_path / "llmgw.service"

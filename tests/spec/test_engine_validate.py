@@ -50,3 +50,27 @@ def test_the_fixed_profile_validates(tmp_path: Path) -> None:
     fixed = CLUSTER.replace("task: embed", "runner: pooling").replace('"0.5.1"', '"0.5.22"')
     (tmp_path / "cluster.yaml").write_text(fixed)
     assert main(["validate", "--cluster", str(tmp_path)]) == 0
+
+
+def test_requirements_files_apply_installs_are_checked_at_their_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`llmgw apply` installs vLLM/SGLang versions from engines/<engine>-<version>.txt:
+    `llmgw validate` checks those files first, each error at file:line:col."""
+    (tmp_path / "cluster.yaml").write_text(CLUSTER.replace('"0.31.0"', '"0.33.0"').replace(
+        "args: {task: embed, max-model-len: 8192}", "args: {max-model-len: 8192}").replace(
+        '"0.5.1"', '"0.5.23"'))
+    assert main(["validate", "--cluster", str(tmp_path)]) == 0, capsys.readouterr().err
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    good = f"vllm==0.33.0 \\\n    --hash=sha256:{'a' * 64}\n"
+    (engines / "vllm-0.33.0.txt").write_text(good)
+    assert main(["validate", "--cluster", str(tmp_path)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    (engines / "sglang-0.5.23.txt").write_text(f"# pinned\nsglang>=0.5 --hash=sha256:{'b' * 64}\n")
+    (engines / "llama.cpp-11434.0.0.txt").write_text(good)
+    assert main(["validate", "--cluster", str(tmp_path)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("engines/llama.cpp-11434.0.0.txt:1:1: not a requirements file")
+    assert lines[1].startswith("engines/sglang-0.5.23.txt:2:1: ")
+    assert len(lines) == 2

@@ -16,7 +16,9 @@ process that listens, loads, serves and dies like an engine:
   ``--worker-ignores-sigterm`` only SIGKILL ends it;
 * ``--record FILE`` writes the argv, selected environment, pid and process
   group as JSON, so tests check what a rendered unit really ran;
-* ``--exit-after S --exit-code N`` ends the engine on its own (restart tests).
+* ``--exit-after S --exit-code N`` ends the engine on its own (restart tests);
+* ``--stop-delay S`` (or ``TESTENGINE_STOP_DELAY``): on SIGTERM it serves S
+  more seconds before it exits, as an engine draining its requests does.
 
 Unknown flags are accepted and recorded, so a test can put this script
 where a real engine's binary would be and keep the rendered argv intact.
@@ -59,6 +61,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--worker-pid-file")
     parser.add_argument("--worker-ignores-sigterm", action="store_true")
     parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--stop-delay", type=float,
+                        default=float(os.environ.get("TESTENGINE_STOP_DELAY", "0")))
     parser.add_argument("--record")
     parser.add_argument("--record-env", action="append", default=[])
     parser.add_argument("--exit-after", type=float)
@@ -225,6 +229,17 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def drain(seconds: float) -> None:
+    """SIGTERM with ``--stop-delay``: keep serving for ``seconds``, then exit (as an
+    engine finishing the requests in flight does)."""
+    log(f"SIGTERM: draining for {seconds}s")
+
+    def leave() -> None:
+        time.sleep(seconds)
+        os._exit(0)
+    threading.Thread(target=leave, daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     args, unknown = parse(argv)
     patterns = list(DEFAULT_RECORDED_ENV) + list(args.record_env)
@@ -236,6 +251,8 @@ def main(argv: list[str]) -> int:
         record(args.record, [sys.argv[0], *argv], patterns)
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif args.stop_delay:
+        signal.signal(signal.SIGTERM, lambda signum, frame: drain(args.stop_delay))
     else:
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     if args.exit_after is not None:
