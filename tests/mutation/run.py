@@ -59,7 +59,7 @@ MODULES: dict[str, list[str]] = {
     "planning/diffs.py": [*PLANNING, "tests/planning/test_diffs.py"],
     "planning/drifts.py": [*PLANNING, "tests/planning/test_drifts.py"],
     "planning/fingerprints.py": [*PLANNING, "tests/planning/test_fingerprints.py"],
-    "planning/installs.py": PLANNING,
+    "planning/installs.py": [*PLANNING, "tests/planning/test_install_holds.py"],
     "planning/nodes.py": [*PLANNING, "tests/planning/test_nodes.py",
                           "tests/planning/test_fabric_changes.py"],
     "planning/outputs.py": PLANNING,
