@@ -46,7 +46,8 @@ What is repaired is the cluster's to say (``cluster.drift``): a class whose
 ``repair`` is false is *held* — shown in the plan, status and metrics, not
 repaired — and an engine that crashed ``crash_loop.crashes`` times within
 ``crash_loop.window`` is held too: stopped if its agent is still restarting
-it, not restarted if it is down, until fewer crashes fall in the window.
+it, not restarted if it is down, until fewer crashes fall in the window;
+every shard of a multi-node replica is held, on each node that answers.
 
 A purely computational module with no side effects: ``now`` is an argument.
 """
@@ -234,8 +235,11 @@ def settle(plan: Plan, cluster: Cluster, fleet: Fleet, now: float) -> Plan:
 
     A change whose class the cluster does not let llmgw repair is taken out
     of the plan and listed as held, with the reason; so is a restart of an
-    engine in a crash loop. A crash loop its agent is still restarting gets
-    a ``hold`` change that stops it (its files stay).
+    engine in a crash loop. A crash loop its agents are still restarting gets
+    a ``hold`` change that stops every shard still running or restarting on
+    a node that answers (their files stay), also when the plan's restart of
+    its failed or stopped shards is what was held: a multi-node replica is
+    held whole, not half of it. A node that does not answer is left alone.
     """
     settings = cluster.cluster.drift
     observed = replicas.collect(cluster, fleet).replicas
@@ -243,6 +247,7 @@ def settle(plan: Plan, cluster: Cluster, fleet: Fleet, now: float) -> Plan:
     kept: list[Change] = []
     held: list[Held] = []
     touched: set[tuple[str, int]] = set()
+    holds: list[Change] = []
     for change in plan.changes:
         key = (change.model, change.replica)
         touched.add(key)
@@ -256,11 +261,14 @@ def settle(plan: Plan, cluster: Cluster, fleet: Fleet, now: float) -> Plan:
         loop = crash_loop(observed[key], settings.engine_crash.crash_loop, now) if (
             finding.kind == "engine_crash" and change.action == "restart") else ""
         if loop:
+            # The restart names only the shards that are down; the hold covers them all.
+            replica = observed[key]
+            nodes = tuple(sorted(set(nodes) | {m.node for m in replica.members.values()}))
             held.append(Held(change.model, change.replica, finding.kind, nodes, (loop,),
                              finding.evidence))
+            holds += _hold(key, replica, loop, finding)  # the plan restarts a replica once
             continue
         kept.append(change)
-    holds: list[Change] = []
     for key, replica in observed.items():
         found = findings[key]
         if key in touched or found is None or found.kind != "engine_crash":
@@ -270,11 +278,7 @@ def settle(plan: Plan, cluster: Cluster, fleet: Fleet, now: float) -> Plan:
             continue
         nodes = tuple(sorted({m.node for m in replica.members.values()}))
         held.append(Held(key[0], key[1], "engine_crash", nodes, (loop,), found.evidence))
-        running = tuple(_observed(m.node, m.unit) for _, m in sorted(replica.members.items())
-                        if m.reachable and m.unit.state not in ("stopped", "failed"))
-        if running:
-            holds.append(Change("hold", key[0], key[1], (loop,), removes=running,
-                                drift="engine_crash", evidence=found.evidence))
+        holds += _hold(key, replica, loop, found)
     held += _kept_strangers(cluster, fleet)
     destroys = [c for c in kept if c.action == "destroy"]
     rest = [c for c in kept if c.action != "destroy"]
@@ -326,6 +330,19 @@ def _trouble_reasons(replica: ObservedReplica) -> set[str]:
              if m.unit.state in ("failed", "stopped")}
     lines |= {f"shard {rank} missing on {node}" for rank, node in replica.missing()}
     return lines | {"its spec is unknown (no X-Llmgw-Spec label)"}
+
+
+def _hold(
+    key: tuple[str, int], replica: ObservedReplica, loop: str, finding: Finding,
+) -> list[Change]:
+    """The ``hold`` that stops every shard of a crash-looping replica its agent still runs
+    or restarts, on nodes that answer (a node that does not is left alone); [] when none."""
+    running = tuple(_observed(m.node, m.unit) for _, m in sorted(replica.members.items())
+                    if m.reachable and m.unit.state not in ("stopped", "failed"))
+    if not running:
+        return []
+    return [Change("hold", key[0], key[1], (loop,), removes=running, drift="engine_crash",
+                   evidence=finding.evidence)]
 
 
 def _kept_strangers(cluster: Cluster, fleet: Fleet) -> list[Held]:

@@ -12,7 +12,7 @@ fleet shorthand). A case's ``expect`` lists, exactly and in order:
 
 A change lists its class of drift (``drift: engine_crash``) and, when it has
 any, its ``evidence`` as soon as one change of the case says ``drift``: the
-drift cases (75-89) all do.
+drift cases (75-89, 100-102) all do.
 
 ``stable_after_apply: true`` also applies the plan (every new unit ready)
 and checks that planning again changes nothing: placement is stable.
