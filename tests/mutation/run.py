@@ -68,6 +68,11 @@ MODULES: dict[str, list[str]] = {
     "planning/plans.py": PLANNING,
     "planning/replicas.py": [*PLANNING, "tests/planning/test_replicas.py"],
     "planning/scaling.py": [*PLANNING, "tests/planning/test_scaling.py"],
+    # The fleet figures `llmgw status`, `inventory` and the admin API show.
+    "planning/summaries.py": ["tests/planning/test_summaries.py"],
+    # Plan and Change methods (summary(), phases(), ...): the planning tests read them.
+    "planning/types.py": [*PLANNING, "tests/planning/test_holds.py",
+                          "tests/planning/test_drifts.py", "tests/planning/test_waves.py"],
     "planning/shards.py": [*PLANNING, "tests/planning/test_shards.py",
                            "tests/planning/test_weights_plan.py",
                            "tests/planning/test_engine_placements.py"],

@@ -84,3 +84,43 @@ def test_idle_replicas_holding_gpus(model: str, last_used: float | None,
     summary = summaries.summarize(CLUSTER, fleet(unit(model, "g1", [0], last_used=last_used)),
                                   NOW, seen)
     assert [i.replica.model for i in summary.idle] == ([model] if idle else [])
+
+
+def test_a_draining_node_is_not_a_free_whole_node() -> None:
+    draining = CLUSTER.model_copy(update={"nodes": {
+        **CLUSTER.nodes, "g2": CLUSTER.nodes["g2"].model_copy(update={"drain": True})}})
+    summary = summaries.summarize(draining, fleet(), NOW)
+    assert summary.free_nodes == {"ib-a": ["g1"]}
+
+
+def test_unreachable_nodes_are_listed_and_their_gpus_not_counted() -> None:
+    nodes = fleet(g2_ecc=2).nodes
+    nodes["g0"] = NodeReport(node="g0", gpus=gpus("g0"), fabrics=IB, reachable=False,
+                             error="ssh: connection refused")
+    # g0 first: one unreachable node does not end the count of the nodes after it.
+    down_first = Fleet(nodes={name: nodes[name] for name in ("g0", "g1", "g2", "g3")})
+    summary = summaries.summarize(CLUSTER, down_first, NOW)
+    assert summary.unreachable == ["g0"]
+    assert summary.nodes == 4
+    counts = summary.capacity["h100-80g"]
+    assert (counts.total, counts.used, counts.free, counts.faulty) == (6, 0, 5, 1)
+
+
+def test_gpu_counts_alone_finds_the_gpus_units_hold() -> None:
+    # inventory calls gpu_counts without the held map summarize passes in.
+    counts = summaries.gpu_counts(fleet(unit("big", "g1", [0, 1])))["h100-80g"]
+    assert (counts.total, counts.used, counts.free, counts.faulty) == (6, 2, 4, 0)
+
+
+def test_units_of_two_models_are_two_replicas() -> None:
+    summary = summaries.summarize(
+        CLUSTER, fleet(unit("big", "g1", [0]), unit("lazy", "g1", [1])), NOW)
+    assert [(r.model, r.replica, [s.gpus for s in r.shards]) for r in summary.replicas] == [
+        ("big", 0, [(0,)]), ("lazy", 0, [(1,)])]
+
+
+def test_an_idle_replica_carries_its_threshold_and_time_unused() -> None:
+    summary = summaries.summarize(
+        CLUSTER, fleet(unit("lazy", "g1", [0], last_used=NOW - 600)), NOW)
+    [idle] = summary.idle
+    assert (idle.unused_for, idle.threshold) == (600.0, 300.0)
