@@ -96,6 +96,16 @@ def matches(expected: list[str], actual: list[str]) -> bool:
     return bool(actual) and _line_matches(head, actual[0]) and matches(rest, actual[1:])
 
 
+def differences(cmds: list[Command], outputs: list[list[str]]) -> list[str]:
+    """Each command whose output does not fit the page, with both: what a test reports."""
+    return [
+        f"{c.page}:{c.line}: $ {c.text}\n  docs:\n    " + "\n    ".join(c.expected)
+        + "\n  now:\n    " + "\n    ".join(output)
+        for c, output in zip(cmds, outputs, strict=True)
+        if not matches(c.expected, output)
+    ]
+
+
 def run(cmds: list[Command], directory: Path, env: dict[str, str],
         timeout: float = 600) -> list[list[str]]:
     """Run every command in one bash, in ``directory``; what each printed (stdout + stderr)."""

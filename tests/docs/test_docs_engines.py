@@ -39,11 +39,6 @@ def test_the_engine_install_session_of_engines_md(tmp_path: Path) -> None:
     finally:
         left = processes.marked(tmp_path / "lab" / labs.RUNTIME)
         processes.terminate(left)
-    differences = [
-        f"{c.page}:{c.line}: $ {c.text}\n  docs:\n    " + "\n    ".join(c.expected)
-        + "\n  now:\n    " + "\n    ".join(output)
-        for c, output in zip(commands, outputs, strict=True)
-        if not sessions.matches(c.expected, output)
-    ]
+    differences = sessions.differences(commands, outputs)
     assert not differences, "\n\n".join(differences)
     assert left == [], "llmgw lab down left processes running"

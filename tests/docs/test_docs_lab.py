@@ -48,12 +48,7 @@ def test_the_lab_session_of_the_docs(tmp_path: Path) -> None:
         runtime = tmp_path / "lab" / labs.RUNTIME
         left = processes.marked(runtime)
         processes.terminate(left)
-    differences = [
-        f"{c.page}:{c.line}: $ {c.text}\n  docs:\n    " + "\n    ".join(c.expected)
-        + "\n  now:\n    " + "\n    ".join(output)
-        for c, output in zip(commands, outputs, strict=True)
-        if not sessions.matches(c.expected, output)
-    ]
+    differences = sessions.differences(commands, outputs)
     assert not differences, "\n\n".join(differences)
     assert left == [], "llmgw lab down left processes running"
 
