@@ -238,9 +238,8 @@ class Convergence:
 
     async def aclose(self) -> None:
         """Cancel every execution and wait (stopping, or no longer leading)."""
-        runs = list(self._running)
+        runs, tasks = list(self._running), list(self._running.values())
         await asyncio.gather(*(run.aclose() for run in runs), return_exceptions=True)
-        tasks = [self._running[run] for run in runs]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
