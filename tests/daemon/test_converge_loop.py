@@ -168,10 +168,11 @@ async def until(check: Callable[[], Any], what: str, loop: Loop, timeout: float 
             return result
         if asyncio.get_running_loop().time() > deadline:
             state = loop.daemon.state
+            reports = state.fleet.nodes.values() if state.fleet else []
             raise AssertionError(
                 f"timed out waiting for {what}; waiting {admin.waiting(loop.daemon)}; "
                 f"plan {state.plan.summary() if state.plan else None}; units "
-                f"{[(u.name, u.state) for r in (state.fleet.nodes.values() if state.fleet else []) for u in r.units]}")
+                f"{[(u.name, u.state) for r in reports for u in r.units]}")
         await asyncio.sleep(0.1)
 
 
