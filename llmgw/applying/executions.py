@@ -6,21 +6,26 @@ Order, so that nothing is stopped before what replaces it serves:
    replicas, and the old shards of destroy-before-create replaces), then every
    unit to start (creates, restarts, new shards of replaces) — one
    ``ApplyUnits`` call per node, removes first, nodes in parallel with a bound.
-2. **Wait** for each started unit to be Ready (Starting → Loading → Ready), or
-   Failed, or the readiness timeout — watching the agents' unit streams.
-3. **Gate** (with ``gating``, for models with a ``rollout``): each new replica
-   of a create-before-destroy replace is probed and baked on a share of live
-   traffic (:mod:`llmgw.applying.bakes`). Promoted, it serves as any replica;
-   rolled back, it is the one removed below, and the old one was never touched.
-4. **Second call per node**: the old shards of create-before-destroy replaces
-   whose new replica became Ready and passed its gate — or the new shards of
-   those that failed their gate. Either is first drained: taken out of the
-   routes, in-flight requests let finish. A replacement that failed to become
-   Ready leaves the old replica running.
+2. Then **each change settles on its own**, in a task of its own:
+
+   a. **wait** for its started units to be Ready (Starting → Loading → Ready),
+      or Failed, or its own readiness deadline, watching the agents' unit
+      streams — one replica that never loads holds up no other change;
+   b. **gate** (with ``gating``, for models with a ``rollout``): the new
+      replica of a create-before-destroy replace is probed and baked on a
+      share of live traffic (:mod:`llmgw.applying.bakes`). Promoted, it serves
+      as any replica; rolled back, it is the one removed below;
+   c. **second call**: the old shards of a create-before-destroy replace whose
+      new replica became Ready and passed its gate — or the new shards if it
+      failed its gate — first drained (out of the routes, in-flight requests
+      let finish). A replacement that failed to become Ready leaves the old
+      replica running.
 
 With ``gating``, replacements of a gated model run in waves of at most
 ``max_surge`` (create before destroy) and ``max_unavailable`` (destroy before
-create) (:mod:`llmgw.planning.waves`); each wave is steps 1–4.
+create) (:mod:`llmgw.planning.waves`); a model's next wave starts once its own
+previous one settled. :class:`Execution` runs all this in the background
+(:mod:`llmgw.applying.convergences` owns it); :func:`execute` waits for it.
 
 Nothing here raises for a node that cannot be reached: its changes fail with
 the reason, the rest go on, and the :class:`Outcome` says what changed and
@@ -33,44 +38,26 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
 
-import grpc
-
-from llmgw.applying import bakes
-from llmgw.fleet.types import Unit
+from llmgw.applying import bakes, waits
+from llmgw.applying.waits import LOG_LINES as LOG_LINES  # re-exported: the CLI's log tails
+from llmgw.applying.waits import TERMINAL
+from llmgw.applying.waits import Agents as Agents  # re-exported: what execution needs
+from llmgw.applying.waits import Waiting as Waiting
 from llmgw.planning import waves
 from llmgw.planning.types import Change, Plan, Shard, UnitOp
 from llmgw.rendering import units
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import count
 from llmgw.spec.rollouts import Rollout, effective
-from llmgw.transport.agent_client import AgentClient, UnitChange
+from llmgw.transport.agent_client import UnitChange
 from llmgw.transport.failures import NodeUnreachable
-
-T = TypeVar("T")
 
 DEFAULT_READY_TIMEOUT = 900.0
 """Seconds a started replica may take to load: large weights from a cold disk are slow."""
 
-TERMINAL = frozenset({"ready", "failed"})
-LOG_LINES = 30
-
-
-class Agents(Protocol):
-    """What execution needs of :class:`llmgw.transport.pools.Pool`."""
-
-    max_parallel: int
-    call_timeout: float  # seconds an agent call may take, stops aside (see _call_all)
-
-    async def call(
-        self, node: str, fn: Callable[[AgentClient], Awaitable[T]],
-        *, timeout: float | None = None,
-    ) -> T: ...
-
-    async def client(self, node: str) -> AgentClient: ...
 
 
 @dataclass(frozen=True)
@@ -162,45 +149,6 @@ async def execute(
         return await run.finished()
     finally:
         await run.aclose()
-
-
-@dataclass
-class Waiting:
-    """A change whose new shards are being waited for: what the status and the log show."""
-
-    change: Change
-    started: float  # clock() when the wait began
-    timeout: float
-    state: str = "starting"
-    node: str = ""
-    detail: str = ""
-    progressed: float | None = None  # clock() of the last fetch progress (it restarts the clock)
-
-    @property
-    def replica(self) -> int:
-        """The replica waited for: the new one of a replace."""
-        change = self.change
-        return change.new_replica if change.new_replica is not None else change.replica
-
-    def line(self, now: float) -> str:
-        """``gemma r3: loading 3m12s of 15m``."""
-        text = (f"{self.change.model} r{self.replica}: {self.state} {span(now - self.started)} "
-                f"of {span(self.timeout)}")
-        if self.progressed is not None:
-            text += f" ({span(now - self.progressed)} since the last progress)"
-        return text
-
-
-def span(seconds: float) -> str:
-    """``42s``, ``3m12s``, ``15m``, ``1h05m``: a duration for people."""
-    total = max(0, int(seconds))
-    if total < 60:
-        return f"{total}s"
-    minutes, secs = divmod(total, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
 
 
 class Execution:
@@ -389,8 +337,8 @@ class Execution:
 
     async def _wait(self, change: Change, outcome: ChangeOutcome) -> None:
         waiting = [(change, shard) for shard in change.shards]
-        states = await _wait_ready(self.agents, waiting, self.ready_timeout, self._emit)
-        no_logs: list[tuple[ChangeOutcome, Shard]] = []
+        states = await waits.wait_ready(self.agents, waiting, self.ready_timeout, self._emit)
+        no_logs: list[Shard] = []
         for _, shard in waiting:
             state, detail, tail = states.get((shard.node, shard.unit), ("failed", "no answer", []))
             if state == "ready":
@@ -401,8 +349,8 @@ class Execution:
             if tail:
                 outcome.logs[f"{shard.node}/{shard.unit}"] = tail
             else:
-                no_logs.append((outcome, shard))
-        await _fetch_logs(self.agents, no_logs)
+                no_logs.append(shard)
+        outcome.logs.update(await waits.fetch_logs(self.agents, no_logs))
 
     async def _second(self, change: Change, outcome: ChangeOutcome) -> None:
         """The old shards of a create-before-destroy replace whose new replica is Ready and
@@ -528,82 +476,3 @@ async def _call_all(
                 emit(change, node, unit.name, "failed", result.error)
 
     await asyncio.gather(*(one(node, items) for node, items in calls.items() if items))
-
-
-async def _wait_ready(
-    agents: Agents,
-    waiting: Iterable[tuple[Change, Shard]],
-    timeout: float,
-    emit: Callable[[Change, str, str, str, str], None],
-) -> dict[tuple[str, str], tuple[str, str, list[str]]]:
-    """Final (state, detail, log tail) of every started unit, watching each node's stream.
-
-    While a unit fetches its weights, each progress report restarts the clock:
-    a 140 GB download that moves is not a timeout; one that stops moving is.
-    """
-    deadline = asyncio.timeout(timeout)
-    by_node: dict[str, dict[str, tuple[Change, str]]] = defaultdict(dict)
-    for change, shard in waiting:
-        by_node[shard.node][shard.unit] = (change, shard.digest)
-    final: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
-
-    async def watch(node: str, units: dict[str, tuple[Change, str]]) -> None:
-        last = dict.fromkeys(units, "starting")  # said when the agent took the unit
-        pending = set(units)
-        try:
-            agent = await agents.client(node)
-            async for unit in agent.watch_units():
-                # The unit's old instance (same name, old digest) may still be
-                # reported as ready: only the new spec's states count.
-                if unit.name not in pending or unit.digest != units[unit.name][1]:
-                    continue
-                moved = unit.state == "fetching" and unit.detail != last.get(unit.name + "/")
-                if moved:
-                    deadline.reschedule(asyncio.get_running_loop().time() + timeout)
-                if last.get(unit.name) != unit.state or moved:
-                    last[unit.name] = unit.state
-                    last[unit.name + "/"] = unit.detail
-                    emit(units[unit.name][0], node, unit.name, unit.state, unit.detail)
-                if unit.state in TERMINAL:
-                    final[(node, unit.name)] = _final(unit)
-                    pending.discard(unit.name)
-                    if not pending:
-                        return
-        except NodeUnreachable as failure:
-            for name in pending:
-                final[(node, name)] = ("failed", str(failure), [])
-        except (grpc.aio.AioRpcError, OSError) as exc:
-            for name in pending:
-                final[(node, name)] = ("failed", f"{node}: lost the agent's unit stream "
-                                       f"({type(exc).__name__})", [])
-
-    async def bounded() -> None:
-        await asyncio.gather(*(watch(node, units) for node, units in by_node.items()))
-
-    try:
-        async with deadline:
-            await bounded()
-    except TimeoutError:
-        for node, units in by_node.items():
-            for name in units:
-                final.setdefault((node, name), ("failed", f"not ready after {timeout:.0f}s", []))
-    return final
-
-
-def _final(unit: Unit) -> tuple[str, str, list[str]]:
-    return unit.state, unit.detail, list(unit.log_tail)
-
-
-async def _fetch_logs(agents: Agents, wanted: list[tuple[ChangeOutcome, Shard]]) -> None:
-    """Failed shards whose event carried no log tail: ask their agents for one."""
-
-    async def fetch(outcome: ChangeOutcome, shard: Shard) -> None:
-        try:
-            lines = await agents.call(shard.node,
-                                      lambda agent: agent.unit_logs(shard.unit, LOG_LINES))
-        except NodeUnreachable:
-            return
-        if lines:
-            outcome.logs[f"{shard.node}/{shard.unit}"] = lines
-
-    await asyncio.gather(*(fetch(o, s) for o, s in wanted))
