@@ -345,7 +345,8 @@ def defer(plan: Plan, busy: Iterable[Change]) -> tuple[Plan, list[Change]]:
                 freed |= {r.node for r in change.removes}
         else:
             kept.append(change)
-    later = [c for c in kept if c.action in ("create", "replace", "restart")
+    # A restart keeps the room its replica holds; a create or a replace takes more.
+    later = [c for c in kept if c.action in ("create", "replace")
              and {s.node for s in c.shards} & freed]
     kept = [c for c in kept if all(c is not d for d in later)]
     notes = tuple(f"{c.model} r{c.replica}: {c.action} deferred until the change in flight on "

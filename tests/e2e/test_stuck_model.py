@@ -80,6 +80,7 @@ def test_a_stuck_model_holds_up_neither_the_repair_of_another_nor_its_own_fix(
         [sys.executable, "-m", "llmgw", "status", "--cluster", str(serve.directory)],
         capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
+    (serve.log.parent / "status.txt").write_text(shown.stdout)  # kept with the log
     assert "Waiting (llmgw serve)" in shown.stdout, shown.stdout
     assert any(line.strip().startswith("stuck r0: loading ") and " of 15m" in line
                for line in shown.stdout.splitlines()), shown.stdout
