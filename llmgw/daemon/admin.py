@@ -142,7 +142,11 @@ def status(daemon: Daemon) -> dict[str, Any]:
         "waiting": waiting(daemon),
     }
     if state.plan is not None:
-        doc["plan"] = {"summary": state.plan.summary(), "has_changes": state.plan.has_changes,
+        # Changes still in flight (a replica loading) are changes: not converged yet.
+        in_flight = len(daemon.converging.pending())
+        doc["plan"] = {"summary": state.plan.summary(),
+                       "has_changes": state.plan.has_changes or bool(in_flight),
+                       "in_flight": in_flight,
                        "unplaceable": sum(len(u.replicas) for u in state.plan.unplaceable),
                        "at": state.planned_at,
                        "drift": [{"model": c.model, "replica": c.replica, "action": c.action,
