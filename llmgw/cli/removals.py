@@ -14,6 +14,11 @@ Steps, each one line (:mod:`llmgw.onboarding.removals` has the rules):
    to commit; ``--stop-agent`` stops and disables its agent, ``--uninstall``
    also deletes what ``node add`` installed; then its known_hosts line goes.
 
+The moves run through the same convergence service as ``llmgw apply``
+(:mod:`llmgw.applying.convergences`): held models stay held, gated models
+are probed before their old replica goes, missing engine versions are
+installed first, and the moves are journaled (``llmgw history``).
+
 A failed move stops at step 2 with the node left draining: running the
 command again picks up from there.
 """
