@@ -541,6 +541,8 @@ class Supervisor:
             if run.popen is not None:
                 run.popen.poll()  # reap the main process so it stops counting
             if not processes.group_members(pgid):
+                if run.popen is not None:
+                    run.popen.poll()  # it may have ended since: a zombie is no member
                 return True
             if time.monotonic() >= deadline:
                 return False

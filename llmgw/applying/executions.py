@@ -6,21 +6,26 @@ Order, so that nothing is stopped before what replaces it serves:
    replicas, and the old shards of destroy-before-create replaces), then every
    unit to start (creates, restarts, new shards of replaces) — one
    ``ApplyUnits`` call per node, removes first, nodes in parallel with a bound.
-2. **Wait** for each started unit to be Ready (Starting → Loading → Ready), or
-   Failed, or the readiness timeout — watching the agents' unit streams.
-3. **Gate** (with ``gating``, for models with a ``rollout``): each new replica
-   of a create-before-destroy replace is probed and baked on a share of live
-   traffic (:mod:`llmgw.applying.bakes`). Promoted, it serves as any replica;
-   rolled back, it is the one removed below, and the old one was never touched.
-4. **Second call per node**: the old shards of create-before-destroy replaces
-   whose new replica became Ready and passed its gate — or the new shards of
-   those that failed their gate. Either is first drained: taken out of the
-   routes, in-flight requests let finish. A replacement that failed to become
-   Ready leaves the old replica running.
+2. Then **each change settles on its own**, in a task of its own:
+
+   a. **wait** for its started units to be Ready (Starting → Loading → Ready),
+      or Failed, or its own readiness deadline, watching the agents' unit
+      streams — one replica that never loads holds up no other change;
+   b. **gate** (with ``gating``, for models with a ``rollout``): the new
+      replica of a create-before-destroy replace is probed and baked on a
+      share of live traffic (:mod:`llmgw.applying.bakes`). Promoted, it serves
+      as any replica; rolled back, it is the one removed below;
+   c. **second call**: the old shards of a create-before-destroy replace whose
+      new replica became Ready and passed its gate — or the new shards if it
+      failed its gate — first drained (out of the routes, in-flight requests
+      let finish). A replacement that failed to become Ready leaves the old
+      replica running.
 
 With ``gating``, replacements of a gated model run in waves of at most
 ``max_surge`` (create before destroy) and ``max_unavailable`` (destroy before
-create) (:mod:`llmgw.planning.waves`); each wave is steps 1–4.
+create) (:mod:`llmgw.planning.waves`); a model's next wave starts once its own
+previous one settled. :class:`Execution` runs all this in the background
+(:mod:`llmgw.applying.convergences` owns it); :func:`execute` waits for it.
 
 Nothing here raises for a node that cannot be reached: its changes fail with
 the reason, the rest go on, and the :class:`Outcome` says what changed and
@@ -33,44 +38,26 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
 
-import grpc
-
-from llmgw.applying import bakes
-from llmgw.fleet.types import Unit
+from llmgw.applying import bakes, waits
+from llmgw.applying.waits import LOG_LINES as LOG_LINES  # re-exported: the CLI's log tails
+from llmgw.applying.waits import TERMINAL
+from llmgw.applying.waits import Agents as Agents  # re-exported: what execution needs
+from llmgw.applying.waits import Waiting as Waiting
 from llmgw.planning import waves
 from llmgw.planning.types import Change, Plan, Shard, UnitOp
 from llmgw.rendering import units
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import count
 from llmgw.spec.rollouts import Rollout, effective
-from llmgw.transport.agent_client import AgentClient, UnitChange
+from llmgw.transport.agent_client import UnitChange
 from llmgw.transport.failures import NodeUnreachable
-
-T = TypeVar("T")
 
 DEFAULT_READY_TIMEOUT = 900.0
 """Seconds a started replica may take to load: large weights from a cold disk are slow."""
 
-TERMINAL = frozenset({"ready", "failed"})
-LOG_LINES = 30
-
-
-class Agents(Protocol):
-    """What execution needs of :class:`llmgw.transport.pools.Pool`."""
-
-    max_parallel: int
-    call_timeout: float  # seconds an agent call may take, stops aside (see _call_all)
-
-    async def call(
-        self, node: str, fn: Callable[[AgentClient], Awaitable[T]],
-        *, timeout: float | None = None,
-    ) -> T: ...
-
-    async def client(self, node: str) -> AgentClient: ...
 
 
 @dataclass(frozen=True)
@@ -153,59 +140,224 @@ async def execute(
     clock: Callable[[], float] = time.monotonic,
     gating: Gating | None = None,
 ) -> Outcome:
-    """Carry out ``plan``; never raises for a node or an engine that fails."""
-    started = clock()
-    report: Progress = progress or (lambda step: None)
-    outcomes = {id(change): ChangeOutcome(change) for change in plan.changes}
-
-    def emit(change: Change, node: str, unit: str, state: str, detail: str = "") -> None:
-        elapsed = clock() - started
-        outcomes[id(change)].elapsed = elapsed
-        report(Step(change, node, unit, state, elapsed, detail))
-
-    for wave in waves.split(plan.changes, gating.rollouts if gating is not None else {}):
-        await _wave(wave, agents, outcomes, emit, ready_timeout, gating,
-                    lambda: clock() - started)
-    return Outcome(list(outcomes.values()), clock() - started)
+    """Carry out ``plan`` and wait for every change; never raises for a node or an engine
+    that fails. (:class:`Execution` is the same without the wait.)"""
+    run = Execution(plan, agents, progress=progress, ready_timeout=ready_timeout, clock=clock,
+                    gating=gating)
+    run.start()
+    try:
+        return await run.finished()
+    finally:
+        await run.aclose()
 
 
-async def _wave(
-    changes: Sequence[Change],
-    agents: Agents,
-    outcomes: dict[int, ChangeOutcome],
-    emit: Callable[[Change, str, str, str, str], None],
-    ready_timeout: float,
-    gating: Gating | None,
-    elapsed: Callable[[], float],
-) -> None:
-    first = _first_calls(changes)
-    await _call_all(agents, first, outcomes, emit)
+class Execution:
+    """One plan being carried out, each change settling on its own.
 
-    waiting = [(c, s) for c in changes for s in c.shards if outcomes[id(c)].ok]
-    states = await _wait_ready(agents, waiting, ready_timeout, emit)
-    no_logs: list[tuple[ChangeOutcome, Shard]] = []
-    for change, shard in waiting:
-        state, detail, tail = states.get((shard.node, shard.unit), ("failed", "no answer", []))
-        if state == "ready":
-            continue
-        outcome = outcomes[id(change)]
-        outcome.fail(f"{shard.unit} on {shard.node}: {state}" + (f" ({detail})" if detail else ""))
-        outcome.elapsed = elapsed()  # a timeout emits no step: it ended now
-        if tail:
-            outcome.logs[f"{shard.node}/{shard.unit}"] = tail
-        else:
-            no_logs.append((outcome, shard))
-    await _fetch_logs(agents, no_logs)
+    :meth:`start` makes the first call per node (in the background) and then,
+    for each change, a task that waits for that change's new shards to be Ready
+    within its own deadline, gates it, and makes its second calls: one replica
+    that never loads holds up nothing but itself. :meth:`finished` waits for
+    them all; :meth:`supersede` cancels the wait of changes a newer plan made
+    moot (their old replicas are left as they are, for that plan to take over);
+    :meth:`aclose` cancels everything. Usage::
 
-    if gating is not None:
-        await asyncio.gather(*(_gate(change, outcomes[id(change)], gating, emit)
-                               for change in changes if _waits(change)
-                               and outcomes[id(change)].ok and change.model in gating.rollouts))
+        run = Execution(plan, pool, ready_timeout=900)
+        run.start()
+        ...                      # run.pending(), run.waiting() meanwhile
+        outcome = await run.finished()
+    """
 
-    second: dict[str, list[tuple[Change, UnitChange]]] = defaultdict(list)
-    drained: list[str] = []
-    for change in changes:
-        outcome = outcomes[id(change)]
+    def __init__(
+        self,
+        plan: Plan,
+        agents: Agents,
+        *,
+        progress: Progress | None = None,
+        ready_timeout: float = DEFAULT_READY_TIMEOUT,
+        clock: Callable[[], float] = time.monotonic,
+        gating: Gating | None = None,
+    ) -> None:
+        self.plan = plan
+        self.agents = agents
+        self.ready_timeout = ready_timeout
+        self.clock = clock
+        self.gating = gating
+        self._report: Progress = progress or (lambda step: None)
+        self.outcomes = {id(change): ChangeOutcome(change) for change in plan.changes}
+        self._pending = {id(change): change for change in plan.changes}
+        self._waits: dict[int, Waiting] = {}
+        self._settling: dict[int, asyncio.Task[None]] = {}
+        self._superseded: dict[int, str] = {}
+        self._driver: asyncio.Task[None] | None = None
+        self._started = clock()
+        self.elapsed = 0.0
+
+    # -- the public side -----------------------------------------------------
+
+    def start(self) -> None:
+        """Begin in the background; returns at once."""
+        if self._driver is None:
+            self._started = self.clock()
+            self._driver = asyncio.create_task(self._run(), name="execute")
+
+    async def finished(self) -> Outcome:
+        """Wait for every change to settle; the outcome."""
+        self.start()
+        assert self._driver is not None
+        await asyncio.shield(self._driver)
+        return self.outcome()
+
+    def outcome(self) -> Outcome:
+        return Outcome(list(self.outcomes.values()), self.elapsed)
+
+    @property
+    def done(self) -> bool:
+        return self._driver is not None and self._driver.done()
+
+    def pending(self) -> list[Change]:
+        """The changes not settled yet (waiting, gating, not started: a later wave)."""
+        return list(self._pending.values())
+
+    def waiting(self) -> list[Waiting]:
+        """What is being waited for now, in plan order."""
+        return [self._waits[key] for key in self._pending if key in self._waits]
+
+    def supersede(self, changes: Iterable[Change], why: str) -> list[Change]:
+        """Stop waiting for ``changes`` (moot under a newer plan); those it stopped.
+
+        A change whose wait is over (its old replica being removed) is left to finish.
+        """
+        stopped = []
+        for change in changes:
+            key = id(change)
+            if key not in self._pending or key in self._superseded:
+                continue
+            task = self._settling.get(key)
+            if task is not None and key not in self._waits:
+                continue  # past its wait: removing what it replaces
+            self._superseded[key] = why
+            if task is not None:
+                task.cancel()
+            stopped.append(change)
+        return stopped
+
+    async def aclose(self) -> None:
+        """Cancel whatever still runs (the daemon stops, or lost its lease)."""
+        tasks = [t for t in [self._driver, *self._settling.values()]
+                 if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- the work --------------------------------------------------------------
+
+    def _emit(self, change: Change, node: str, unit: str, state: str, detail: str = "") -> None:
+        elapsed = self.clock() - self._started
+        self.outcomes[id(change)].elapsed = elapsed
+        wait = self._waits.get(id(change))
+        if wait is not None and state not in TERMINAL:
+            if state == "fetching" and wait.state == "fetching" and detail != wait.detail:
+                wait.progressed = self.clock()
+            wait.state, wait.node, wait.detail = state, node, detail
+        self._report(Step(change, node, unit, state, elapsed, detail))
+
+    async def _run(self) -> None:
+        try:
+            rollouts = self.gating.rollouts if self.gating is not None else {}
+            split = waves.split(self.plan.changes, rollouts)
+            first, later = (split[0] if split else ()), split[1:]
+            await self._begin(first)
+            # A gated model's later waves wait for its own earlier ones, not for other models.
+            by_model: dict[str, list[list[Change]]] = defaultdict(list)
+            for wave in later:
+                for model in dict.fromkeys(c.model for c in wave):
+                    by_model[model].append([c for c in wave if c.model == model])
+            await asyncio.gather(*self._settling.values(),
+                                 *(self._waves(model, rest) for model, rest in by_model.items()))
+        finally:
+            self.elapsed = self.clock() - self._started
+
+    async def _waves(self, model: str, rest: list[list[Change]]) -> None:
+        for wave in rest:
+            before = [t for key, t in self._settling.items()
+                      if self.outcomes[key].change.model == model]
+            await asyncio.gather(*before)
+            await self._begin(wave)
+            await asyncio.gather(*(self._settling[id(c)] for c in wave if id(c) in self._settling))
+
+    async def _begin(self, changes: Sequence[Change]) -> None:
+        """The first call per node for ``changes``, then a settling task for each."""
+        live = []
+        for change in changes:
+            why = self._superseded.get(id(change))
+            if why is not None:
+                self._drop(change, why)
+            else:
+                live.append(change)
+        await _call_all(self.agents, _first_calls(live), self.outcomes, self._emit)
+        for change in live:
+            if id(change) in self._superseded:
+                self._drop(change, self._superseded[id(change)])
+                continue
+            self._settling[id(change)] = asyncio.create_task(
+                self._settle(change), name=f"settle-{change.model}-r{change.replica}")
+
+    def _drop(self, change: Change, why: str) -> None:
+        outcome = self.outcomes[id(change)]
+        outcome.fail(f"superseded: {why}")
+        outcome.kept_old = bool(_later(change))
+        self._pending.pop(id(change), None)
+
+    async def _settle(self, change: Change) -> None:
+        """Wait for ``change``'s new shards, gate it, then its second calls."""
+        outcome = self.outcomes[id(change)]
+        try:
+            try:
+                if outcome.ok and change.shards:
+                    self._waits[id(change)] = Waiting(change, self.clock(), self.ready_timeout)
+                    await self._wait(change, outcome)
+                if (self.gating is not None and _waits(change) and outcome.ok
+                        and change.model in self.gating.rollouts):
+                    await _gate(change, outcome, self.gating, self._emit)
+            except asyncio.CancelledError:
+                why = self._superseded.get(id(change))
+                if why is None:
+                    raise
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+                self._drop(change, why)
+                return
+            finally:
+                self._waits.pop(id(change), None)
+            await self._second(change, outcome)
+        finally:
+            self._pending.pop(id(change), None)
+
+    async def _wait(self, change: Change, outcome: ChangeOutcome) -> None:
+        waiting = [(change, shard) for shard in change.shards]
+        states = await waits.wait_ready(self.agents, waiting, self.ready_timeout, self._emit)
+        no_logs: list[Shard] = []
+        for _, shard in waiting:
+            state, detail, tail = states.get((shard.node, shard.unit), ("failed", "no answer", []))
+            if state == "ready":
+                continue
+            outcome.fail(f"{shard.unit} on {shard.node}: {state}"
+                         + (f" ({detail})" if detail else ""))
+            outcome.elapsed = self.clock() - self._started  # a timeout emits no step
+            if tail:
+                outcome.logs[f"{shard.node}/{shard.unit}"] = tail
+            else:
+                no_logs.append(shard)
+        outcome.logs.update(await waits.fetch_logs(self.agents, no_logs))
+
+    async def _second(self, change: Change, outcome: ChangeOutcome) -> None:
+        """The old shards of a create-before-destroy replace whose new replica is Ready and
+        passed its gate, or its new shards when it failed the gate; drained first."""
+        second: dict[str, list[tuple[Change, UnitChange]]] = defaultdict(list)
+        drained: list[str] = []
+        gating = self.gating
         if outcome.rolled_back:
             # Failed its gate: the new replica goes, the old one was never touched.
             outcome.kept_old = True
@@ -213,17 +365,17 @@ async def _wave(
                 second[shard.node].append((change, UnitChange(shard.unit, "", action="remove")))
             if gating is not None:
                 drained.extend(u for u in [bakes.head_urls(change, gating.traffic)[0]] if u)
-            continue
-        for op in _later(change):
-            if not outcome.ok:
-                outcome.kept_old = True  # the replacement failed: the old replica serves on
-                break
-            second[op.node].append((change, _unit_change(op)))
-        if gating is not None and outcome.ok and _later(change):
-            drained.extend(bakes.head_urls(change, gating.traffic)[1])
-    if gating is not None and drained:
-        await gating.traffic.drain(drained)
-    await _call_all(agents, second, outcomes, emit)
+        else:
+            for op in _later(change):
+                if not outcome.ok:
+                    outcome.kept_old = True  # the replacement failed: the old replica serves on
+                    break
+                second[op.node].append((change, _unit_change(op)))
+            if gating is not None and outcome.ok and _later(change):
+                drained.extend(bakes.head_urls(change, gating.traffic)[1])
+        if gating is not None and drained:
+            await gating.traffic.drain(drained)
+        await _call_all(self.agents, second, self.outcomes, self._emit)
 
 
 async def _gate(change: Change, outcome: ChangeOutcome, gating: Gating,
@@ -324,82 +476,3 @@ async def _call_all(
                 emit(change, node, unit.name, "failed", result.error)
 
     await asyncio.gather(*(one(node, items) for node, items in calls.items() if items))
-
-
-async def _wait_ready(
-    agents: Agents,
-    waiting: Iterable[tuple[Change, Shard]],
-    timeout: float,
-    emit: Callable[[Change, str, str, str, str], None],
-) -> dict[tuple[str, str], tuple[str, str, list[str]]]:
-    """Final (state, detail, log tail) of every started unit, watching each node's stream.
-
-    While a unit fetches its weights, each progress report restarts the clock:
-    a 140 GB download that moves is not a timeout; one that stops moving is.
-    """
-    deadline = asyncio.timeout(timeout)
-    by_node: dict[str, dict[str, tuple[Change, str]]] = defaultdict(dict)
-    for change, shard in waiting:
-        by_node[shard.node][shard.unit] = (change, shard.digest)
-    final: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
-
-    async def watch(node: str, units: dict[str, tuple[Change, str]]) -> None:
-        last = dict.fromkeys(units, "starting")  # said when the agent took the unit
-        pending = set(units)
-        try:
-            agent = await agents.client(node)
-            async for unit in agent.watch_units():
-                # The unit's old instance (same name, old digest) may still be
-                # reported as ready: only the new spec's states count.
-                if unit.name not in pending or unit.digest != units[unit.name][1]:
-                    continue
-                moved = unit.state == "fetching" and unit.detail != last.get(unit.name + "/")
-                if moved:
-                    deadline.reschedule(asyncio.get_running_loop().time() + timeout)
-                if last.get(unit.name) != unit.state or moved:
-                    last[unit.name] = unit.state
-                    last[unit.name + "/"] = unit.detail
-                    emit(units[unit.name][0], node, unit.name, unit.state, unit.detail)
-                if unit.state in TERMINAL:
-                    final[(node, unit.name)] = _final(unit)
-                    pending.discard(unit.name)
-                    if not pending:
-                        return
-        except NodeUnreachable as failure:
-            for name in pending:
-                final[(node, name)] = ("failed", str(failure), [])
-        except (grpc.aio.AioRpcError, OSError) as exc:
-            for name in pending:
-                final[(node, name)] = ("failed", f"{node}: lost the agent's unit stream "
-                                       f"({type(exc).__name__})", [])
-
-    async def bounded() -> None:
-        await asyncio.gather(*(watch(node, units) for node, units in by_node.items()))
-
-    try:
-        async with deadline:
-            await bounded()
-    except TimeoutError:
-        for node, units in by_node.items():
-            for name in units:
-                final.setdefault((node, name), ("failed", f"not ready after {timeout:.0f}s", []))
-    return final
-
-
-def _final(unit: Unit) -> tuple[str, str, list[str]]:
-    return unit.state, unit.detail, list(unit.log_tail)
-
-
-async def _fetch_logs(agents: Agents, wanted: list[tuple[ChangeOutcome, Shard]]) -> None:
-    """Failed shards whose event carried no log tail: ask their agents for one."""
-
-    async def fetch(outcome: ChangeOutcome, shard: Shard) -> None:
-        try:
-            lines = await agents.call(shard.node,
-                                      lambda agent: agent.unit_logs(shard.unit, LOG_LINES))
-        except NodeUnreachable:
-            return
-        if lines:
-            outcome.logs[f"{shard.node}/{shard.unit}"] = lines
-
-    await asyncio.gather(*(fetch(o, s) for o, s in wanted))

@@ -19,17 +19,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from llmgw.applying import bakes, executions, records, saved
+from llmgw.applying import executions, records, saved
+from llmgw.applying.convergences import Convergence, Finished, Request
 from llmgw.applying.executions import Outcome, Step
 from llmgw.cli import clusters, engine_cmd
 from llmgw.cli.errors import UserError
 from llmgw.cli.plan_cmd import revision_of
-from llmgw.planning import holds, installs, outputs, plans
+from llmgw.planning import outputs
 from llmgw.planning.types import Plan
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import parse_duration
@@ -96,66 +96,63 @@ async def _apply_with(cluster: Cluster, args: argparse.Namespace, previous: Plan
         print("sync is auto: the daemon retries at its next iteration (within "
               f"{cluster.cluster.drift_interval:g} s); watch `llmgw status`.", file=out)
         return 0
+
+    def merged(fresh: Plan) -> Plan:
+        if previous is None:
+            return fresh
+        merge = saved.merge(previous, fresh)
+        for node in merge.changed_nodes:
+            print(f"! {node}: its observation changed since the plan was saved; its "
+                  "changes were re-planned from what it reports now.", file=out)
+        return merge.plan
+
+    def replanned(plan: Plan) -> None:
+        print("\nPlanned again with the engines installed:", file=out)
+        out.write(outputs.text(plan))
+
     async with pools.Pool(cluster, args.cluster) as pool:
-        fleet = await pool.fleet()
-        for name, report in sorted(fleet.nodes.items()):
+        display = Display(out)
+        service = Convergence(
+            pool, store=None if isinstance(store, str) else store, ready_timeout=ready_timeout,
+            started_by=records.invoker(), progress=display.step,
+            install=lambda needs: install(pool, args.cluster, needs, out))
+        request = Request(cluster, revision_of(args.cluster), scope=merged, holds=known,
+                          replanned=replanned)
+        prepared = await service.prepare(request)
+        for name, report in sorted(prepared.fleet.nodes.items()):
             if not report.reachable:
                 print(f"! {name} is unreachable, nothing will change there: {report.error}",
                       file=out)
-        fresh = plans.plan(cluster, fleet, time.time(), revision=revision_of(args.cluster))
-        fresh, _ = holds.apply(fresh, dict(cluster.models), known)
-        plan = fresh
-        if previous is not None:
-            merge = saved.merge(previous, fresh)
-            plan = merge.plan
-            for node in merge.changed_nodes:
-                print(f"! {node}: its observation changed since the plan was saved; its "
-                      "changes were re-planned from what it reports now.", file=out)
+        plan = prepared.plan
         out.write(outputs.text(plan))
         if not plan.has_changes and not plan.awaiting_install:
             return 0
         if not args.auto_approve and not _confirm(out):
             print("Apply cancelled.", file=out)
             return 1
-        needs = installs.needed(plan, fleet.nodes)
-        if needs:
-            if not await _install(pool, args.cluster, needs, out):
-                return 1
-            fleet = await pool.fleet()
-            plan = plans.plan(cluster, fleet, time.time(), revision=revision_of(args.cluster))
-            plan, _ = holds.apply(plan, dict(cluster.models), known)
-            if previous is not None:
-                plan = saved.merge(previous, plan).plan
-            print("\nPlanned again with the engines installed:", file=out)
-            out.write(outputs.text(plan))
-            if not plan.has_changes:
-                return 0
-        display = Display(out)
-        started_at = time.time()
-        outcome = await executions.execute(
-            plan, pool, progress=display.step, ready_timeout=ready_timeout,
-            gating=executions.Gating.of(cluster, bakes.ProbeOnly(cluster)),
-        )
+        started = await service.start(prepared)
+        if started.install_failures:
+            print("\nApply stopped before changing anything (every running replica keeps "
+                  "running):", file=out)
+            for failure in started.install_failures:
+                print(f"  {failure}", file=out)
+            return 1
+        finished = await service.finish(started)
         display.close()
-    _report(outcome, out)
-    await _journal(cluster, plan, outcome, started_at, out, store)
-    return 0 if outcome.ok else 1
+    if finished is None:
+        return 0
+    _report(finished.outcome, out)
+    _journal(finished, out, store)
+    return 0 if finished.outcome.ok else 1
 
 
-async def _install(pool: pools.Pool, directory: Path,
-                   needs: Mapping[tuple[str, str], set[str]], out: TextIO) -> bool:
-    """Install the engine versions the plan needs before anything changes; False (with
-    the reasons printed) when any install failed: then nothing was stopped or started."""
+async def install(pool: pools.Pool, directory: Path,
+                   needs: Mapping[tuple[str, str], set[str]], out: TextIO) -> list[str]:
+    """Install the engine versions the plan needs before anything changes; the failures
+    (none: all there)."""
     print("\nInstalling engine versions first:", file=out)
-    failures = await engine_cmd.install_missing(
+    return await engine_cmd.install_missing(
         pool, directory, needs, lambda line: print(f"  {line}", file=out, flush=True))
-    if not failures:
-        return True
-    print("\nApply stopped before changing anything (every running replica keeps "
-          "running):", file=out)
-    for failure in failures:
-        print(f"  {failure}", file=out)
-    return False
 
 
 async def _holds(cluster: Cluster, store: Store | str, retry: list[str] | None,
@@ -182,21 +179,17 @@ async def _holds(cluster: Cluster, store: Store | str, retry: list[str] | None,
         return []
 
 
-async def _journal(cluster: Cluster, plan: Plan, outcome: Outcome, started_at: float,
-                   out: TextIO, store: Store | str) -> None:
-    """Record the apply in the store's journal (``llmgw history``) and hold the models whose
-    gate failed; a refusal only warns."""
+def _journal(finished: Finished, out: TextIO, store: Store | str) -> None:
+    """What the journal (``llmgw history``) and the holds say of this apply; a store that
+    refused only warns."""
     if isinstance(store, str):
         print(f"! the apply was not written to the journal: {store}", file=out)
         return
-    if await records.record(store, plan, outcome, started_at, records.invoker()) is None:
+    if finished.journal_id is None:
         print("! the apply was not written to the journal (see the log)", file=out)
-    for hold in records.held(plan, outcome, cluster.models, time.time()):
-        try:
-            await store.put_hold(hold)
-        except StoreError as exc:
-            print(f"! {hold.model} could not be held: {exc}", file=out)
-            continue
+    for error in finished.hold_errors:
+        print(f"! {error.replace(': ', ' could not be held: ', 1)}", file=out)
+    for hold in finished.held:
         print(f"{hold.model} {hold.line()}; run `llmgw apply --retry {hold.model}` to try it "
               "again", file=out)
 

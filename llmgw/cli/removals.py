@@ -14,6 +14,11 @@ Steps, each one line (:mod:`llmgw.onboarding.removals` has the rules):
    to commit; ``--stop-agent`` stops and disables its agent, ``--uninstall``
    also deletes what ``node add`` installed; then its known_hosts line goes.
 
+The moves run through the same convergence service as ``llmgw apply``
+(:mod:`llmgw.applying.convergences`): held models stay held, gated models
+are probed before their old replica goes, missing engine versions are
+installed first, and the moves are journaled (``llmgw history``).
+
 A failed move stops at step 2 with the node left draining: running the
 command again picks up from there.
 """
@@ -23,18 +28,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from pathlib import Path
 
-from llmgw.applying import executions
-from llmgw.cli import clusters
+from llmgw.applying import records
+from llmgw.applying.convergences import Convergence, Request
+from llmgw.cli import apply_cmd, clusters
 from llmgw.cli.apply_cmd import Display
 from llmgw.cli.errors import UserError
+from llmgw.cli.plan_cmd import revision_of
 from llmgw.onboarding import removals, yamledits
-from llmgw.planning import outputs, plans
+from llmgw.planning import outputs
 from llmgw.proto.conversions import UnitChange
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import count, parse_duration
+from llmgw.store import migrations, stores
+from llmgw.store.stores import Store, StoreError
 from llmgw.transport import hostkeys, pools
 from llmgw.transport.failures import NodeUnreachable
 
@@ -84,10 +92,33 @@ def run_remove(args: argparse.Namespace) -> int:
 
 
 async def _remove(cluster: Cluster, args: argparse.Namespace, ready_timeout: float) -> int:
+    try:
+        store: Store | str = await stores.open_store(cluster.cluster.store)
+    except (StoreError, migrations.SchemaTooNew) as exc:
+        store = str(exc)  # the moves are made without holds or a journal; said below
+    try:
+        return await _remove_with(cluster, args, ready_timeout, store)
+    finally:
+        if not isinstance(store, str):
+            await store.close()
+
+
+async def _remove_with(cluster: Cluster, args: argparse.Namespace, ready_timeout: float,
+                       store: Store | str) -> int:
     name: str = args.name
     path = args.cluster / "nodes.yaml"
     async with pools.Pool(cluster, args.cluster) as pool:
-        fleet = await pool.fleet()
+        display = Display(sys.stdout)
+        # The moves converge like `llmgw apply`: holds, rollout gates, engine installs and
+        # the journal, through the same service.
+        service = Convergence(
+            pool, store=None if isinstance(store, str) else store, ready_timeout=ready_timeout,
+            started_by=records.invoker(), progress=display.step,
+            install=lambda needs: apply_cmd.install(pool, args.cluster, needs, sys.stdout))
+        prepared = await service.prepare(Request(
+            removals.draining(cluster, name), revision_of(args.cluster),
+            scope=lambda plan: removals.moves(plan, name)))
+        fleet = prepared.fleet
         report = fleet.nodes[name]
         if not report.reachable:
             if not args.force:
@@ -97,15 +128,13 @@ async def _remove(cluster: Cluster, args: argparse.Namespace, ready_timeout: flo
                                 "there until the machine is wiped)")
             say(f"plan       {name} unreachable: nothing moved, its units stay (--force)")
         else:
-            drained = removals.draining(cluster, name)
-            plan = plans.plan(drained, fleet, time.time())
-            stuck = removals.stranded(plan, fleet, cluster, name)
+            moves = prepared.plan
+            stuck = removals.stranded(moves, fleet, cluster, name)
             refused = removals.refusals(stuck)
             if refused and not args.force:
                 raise UserError(f"removing {name} would leave models unservable; nothing was "
                                 "changed:\n  - " + "\n  - ".join(refused) + "\nadd capacity "
                                 "for them elsewhere, or pass --force")
-            moves = removals.moves(plan, name)
             say(f"plan       {count(len(report.units), 'unit')} on {name}; "
                 f"{count(len(moves.changes), 'replica')} to move first"
                 + (f", {len(stuck)} with nowhere to go (--force)" if stuck else ""))
@@ -114,18 +143,21 @@ async def _remove(cluster: Cluster, args: argparse.Namespace, ready_timeout: flo
                        f"nodes.yaml {name} draining (cordoned: nothing new lands there)")
             if moves.changes:
                 sys.stdout.write(outputs.text(moves))
-                display = Display(sys.stdout)
-                outcome = await executions.execute(moves, pool, progress=display.step,
-                                                   ready_timeout=ready_timeout)
+                started = await service.start(prepared)
+                finished = await service.finish(started)
                 display.close()
-                if not outcome.ok:
-                    for item in outcome.failed:
-                        for error in item.errors:
-                            say(f"  {item.change.model} r{item.change.replica}: {error}")
+                failed = finished.outcome.failed if finished is not None else []
+                errors = [*started.install_failures, *(
+                    f"{item.change.model} r{item.change.replica}: {error}"
+                    for item in failed for error in item.errors)]
+                if errors:
+                    for error in errors:
+                        say(f"  {error}")
                     say(f"drain      failed: {name} stays in nodes.yaml, draining; run "
                         "`llmgw node remove` again once the cause is fixed")
                     return 1
-                say(f"drain      {outcome.summary()}")
+                if finished is not None:
+                    say(f"drain      {finished.outcome.summary()}")
             await _remove_units(pool, name)
     _write(path, *yamledits.remove_node(path.read_text(), name),
            f"nodes.yaml {name} removed; commit this")

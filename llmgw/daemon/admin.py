@@ -7,7 +7,8 @@ start; see :func:`ensure_token`), or the session cookie of an admin logged in
 on the pages.
 
 ``GET /api/v1/status``  what the daemon knows: revisions, last plan and apply,
-                        a refused edit's errors, nodes and replicas.
+                        what it waits for (``waiting``), a refused edit's errors,
+                        nodes and replicas.
 ``GET /api/v1/fleet``   the observed fleet snapshot (``llmgw plan --observed``
                         reads it; CI fetches it from here).
 ``GET /api/v1/plan``    the last plan: ``?format=json`` (default), ``markdown``
@@ -138,9 +139,14 @@ def status(daemon: Daemon) -> dict[str, Any]:
         "leadership": leadership(daemon),
         "held": [{"model": h.model, "revision": h.revision, "reason": h.reason,
                   "held_at": h.held_at, "line": h.line()} for h in state.held],
+        "waiting": waiting(daemon),
     }
     if state.plan is not None:
-        doc["plan"] = {"summary": state.plan.summary(), "has_changes": state.plan.has_changes,
+        # Changes still in flight (a replica loading) are changes: not converged yet.
+        in_flight = len(daemon.converging.pending())
+        doc["plan"] = {"summary": state.plan.summary(),
+                       "has_changes": state.plan.has_changes or bool(in_flight),
+                       "in_flight": in_flight,
                        "unplaceable": sum(len(u.replicas) for u in state.plan.unplaceable),
                        "at": state.planned_at,
                        "drift": [{"model": c.model, "replica": c.replica, "action": c.action,
@@ -162,6 +168,16 @@ def status(daemon: Daemon) -> dict[str, Any]:
                                         "rank": unit.rank, "node": name, "unit": unit.name,
                                         "state": unit.state, "port": unit.port})
     return doc
+
+
+def waiting(daemon: Daemon) -> list[dict[str, Any]]:
+    """The replicas the daemon waits for now, each with its deadline and a line for people
+    (``gemma r3: loading 3m12s of 15m``)."""
+    now = daemon.converging.now()
+    return [{"model": w.change.model, "replica": w.replica, "action": w.change.action,
+             "node": w.node, "state": w.state, "detail": w.detail,
+             "elapsed": round(now - w.started, 1), "timeout": w.timeout, "line": w.line(now)}
+            for w in daemon.waiting()]
 
 
 def leadership(daemon: Daemon) -> dict[str, Any]:

@@ -39,14 +39,15 @@ import grpc
 import watchfiles
 
 from llmgw.applying import executions, records
-from llmgw.applying.executions import Outcome, Step
+from llmgw.applying.convergences import Convergence, Finished, Request
+from llmgw.applying.executions import Outcome, Step, Waiting
 from llmgw.daemon import routetables
 from llmgw.daemon.canaries import RouterTraffic
 from llmgw.daemon.leaders import LEASE, Leadership, NotLeader
 from llmgw.engines import profiles
 from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.metrics.collectors import FleetCollector
-from llmgw.planning import drifts, holds, outputs, plans
+from llmgw.planning import drifts, outputs
 from llmgw.planning.types import Plan
 from llmgw.router import catalogs
 from llmgw.router.apps import Router
@@ -102,6 +103,7 @@ class Daemon:
         leadership: Leadership | None = None,
         store: Store | None = None,
         router_id: str | None = None,
+        agents: pools.Pool | None = None,
     ) -> None:
         self.state = State(cluster, directory, clock(), revision=revision_of(directory))
         self.router = router
@@ -109,7 +111,8 @@ class Daemon:
         self.revision_of = revision_of
         self.ready_timeout = ready_timeout
         self.clock = clock
-        self.pool = pools.Pool(cluster, directory)
+        # The agents: SSH and local sockets by default; tests pass a pool of their own.
+        self.pool = agents if agents is not None else pools.Pool(cluster, directory)
         self._wake = asyncio.Event()
         self._reload = False
         self._reasons: set[str] = set()
@@ -123,6 +126,13 @@ class Daemon:
         self.first_lead_iteration_at: float | None = None  # clock(), per leadership term
         self.traffic = RouterTraffic(lambda: self.cluster, self.observe, router, store,
                                      router_id)
+        self.converging = Convergence(
+            self.pool, store=store, clock=clock, ready_timeout=ready_timeout,
+            started_by=records.DAEMON, progress=_log_step, traffic=lambda _: self.traffic,
+            observed=self._observed)
+        self.converging.on_finished.append(self._finished)
+        self._waits_logged: tuple[tuple[str, int, str], ...] = ()
+        self._waits_logged_at = 0.0
 
     def leads(self) -> bool:
         return self.leadership is None or self.leadership.is_leader()
@@ -174,6 +184,7 @@ class Daemon:
             for task in [*helpers, *self._watchers]:
                 task.cancel()
             await asyncio.gather(*helpers, *self._watchers, return_exceptions=True)
+            await self.converging.aclose()
             await self.pool.aclose()
 
     async def _until_stopped(self, work: Coroutine[Any, Any, Any], stop: asyncio.Event) -> bool:
@@ -205,6 +216,10 @@ class Daemon:
             if self.leadership.is_leader():
                 self.first_lead_iteration_at = None
                 self.wake(f"leading (epoch {self.leadership.epoch})")
+            elif self.converging.busy:
+                # A standby acts on nothing: the new leader takes over from what runs.
+                log.warning("no longer leading: the changes in flight are left as they are")
+                await self.converging.aclose()
 
     async def _sleep(self, stop: asyncio.Event) -> None:
         waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
@@ -216,7 +231,9 @@ class Daemon:
                 waiter.cancel()
 
     async def reconcile(self, reasons: set[str] | None = None) -> Plan:
-        """One iteration; returns the plan it made (and applied, under ``sync: auto``)."""
+        """One iteration; returns the plan it made. Under ``sync: auto`` its changes start
+        and settle in the background (:mod:`llmgw.applying.convergences`): the next
+        iteration does not wait for a replica to load."""
         state = self.state
         state.iterations += 1
         # A commit changes no file in the directory itself: ask git every time.
@@ -225,12 +242,12 @@ class Daemon:
             self._reload = False
             await self._load()
         log.debug("reconciling (%s)", ", ".join(sorted(reasons or {"request"})))
-        fleet = await self.observe()
         if self.first_lead_iteration_at is None:
             self.first_lead_iteration_at = self.clock()
-        plan = plans.plan(self.cluster, fleet, self.clock(), self._demand(),
-                          revision=state.revision)
-        plan = await self._hold(plan)
+        prepared = await self.converging.prepare(
+            Request(self.cluster, state.revision, self._demand()))
+        plan = prepared.plan
+        state.held = list(self.converging.held)
         state.plan, state.planned_at = plan, self.clock()
         if self.collector is not None:
             self.collector.observe_plan(plan)
@@ -238,9 +255,10 @@ class Daemon:
         for model, replica, kind, why in sorted(held - self._held):  # once, not every tick
             log.warning("held %s r%d (%s): %s", model, replica, drifts.title(kind), "; ".join(why))
         self._held = held
+        self._log_waits()
         if not plan.has_changes:
-            if state.applied_revision != state.revision and not (plan.unplaceable
-                                                                 or plan.holds):
+            if (state.applied_revision != state.revision and not (plan.unplaceable or plan.holds)
+                    and not self.converging.busy):
                 state.applied_revision = state.revision
             return plan
         log.info("%s", plan.summary())
@@ -250,68 +268,54 @@ class Daemon:
         for line in outputs.text(plan).splitlines():
             if line.strip():
                 log.info("  %s", line)
-        started_at = time.time()
-        try:
-            outcome = await executions.execute(
-                plan, self.pool, progress=_log_step, ready_timeout=self.ready_timeout,
-                gating=executions.Gating.of(self.cluster, self.traffic))
-        finally:
-            self.traffic.clear()
-        await self._gated(plan, outcome)
-        await records.record(self.store, plan, outcome, started_at, records.DAEMON)
+        await self.converging.start(prepared)
+        return plan
+
+    def waiting(self) -> list[Waiting]:
+        """The replicas being waited for now."""
+        return self.converging.waiting()
+
+    def _log_waits(self) -> None:
+        """Say what is being waited for: when that changes, and once a minute meanwhile."""
+        waits = self.waiting()
+        shown = tuple((w.change.model, w.replica, w.state) for w in waits)
+        now = self.converging.now()
+        if not waits or (shown == self._waits_logged and now - self._waits_logged_at < 60):
+            self._waits_logged = shown
+            return
+        self._waits_logged, self._waits_logged_at = shown, now
+        log.info("waiting for %s", "; ".join(w.line(now) for w in waits))
+
+    async def _finished(self, done: Finished) -> None:
+        """A plan settled: count its gates, say its outcome, hold what failed a gate."""
+        state, outcome = self.state, done.outcome
+        if not self.converging.busy:
+            self.traffic.clear()  # what was drained is gone, what baked was decided
+        for item in outcome.changes:
+            if item.gate is not None:
+                key = (item.change.model, "rolled_back" if item.rolled_back else "promoted")
+                state.gates[key] = state.gates.get(key, 0) + 1
+        for hold in done.held:
+            log.warning("%s %s; the old replica serves on", hold.model, hold.line())
+        for error in done.hold_errors:
+            log.warning("cannot write the hold of %s (held until restart)", error)
+        state.held = list(self.converging.held)
         state.outcome, state.applied_at = outcome, self.clock()
         log.info("%s", outcome.summary())
         for failed in outcome.failed:
             for error in failed.errors:
                 log.warning("  %s r%d: %s", failed.change.model, failed.change.replica, error)
-        if outcome.ok and not plan.unplaceable:
+        if (outcome.ok and not done.plan.unplaceable and done.plan.revision == state.revision
+                and not self.converging.busy):
             state.applied_revision = state.revision
-        await self.observe()
-        return plan
-
-    async def _hold(self, plan: Plan) -> Plan:
-        """``plan`` without the replacements of held models (:mod:`llmgw.planning.holds`);
-        holds a commit made stale are released."""
-        known = self.state.held
-        if self.store is not None:
-            try:
-                known = await self.store.holds()
-            except StoreError as exc:
-                log.warning("cannot read held revisions (keeping the last known): %s", exc)
-        plan, stale = holds.apply(plan, dict(self.cluster.models), known)
-        if stale:
-            log.info("released holds the cluster changed since: %s",
-                     ", ".join(h.model for h in stale))
-            if self.store is not None:
-                try:
-                    await self.store.release_holds([h.model for h in stale])
-                except StoreError as exc:
-                    log.warning("cannot release stale holds: %s", exc)
-        if [h.model for h in plan.holds] != [h.model for h in self.state.held]:
-            for hold in plan.holds:  # said once, not at every iteration
-                log.warning("%s %s", hold.model, hold.line())
-        self.state.held = list(plan.holds)
-        return plan
-
-    async def _gated(self, plan: Plan, outcome: Outcome) -> None:
-        """Count gate verdicts; hold each model whose replacement was rolled back."""
-        for item in outcome.changes:
-            if item.gate is not None:
-                key = (item.change.model, "rolled_back" if item.rolled_back else "promoted")
-                self.state.gates[key] = self.state.gates.get(key, 0) + 1
-        for hold in records.held(plan, outcome, self.cluster.models, time.time()):
-            self.state.held = [h for h in self.state.held if h.model != hold.model] + [hold]
-            log.warning("%s %s; the old replica serves on", hold.model, hold.line())
-            if self.store is not None:
-                try:
-                    await self.store.put_hold(hold)
-                except StoreError as exc:
-                    log.warning("cannot write the hold of %s (held until restart): %s",
-                                hold.model, exc)
+        self.wake("an apply settled")
 
     async def observe(self) -> Fleet:
         """Collect every node's report; hand ready replicas to the router and metrics."""
-        fleet = self._remember(await self.pool.fleet())
+        return await self.converging.observe()
+
+    async def _observed(self, fleet: Fleet) -> Fleet:
+        fleet = self._remember(fleet)
         self.state.fleet, self.state.observed_at = fleet, self.clock()
         for name, report in sorted(fleet.nodes.items()):
             if not report.reachable:
