@@ -37,12 +37,14 @@ class Finding:
 
     ``foreign``: the sentence naming a program that is not llmgw's
     ("port 18000 is held by pid 7539 (python3 -m http.server 18000)");
+    ``holder``: that program in words ("pid 7539 (python3 …)"), for the report;
     ``other``: the sentence naming another llmgw unit still on the port;
     ``known``: whether the socket tables could be read at all.
     """
 
     listening: bool
     foreign: str = ""
+    holder: str = ""
     other: str = ""
     known: bool = True
 
@@ -89,26 +91,27 @@ class Listeners:
         if not found:
             return Finding(listening=False)
         self._resolve({s.inode for s in found}, pid)
-        foreign: list[str] = []
+        foreign: list[str] = []  # who, in words
         other: list[str] = []
         for listener in found:
             holder = self._holders.get(listener.inode)
             if holder is None:
                 if not self._same_uid(listener.uid, pid):
                     who = f"uid {listener.uid}" if listener.uid is not None else "another user"
-                    foreign.append(f"port {port} is held by a process of {who} "
-                                   "that this agent may not inspect")
+                    foreign.append(f"a process of {who} that this agent may not inspect")
                 continue
             owner = unit_of(holder)
             if owner == name:
                 continue
             described = sockets.holder(holder, processes.cmdline(holder))
             if owner is None:
-                foreign.append(f"port {port} is held by {described}")
+                foreign.append(described)
             else:
                 other.append(f"port {port} is still held by {owner} ({described})")
-        return Finding(listening=True, foreign="; ".join(dict.fromkeys(foreign)),
-                       other="; ".join(dict.fromkeys(other)))
+        holders = list(dict.fromkeys(foreign))
+        return Finding(listening=True,
+                       foreign=f"port {port} is held by {' and '.join(holders)}" if holders else "",
+                       holder=" and ".join(holders), other="; ".join(dict.fromkeys(other)))
 
     # ---- internals ----------------------------------------------------------
 

@@ -42,7 +42,7 @@ def _key(unit: Unit) -> tuple[object, ...]:
     # The detail is left out: it carries countdowns that change every tick. A
     # fetch's progress is the exception: watchers (apply's live table) show it.
     progress = unit.detail if unit.state == "fetching" else ""
-    return (unit.state, unit.pid, unit.digest, unit.port, progress)
+    return (unit.state, unit.pid, unit.digest, unit.port, progress, unit.port_holder)
 
 
 class Monitor:
@@ -189,4 +189,5 @@ class Monitor:
             last_exit_at=evidence.last_exit_at, crashes=list(evidence.crashes),
             stopped_by=evidence.stopped_by if state == "stopped" else "",
             written_by_llmgw=evidence.written,
+            port_holder=listening.holder if listening is not None else "",
         )

@@ -183,7 +183,7 @@ def blind_nodes(cluster: Cluster, reports: Mapping[str, NodeReport]) -> list[str
         if report is None:
             warnings.append(f"{name}: no report from its agent; replicas there, if any, cannot "
                             "be seen")
-        elif not report.reachable and not report.units:
+        elif not report.units_known:
             warnings.append(f"{name}: unreachable and no earlier report of its units; replicas "
                             "there, if any, cannot be seen")
         elif report.reachable:

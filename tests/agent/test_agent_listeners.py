@@ -111,6 +111,7 @@ async def test_a_unit_whose_port_another_program_holds_is_never_ready_and_names_
     assert "loading" not in failed.detail
     [reported] = [u for u in (await client.report()).units if u.name == unit_name()]
     assert reported.state == "failed" and f"held by pid {pid}" in reported.detail
+    assert reported.port_holder.startswith(f"pid {pid} (python")  # what the planner reads
 
 
 async def test_once_the_other_program_goes_the_unit_becomes_ready(
@@ -135,7 +136,7 @@ async def test_once_the_other_program_goes_the_unit_becomes_ready(
         return units[0] if units and units[0].state == "ready" else None
 
     unit = await eventually(ready, timeout=30, what="the unit ready on its own engine")
-    assert unit.detail == ""
+    assert unit.detail == "" and unit.port_holder == ""
 
 
 async def test_the_units_own_engine_is_ready_and_nothing_else_is_claimed(
