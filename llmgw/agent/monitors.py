@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from llmgw.agent import readiness
+from llmgw.agent import listeners, readiness
 from llmgw.agent.settings import ReadinessSettings
 from llmgw.agent.units import Backend, Evidence, Observation
 from llmgw.fleet.types import Unit
@@ -42,7 +42,7 @@ def _key(unit: Unit) -> tuple[object, ...]:
     # The detail is left out: it carries countdowns that change every tick. A
     # fetch's progress is the exception: watchers (apply's live table) show it.
     progress = unit.detail if unit.state == "fetching" else ""
-    return (unit.state, unit.pid, unit.digest, unit.port, progress)
+    return (unit.state, unit.pid, unit.digest, unit.port, progress, unit.port_holder)
 
 
 class Monitor:
@@ -55,6 +55,7 @@ class Monitor:
         self.backend = backend
         self.settings = settings or ReadinessSettings()
         self._client = client or httpx.AsyncClient(trust_env=False)
+        self.listeners = listeners.Listeners()
         self._units: dict[str, Unit] = {}
         self._watchers: set[asyncio.Queue[Event | None]] = set()
         self._refreshing = asyncio.Lock()
@@ -74,8 +75,8 @@ class Monitor:
             observations = await self.backend.observe()
             probes = await asyncio.gather(*(self._probe(obs) for obs in observations))
             current: dict[str, Unit] = {}
-            for obs, found in zip(observations, probes, strict=True):
-                current[obs.name] = await self._unit(obs, found)
+            for obs, (found, listening) in zip(observations, probes, strict=True):
+                current[obs.name] = await self._unit(obs, found, listening)
             for name, unit in current.items():
                 before = self._units.get(name)
                 if before is None or _key(before) != _key(unit):
@@ -136,13 +137,25 @@ class Monitor:
             queue.get_nowait()
         queue.put_nowait(None)
 
-    async def _probe(self, obs: Observation) -> readiness.Probe | None:
-        if obs.process != "running" or obs.labels is None or obs.labels.port is None:
-            return None
-        return await readiness.probe(self._client, obs.labels.port, self.settings.probe_timeout)
+    async def _probe(
+        self, obs: Observation,
+    ) -> tuple[readiness.Probe | None, listeners.Finding | None]:
+        """Who listens on the unit's port, then, when it is the unit itself, the probes."""
+        if obs.process == "stopped" or obs.labels is None or obs.labels.port is None:
+            return None, None
+        port = obs.labels.port
+        listening = await asyncio.to_thread(
+            self.listeners.check, port, obs.name, obs.pid, self.backend.unit_of)
+        if obs.process != "running" or (listening.known and not listening.ours):
+            return None, listening
+        found = await readiness.probe(self._client, port, self.settings.probe_timeout)
+        return found, listening
 
-    async def _unit(self, obs: Observation, found: readiness.Probe | None) -> Unit:
-        state, detail = readiness.state(obs, found)
+    async def _unit(
+        self, obs: Observation, found: readiness.Probe | None,
+        listening: listeners.Finding | None = None,
+    ) -> Unit:
+        state, detail = readiness.state(obs, found, listening)
         held = self.overlay(obs.name) if obs.process in ("stopped", "failed") else None
         if held is not None:
             state, detail = held  # type: ignore[assignment]
@@ -176,4 +189,5 @@ class Monitor:
             last_exit_at=evidence.last_exit_at, crashes=list(evidence.crashes),
             stopped_by=evidence.stopped_by if state == "stopped" else "",
             written_by_llmgw=evidence.written,
+            port_holder=listening.holder if listening is not None else "",
         )

@@ -1,14 +1,21 @@
-"""Readiness is two questions: is the engine up, and has it loaded its model?
+"""Readiness is three questions: is the socket on the port the engine's own, is
+the engine up, and has it loaded its model?
 
-``/health`` answering 2xx says the process is up; the model listed by
-``/v1/models`` says the weights are loaded. Together with the process state
-from the backend this gives the unit's state:
+The listener on the unit's port must belong to the unit's processes
+(:mod:`llmgw.agent.listeners`): another program there answers ``/health``
+too, while the engine behind it cannot bind. ``/health`` answering 2xx says
+the process is up; the model listed by ``/v1/models`` says the weights are
+loaded. Together with the process state from the backend this gives the
+unit's state:
 
-    process running, /health not answering    → starting
-    /health OK, no model in /v1/models        → loading
-    /health OK, model listed                  → ready
-    process failed (restarts exhausted)       → failed, with the log tail
-    process waiting to be restarted           → starting (the detail says why)
+    port held by a program not llmgw's         → failed: "port 18000 is held by pid 7539 (…)"
+    process running, nothing on its port yet   → starting
+    port still held by another llmgw unit      → starting (the detail names it)
+    /health not answering                      → starting
+    /health OK, no model in /v1/models         → loading
+    /health OK, model listed                   → ready
+    process failed (restarts exhausted)        → failed, with the log tail
+    process waiting to be restarted            → starting (the detail says why)
 
 A unit with no ``X-Llmgw-Port`` (a rank > 0 shard without an HTTP server)
 is ready once its process runs. When the unit has ``X-Llmgw-Served-Name``,
@@ -21,6 +28,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from llmgw.agent.listeners import Finding
 from llmgw.agent.units import Observation
 from llmgw.fleet.types import UnitState
 
@@ -51,18 +59,32 @@ async def probe(client: httpx.AsyncClient, port: int, timeout: float) -> Probe:
         return Probe(True, error=f"/v1/models: {type(exc).__name__} {exc}".strip())
 
 
-def state(observation: Observation, found: Probe | None) -> tuple[UnitState, str]:
-    """The unit's state and a short detail. Purely computational, no side-effects."""
+def state(
+    observation: Observation, found: Probe | None, listening: Finding | None = None,
+) -> tuple[UnitState, str]:
+    """The unit's state and a short detail. Purely computational, no side-effects.
+
+    ``listening`` is who listens on the unit's port; None when not looked at (no
+    port, or a stopped unit), and a finding that is not ``known`` (no socket table
+    readable) leaves the probes to decide, as before.
+    """
     if observation.labels is None:
         return "unknown", observation.detail
     if observation.process == "stopped":
         return "stopped", observation.detail
+    if listening is not None and listening.foreign:
+        # Not loading, not starting: the engine cannot bind while that program holds it.
+        return "failed", "; ".join(p for p in (listening.foreign, observation.detail) if p)
     if observation.process == "failed":
         return "failed", observation.detail
     if observation.process == "activating":
         return "starting", observation.detail or "process starting"
     if observation.labels.port is None:
         return "ready", "running; no HTTP port to probe"
+    if listening is not None and listening.other:
+        return "starting", f"waiting: {listening.other}"
+    if listening is not None and listening.known and not listening.listening:
+        return "starting", f"waiting for the engine to listen on port {observation.labels.port}"
     if found is None or not found.health:
         why = found.error if found is not None else "not probed yet"
         return "starting", f"waiting for /health ({why})"

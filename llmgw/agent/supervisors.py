@@ -324,10 +324,15 @@ class Supervisor:
         return units.tail(slot.log_file, lines)
 
     def owns(self, pid: int) -> bool:
+        return self.unit_of(pid) is not None
+
+    def unit_of(self, pid: int) -> str | None:
         info = processes.stat(pid)
-        if info is None:
-            return False
-        return any(s.run is not None and s.run.print.pid == info.pgrp for s in self._slots.values())
+        if info is None or not info.alive:
+            return None
+        # Each unit runs in a process group of its own, led by its main process.
+        return next((s.name for s in self._slots.values()
+                     if s.run is not None and s.run.print.pid == info.pgrp), None)
 
     async def tick(self) -> None:
         if self.readonly or self._lock.locked():

@@ -325,12 +325,15 @@ class SystemdBackend:
         return done.stdout.splitlines()[-lines:]
 
     def owns(self, pid: int) -> bool:
-        try:
-            text = (self.proc / str(pid) / "cgroup").read_text()
-        except OSError:
-            return False
-        name = cgroup_unit(text)
+        name = self.unit_of(pid)
         return name is not None and (self.unit_dir / name).exists()
+
+    def unit_of(self, pid: int) -> str | None:
+        """The unit whose cgroup holds ``pid`` (sub-cgroups count), from /proc/<pid>/cgroup."""
+        try:
+            return cgroup_unit((self.proc / str(pid) / "cgroup").read_text())
+        except OSError:
+            return None
 
     async def tick(self) -> None:
         return None  # systemd restarts units itself

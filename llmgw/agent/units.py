@@ -86,6 +86,11 @@ class Backend(Protocol):
         """Whether a process belongs to a unit this backend runs (GPU ownership)."""
         ...
 
+    def unit_of(self, pid: int) -> str | None:
+        """The llmgw unit a process belongs to (its process group, its cgroup), if any:
+        what proves the socket on a unit's port is the unit's own."""
+        ...
+
     async def tick(self) -> None:
         """Periodic work (restarts, log trimming); called by the agent's monitor."""
         ...

@@ -54,6 +54,7 @@ from llmgw.applying.executions import (
 )
 from llmgw.fleet.types import Demand, Fleet
 from llmgw.planning import holds, installs, plans
+from llmgw.planning.scaling import Policy
 from llmgw.planning.types import Change, Plan
 from llmgw.spec.models import Cluster
 from llmgw.spec.rollouts import Hold
@@ -86,6 +87,8 @@ class Request:
     holds: Sequence[Hold] | None = None  # the holds in force; None: read from the store
     # After installs the plan is made again; the caller may show it.
     replanned: Callable[[Plan], None] | None = None
+    # How the planner treats what it cannot see (``--force`` places beside unseen nodes).
+    policy: Policy | None = None
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ class Convergence:
         fleet = await self.observe()
         cluster = request.cluster
         plan = plans.plan(cluster, fleet, self.clock(), request.demand,
-                          revision=request.revision)
+                          revision=request.revision, policy=request.policy)
         plan = await self._hold(plan, cluster, request.holds)
         if request.scope is not None:
             plan = request.scope(plan)

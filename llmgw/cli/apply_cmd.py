@@ -12,6 +12,12 @@ probed before the old ones go (there is no router in this process to bake on:
 the plan until ``--retry`` releases it (all held models, or those named).
 Under ``sync: auto`` ``--retry`` only releases: the daemon, which applies
 there, retries at its next iteration.
+
+Two guards against a second copy of what it cannot see. Replicas a node that
+does not answer may still run are not placed elsewhere past ``max``
+(``--force`` places them). And under ``sync: auto`` a daemon holding the
+store's lease applies by itself: applying beside it races it, so apply says so
+and asks at a terminal, refuses elsewhere, unless ``--yes``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from llmgw.applying.executions import Outcome, Step
 from llmgw.cli import clusters, engine_cmd
 from llmgw.cli.errors import UserError
 from llmgw.cli.plan_cmd import revision_of
+from llmgw.daemon import leaders
 from llmgw.planning import outputs
+from llmgw.planning.scaling import Policy
 from llmgw.planning.types import Plan
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import parse_duration
@@ -57,6 +65,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--retry", nargs="*", metavar="MODEL", default=None,
                         help="release the hold of models whose replacement failed its "
                         "rollout gate (all of them, or the MODELs named), then plan")
+    parser.add_argument("--force", action="store_true",
+                        help="place replicas that a node which does not answer may still "
+                        "run (the model may then run over its max until that node is back)")
+    parser.add_argument("--yes", action="store_true",
+                        help="apply although a daemon applies this cluster under sync: auto "
+                        "(without it: asked at a terminal, refused elsewhere)")
     parser.set_defaults(handler=run)
 
 
@@ -81,6 +95,8 @@ async def _apply(
     except (StoreError, migrations.SchemaTooNew) as exc:
         store = str(exc)  # why it did not open, said where it matters
     try:
+        if args.retry is None or cluster.cluster.sync != "auto":
+            await _beside_daemon(cluster, store, args.yes, sys.stdout)
         return await _apply_with(cluster, args, previous, ready_timeout, store)
     finally:
         if not isinstance(store, str):
@@ -117,7 +133,7 @@ async def _apply_with(cluster: Cluster, args: argparse.Namespace, previous: Plan
             started_by=records.invoker(), progress=display.step,
             install=lambda needs: install(pool, args.cluster, needs, out))
         request = Request(cluster, revision_of(args.cluster), scope=merged, holds=known,
-                          replanned=replanned)
+                          replanned=replanned, policy=Policy(place_unseen=args.force))
         prepared = await service.prepare(request)
         for name, report in sorted(prepared.fleet.nodes.items()):
             if not report.reachable:
@@ -144,6 +160,40 @@ async def _apply_with(cluster: Cluster, args: argparse.Namespace, previous: Plan
     _report(finished.outcome, out)
     _journal(finished, out, store)
     return 0 if finished.outcome.ok else 1
+
+
+async def _beside_daemon(cluster: Cluster, store: Store | str, yes: bool, out: TextIO) -> None:
+    """Under ``sync: auto`` the daemon that holds the store's lease applies by itself; a
+    second applier races it (and a plan made here may be undone there). Say so; ask at a
+    terminal; refuse elsewhere unless ``yes``. Raises UserError when not to go on."""
+    if cluster.cluster.sync != "auto":
+        return
+    try:
+        grant = None if isinstance(store, str) else await leaders.leader(store)
+    except StoreError as exc:
+        store = str(exc)
+    if isinstance(store, str):
+        print(f"! sync is auto, and whether a daemon applies this cluster is unknown (the "
+              f"store: {store})", file=out)
+        return
+    if grant is None:
+        return
+    who = leaders.holder_words(grant)
+    print(f"! {who} applies this cluster (sync: auto, lease epoch {grant.epoch}): it converges "
+          "the fleet to the cluster directory by itself, and may undo or race what this "
+          "apply does.", file=out)
+    if yes:
+        return
+    advice = ("commit the change to the cluster directory and let it converge (`llmgw "
+              "status` shows it), or pass --yes to apply beside it")
+    if not sys.stdin.isatty():
+        raise UserError(f"not applying beside {who} (sync: auto): {advice}")
+    try:
+        answer = input("  Apply beside it anyway? Only 'yes' will be accepted: ")
+    except EOFError:
+        answer = ""
+    if answer.strip() != "yes":
+        raise UserError(f"Apply cancelled: {advice}")
 
 
 async def install(pool: pools.Pool, directory: Path,

@@ -30,6 +30,7 @@ from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.fleet.types import FORMAT_VERSION, Fleet
 from llmgw.planning import holds, outputs, plans
+from llmgw.planning.scaling import Policy
 from llmgw.planning.types import Plan
 from llmgw.spec import bounds
 from llmgw.spec.models import Cluster
@@ -60,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="output format (default: text)")
     parser.add_argument("--out", metavar="FILE", type=Path,
                         help="write the plan to FILE instead of standard output")
+    parser.add_argument("--force", action="store_true",
+                        help="plan as `llmgw apply --force` would: place replicas that a node "
+                        "which does not answer may still run")
     parser.add_argument(
         "--detailed-exitcode", action="store_true",
         help="exit 0 when nothing would change, 2 when something would, 3 when replicas "
@@ -76,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         fleet = collect_fleet(cluster, args.cluster)
         now = time.time()
-    result = plans.plan(cluster, fleet, now, revision=revision_of(args.cluster))
+    result = plans.plan(cluster, fleet, now, revision=revision_of(args.cluster),
+                        policy=Policy(place_unseen=args.force))
     result, _ = holds.apply(result, dict(cluster.models), read_holds(cluster))
     rendered = FORMATS[args.format](result)
     if args.out is not None:

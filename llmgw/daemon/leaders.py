@@ -56,6 +56,20 @@ def new_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
+async def leader(store: Store) -> Grant | None:
+    """Who leads the reconcilers now (an unexpired lease), or None: what another process
+    (``llmgw apply``) asks before it acts beside a daemon."""
+    return await store.lease(LEASE)
+
+
+def holder_words(grant: Grant) -> str:
+    """``the daemon on gpu-head (pid 4242)``: a lease holder as :func:`new_holder` names it."""
+    host, _, rest = grant.holder.rpartition(":")[0].rpartition(":")
+    if host and rest.isdigit():
+        return f"the daemon on {host} (pid {rest})"
+    return f"the daemon {grant.holder!r}"
+
+
 class Leadership:
     def __init__(
         self, store: Store, ttl: float, *, holder: str | None = None,

@@ -117,7 +117,7 @@ class Daemon:
         self._reload = False
         self._reasons: set[str] = set()
         self._watchers: list[asyncio.Task[None]] = []
-        self._last_units: dict[str, list[Unit]] = {}
+        self._last_units: dict[str, tuple[list[Unit], float]] = {}  # node → (units, as of)
         self._held: set[tuple[str, int, str, tuple[str, ...]]] = set()  # logged already
         self.leadership = leadership
         self.store = store
@@ -334,9 +334,12 @@ class Daemon:
         nodes = dict(fleet.nodes)
         for name, report in fleet.nodes.items():
             if report.reachable:
-                self._last_units[name] = report.units
-            elif not report.units and self._last_units.get(name):
-                nodes[name] = report.model_copy(update={"units": self._last_units[name]})
+                self._last_units[name] = (report.units, report.collected_at or self.clock())
+            elif not report.units and name in self._last_units:
+                # Remembered even when it ran nothing: then nothing is hidden there, and the
+                # planner may place elsewhere what it would otherwise hold back (units_as_of).
+                units, seen = self._last_units[name]
+                nodes[name] = report.model_copy(update={"units": units, "units_as_of": seen})
         return fleet.model_copy(update={"nodes": nodes})
 
     async def _publish(self, table: dict[str, list[Endpoint]]) -> None:

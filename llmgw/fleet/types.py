@@ -206,6 +206,10 @@ class Unit(Observed):
     written_by_llmgw: bool | None = Field(
         None, description="Whether the unit file is the one an llmgw agent wrote (its ledger "
         "holds the file's digest); None when the agent does not say.")
+    port_holder: str = Field(
+        "", description="Who listens on the unit's port when it is not the unit's own engine "
+        "(`pid 7539 (python3 -m http.server 18000)`, or `a process of uid 1001`); empty when "
+        "the port is free or the engine's.")
 
 
 class EngineBinary(Observed):
@@ -269,6 +273,16 @@ class NodeReport(Observed):
     agent_started_at: float | None = Field(None, description="Unix time the agent started.")
     boot_id: str | None = Field(None, description="The kernel's boot id: a new one is a reboot.")
     booted_at: float | None = Field(None, description="Unix time the node booted.")
+    units_as_of: float | None = Field(
+        None, description="For an unreachable node: unix time of the report its units were "
+        "last seen in (the daemon remembers them); None: its units are unknown, as to a "
+        "one-shot `llmgw apply`. Agents never set it.")
+
+    @property
+    def units_known(self) -> bool:
+        """Whether ``units`` says what runs here: a reachable node's, or remembered ones
+        (a snapshot from before ``units_as_of`` existed holds the units it remembered)."""
+        return self.reachable or self.units_as_of is not None or bool(self.units)
 
     @property
     def is_cpu_only(self) -> bool:

@@ -17,8 +17,9 @@ The classes, and the evidence in the agents' reports that tells each apart:
     Evidence: ``Gpu.ecc_uncorrected``, ``Gpu.mig_mode``, the GPU's UUID
     missing from the report, ``FabricStatus.advertised``.
 ``foreign_process``
-    A process llmgw did not start holds memory on a GPU the replica holds.
-    Evidence: ``GpuProcess.owned_by_llmgw`` false.
+    A process llmgw did not start holds memory on a GPU the replica holds,
+    or listens on a port its engine is given (the engine cannot bind).
+    Evidence: ``GpuProcess.owned_by_llmgw`` false; ``Unit.port_holder``.
 ``stopped_by_hand``
     A unit stopped by a signal or ``systemctl stop`` llmgw did not send, or a
     shard whose unit is gone from a node that answers. Evidence:
@@ -147,6 +148,9 @@ def replica_finding(
                     name = f" ({process.name})" if process.name else ""
                     foreign.append(f"{member.node}: GPU {gpu.index} has memory held by pid "
                                    f"{process.pid}{name}, not started by llmgw")
+        if member.unit.port_holder:
+            foreign.append(f"{member.node}: port {member.unit.port} is held by "
+                           f"{member.unit.port_holder}, not started by llmgw")
         fabric = spec.get("fabric")
         if fabric and len(replica.peers or []) > 1 and fabric not in report.advertised_fabrics:
             status = next((f for f in report.fabrics if f.name == fabric), None)
@@ -183,7 +187,7 @@ def blind_nodes(cluster: Cluster, reports: Mapping[str, NodeReport]) -> list[str
         if report is None:
             warnings.append(f"{name}: no report from its agent; replicas there, if any, cannot "
                             "be seen")
-        elif not report.reachable and not report.units:
+        elif not report.units_known:
             warnings.append(f"{name}: unreachable and no earlier report of its units; replicas "
                             "there, if any, cannot be seen")
         elif report.reachable:

@@ -12,6 +12,7 @@ A purely computational module with no side effects.
 from __future__ import annotations
 
 import bisect
+import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +45,9 @@ class NodeState:
     by_uuid: dict[str, int] = field(default_factory=dict)
     used: dict[int, str] = field(default_factory=dict)  # GPU index → who holds it
     ports: set[int] = field(default_factory=set)
+    # Ports another program listens on (the agent's listening sockets, less llmgw's own
+    # units'): port → who, in words ("" when the agent did not say).
+    foreign_ports: dict[int, str] = field(default_factory=dict)
     memory_held: int = 0  # bytes promised to CPU replicas
     fabrics: dict[str, FabricStatus] = field(default_factory=dict)  # usable, declared here
     fabric_problems: dict[str, str] = field(default_factory=dict)
@@ -97,14 +101,21 @@ class NodeState:
 
     def next_ports(self, count: int) -> list[int]:
         """The lowest ``count`` free ports from the node's first engine port, not used by
-        any llmgw unit."""
+        any llmgw unit nor listened on by another program."""
         found: list[int] = []
         port = self.spec.engine_ports_from
         while len(found) < count:
-            if port not in self.ports:
+            if port not in self.ports and port not in self.foreign_ports:
                 found.append(port)
             port += 1
         return found
+
+    def port_taken(self, port: int) -> str | None:
+        """Why another program stands on ``port`` here; None when it does not."""
+        if port not in self.foreign_ports:
+            return None
+        who = self.foreign_ports[port] or "a program llmgw did not start"
+        return f"port {port} is held by {who}"
 
 
 def weights_keys(path: str) -> set[str]:
@@ -310,7 +321,37 @@ def _node_state(name: str, spec: Node, report: NodeReport | None,
     # is present only where that selection was fetched, not any file of the repo.
     keys |= {cached.source for cached in report.cached_weights}
     node.weights = frozenset(keys)
+    node.foreign_ports = _foreign_ports(report)
     return node
+
+
+def _foreign_ports(report: NodeReport) -> dict[int, str]:
+    """Ports that programs other than llmgw's units listen on, with who, where known.
+
+    A unit's own ports are its engine's, except where the agent found another
+    program on it (``port_holder``): that port is someone else's until it goes.
+    """
+    listening = report.host.listening_ports if report.host is not None else None
+    taken = {unit.port: unit.port_holder for unit in report.units
+             if unit.port is not None and unit.port_holder}
+    ours: set[int] = set()
+    for unit in report.units:
+        ours |= {p for p in _unit_ports(unit.port, unit.labels.get("X-Llmgw-Spec"))
+                 if p not in taken}
+    found = {port: "" for port in listening or () if port not in ours}
+    return found | taken
+
+
+def _unit_ports(port: int | None, spec_label: str | None) -> set[int]:
+    ports = {port} if port is not None else set()
+    try:
+        spec = json.loads(spec_label or "{}")
+    except ValueError:
+        return ports
+    if isinstance(spec, dict):
+        ports |= {spec[key] for key in ("port", "dist_port", "aux_port")
+                  if isinstance(spec.get(key), int)}
+    return ports
 
 
 MIN_MARGIN = 256 * 1024 * 1024  # as the agent keeps (llmgw.hub.fetches.MIN_MARGIN)

@@ -327,6 +327,9 @@ def misfits(capacity: Capacity, placement: Placement, profile: Profile) -> list[
         wrong = selector_mismatch(capacity.nodes[slot.node].spec.labels, profile.node_selector)
         if wrong:
             problems.append(f"{slot.node}: {wrong}")
+        # The engine cannot bind while another program holds its port: move it.
+        problems += [f"{slot.node}: {taken}" for port in slot.ports
+                     if (taken := capacity.nodes[slot.node].port_taken(port))]
     if problems:
         return problems
     if profile.cpu:

@@ -38,6 +38,7 @@ from llmgw.planning import (
     replicas,
     scaling,
     shards,
+    unseen,
 )
 from llmgw.planning.nodes import Capacity
 from llmgw.planning.placements import Placement, Request
@@ -121,6 +122,7 @@ class _Planner:
         self.created: Counter[str] = Counter()
         self.wants: dict[str, Want] = {}
         self.alive: dict[str, list[ObservedReplica]] = {name: [] for name in cluster.models}
+        self.unseen = unseen.nodes(cluster, self.reports)  # nodes whose units are unknown
 
     # -- the steps ----------------------------------------------------------
 
@@ -331,6 +333,15 @@ class _Planner:
     def _create(self, name: str, count: int) -> None:
         want = self.wants[name]
         while len(self.alive[name]) + self._created(name) < count:
+            missing = count - len(self.alive[name]) - self._created(name)
+            why = unseen.withheld(
+                name, self.cluster.models[name], self.cluster, self.unseen,
+                len(self.alive[name]) + self._created(name), self._next_indices(name, missing),
+                forced=self.policy.place_unseen)
+            if why is not None:
+                self.unplaceable.append(Unplaceable(
+                    name, self._next_indices(name, missing), want.reason, (), note=why))
+                return
             result = self._place(name, range(len(self.cluster.models[name].profiles)))
             if isinstance(result, Placement):
                 index = self._next_index(name)

@@ -35,6 +35,9 @@ class Policy:
 
     min_lifetime: float = 600.0  # seconds an on-demand replica lives before it may be evicted
     evict_idle: float = 300.0  # seconds without requests before a replica may be evicted
+    # Place replicas even where a node whose units nobody has seen may run some of the
+    # model's (`llmgw apply --force`); what scaling.replace_unreachable allows per model.
+    place_unseen: bool = False
 
 
 @dataclass(frozen=True)

@@ -621,6 +621,7 @@ class Unit(_message.Message):
     CRASHES_FIELD_NUMBER: _builtins.int
     STOPPED_BY_FIELD_NUMBER: _builtins.int
     WRITTEN_BY_LLMGW_FIELD_NUMBER: _builtins.int
+    PORT_HOLDER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     model: _builtins.str
     replica: _builtins.int
@@ -644,6 +645,10 @@ class Unit(_message.Message):
     """"" | llmgw | operator"""
     written_by_llmgw: _builtins.bool
     """the unit file matches the agent's ledger"""
+    port_holder: _builtins.str
+    """Readiness: who holds the unit's port when it is not the unit's own engine.
+    "pid 7539 (python3 -m http.server)"; "" free or ours
+    """
     @_builtins.property
     def log_tail(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -676,10 +681,11 @@ class Unit(_message.Message):
         crashes: _abc.Iterable[_builtins.float] | None = ...,
         stopped_by: _builtins.str = ...,
         written_by_llmgw: _builtins.bool | None = ...,
+        port_holder: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at", "_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_restarts", b"_restarts", "_since", b"_since", "_written_by_llmgw", b"_written_by_llmgw", "last_exit_at", b"last_exit_at", "last_used", b"last_used", "pid", b"pid", "port", b"port", "restarts", b"restarts", "since", b"since", "written_by_llmgw", b"written_by_llmgw"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at", "_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_restarts", b"_restarts", "_since", b"_since", "_written_by_llmgw", b"_written_by_llmgw", "crashes", b"crashes", "detail", b"detail", "digest", b"digest", "labels", b"labels", "last_exit", b"last_exit", "last_exit_at", b"last_exit_at", "last_used", b"last_used", "log_tail", b"log_tail", "model", b"model", "name", b"name", "pid", b"pid", "port", b"port", "rank", b"rank", "replica", b"replica", "restarts", b"restarts", "since", b"since", "state", b"state", "stopped_by", b"stopped_by", "written_by_llmgw", b"written_by_llmgw"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at", "_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_restarts", b"_restarts", "_since", b"_since", "_written_by_llmgw", b"_written_by_llmgw", "crashes", b"crashes", "detail", b"detail", "digest", b"digest", "labels", b"labels", "last_exit", b"last_exit", "last_exit_at", b"last_exit_at", "last_used", b"last_used", "log_tail", b"log_tail", "model", b"model", "name", b"name", "pid", b"pid", "port", b"port", "port_holder", b"port_holder", "rank", b"rank", "replica", b"replica", "restarts", b"restarts", "since", b"since", "state", b"state", "stopped_by", b"stopped_by", "written_by_llmgw", b"written_by_llmgw"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__last_exit_at: _TypeAlias = _typing.Literal["last_exit_at"]  # noqa: Y015
     _WhichOneofArgType__last_exit_at: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at"]  # noqa: Y015
@@ -740,6 +746,7 @@ class NodeReport(_message.Message):
     AGENT_STARTED_AT_FIELD_NUMBER: _builtins.int
     BOOT_ID_FIELD_NUMBER: _builtins.int
     BOOTED_AT_FIELD_NUMBER: _builtins.int
+    UNITS_AS_OF_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     reachable: _builtins.bool
     error: _builtins.str
@@ -754,6 +761,11 @@ class NodeReport(_message.Message):
     """Drift evidence: fields 60-69."""
     boot_id: _builtins.str
     booted_at: _builtins.float
+    units_as_of: _builtins.float
+    """Set by the daemon, never by an agent: fields 70-79.
+    An unreachable node's units are the ones it last reported at this unix time;
+    unset: nobody has seen them (a one-shot `llmgw apply`), they are unknown.
+    """
     @_builtins.property
     def cpu_flags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -805,10 +817,11 @@ class NodeReport(_message.Message):
         agent_started_at: _builtins.float | None = ...,
         boot_id: _builtins.str | None = ...,
         booted_at: _builtins.float | None = ...,
+        units_as_of: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at", "_agent_version", b"_agent_version", "_boot_id", b"_boot_id", "_booted_at", b"_booted_at", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "agent_started_at", b"agent_started_at", "agent_version", b"agent_version", "boot_id", b"boot_id", "booted_at", b"booted_at", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_model", b"cpu_model", "error", b"error", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at", "_agent_version", b"_agent_version", "_boot_id", b"_boot_id", "_booted_at", b"_booted_at", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_units_as_of", b"_units_as_of", "agent_started_at", b"agent_started_at", "agent_version", b"agent_version", "boot_id", b"boot_id", "booted_at", b"booted_at", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_model", b"cpu_model", "error", b"error", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "units_as_of", b"units_as_of"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at", "_agent_version", b"_agent_version", "_boot_id", b"_boot_id", "_booted_at", b"_booted_at", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "adapters", b"adapters", "agent_started_at", b"agent_started_at", "agent_version", b"agent_version", "boot_id", b"boot_id", "booted_at", b"booted_at", "cached_weights", b"cached_weights", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_flags", b"cpu_flags", "cpu_model", b"cpu_model", "disks", b"disks", "error", b"error", "fabrics", b"fabrics", "fetches", b"fetches", "gpus", b"gpus", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "node", b"node", "reachable", b"reachable", "units", b"units", "warnings", b"warnings", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at", "_agent_version", b"_agent_version", "_boot_id", b"_boot_id", "_booted_at", b"_booted_at", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_units_as_of", b"_units_as_of", "adapters", b"adapters", "agent_started_at", b"agent_started_at", "agent_version", b"agent_version", "boot_id", b"boot_id", "booted_at", b"booted_at", "cached_weights", b"cached_weights", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_flags", b"cpu_flags", "cpu_model", b"cpu_model", "disks", b"disks", "error", b"error", "fabrics", b"fabrics", "fetches", b"fetches", "gpus", b"gpus", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "node", b"node", "reachable", b"reachable", "units", b"units", "units_as_of", b"units_as_of", "warnings", b"warnings", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__agent_started_at: _TypeAlias = _typing.Literal["agent_started_at"]  # noqa: Y015
     _WhichOneofArgType__agent_started_at: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at"]  # noqa: Y015
@@ -834,6 +847,8 @@ class NodeReport(_message.Message):
     _WhichOneofArgType__memory_available_bytes: _TypeAlias = _typing.Literal["_memory_available_bytes", b"_memory_available_bytes"]  # noqa: Y015
     _WhichOneofReturnType__memory_total_bytes: _TypeAlias = _typing.Literal["memory_total_bytes"]  # noqa: Y015
     _WhichOneofArgType__memory_total_bytes: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__units_as_of: _TypeAlias = _typing.Literal["units_as_of"]  # noqa: Y015
+    _WhichOneofArgType__units_as_of: _TypeAlias = _typing.Literal["_units_as_of", b"_units_as_of"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__agent_started_at) -> _WhichOneofReturnType__agent_started_at | None: ...
     @_typing.overload
@@ -858,6 +873,8 @@ class NodeReport(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_available_bytes) -> _WhichOneofReturnType__memory_available_bytes | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_total_bytes) -> _WhichOneofReturnType__memory_total_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__units_as_of) -> _WhichOneofReturnType__units_as_of | None: ...
 
 Global___NodeReport: _TypeAlias = NodeReport  # noqa: Y015
 

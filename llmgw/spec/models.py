@@ -455,6 +455,12 @@ class Scaling(Strict):
     idle_timeout: Duration | None = Field(
         None, description="Stop replicas above `min` after this long without requests."
     )
+    replace_unreachable: bool = Field(
+        False, description="Place this model's replicas elsewhere even when a node that may "
+        "still run one does not answer, and so may exceed `max` until it comes back. Off: "
+        "a replica that would bring the model to `max` counting one per such node is not "
+        "placed (`llmgw apply --force` places it once).",
+    )
 
 
 class Pricing(Strict):

@@ -213,6 +213,9 @@ def test_owns_processes_in_its_units_cgroups(settings: SystemdSettings, tmp_path
     (Path(settings.unit_dir) / "llmgw-llama-3.1-8b-r0-s0.service").write_text(unit_text())
     backend = systemd.SystemdBackend(settings, Systemctl(), proc=proc)
     assert backend.owns(100) and not backend.owns(200) and not backend.owns(300)
+    # What readiness asks of a port's holder: which unit's cgroup it is in.
+    assert backend.unit_of(100) == "llmgw-llama-3.1-8b-r0-s0.service"
+    assert backend.unit_of(200) is None and backend.unit_of(300) is None
 
 
 async def test_observe_reports_drift_evidence(settings: SystemdSettings) -> None:

@@ -135,7 +135,10 @@ def fleet_from(
 def _report(cluster: Cluster, name: str, extra: dict[str, Any], now: float) -> NodeReport:
     spec = cluster.nodes.get(name)
     if extra.get("unreachable"):
-        return NodeReport(node=name, reachable=False, error=str(extra["unreachable"]))
+        # units_as_of (seconds from now): the daemon remembers what the node last reported.
+        seen = extra.get("units_as_of")
+        return NodeReport(node=name, reachable=False, error=str(extra["unreachable"]),
+                          units_as_of=None if seen is None else now + float(seen))
     declared = extra.get("gpus")
     if declared is None and spec is not None:
         declared = [f"{g.count} {g.gpu_class}" for g in spec.gpus]
@@ -193,6 +196,9 @@ def _report(cluster: Cluster, name: str, extra: dict[str, Any], now: float) -> N
             InstalledEngine(engine=engine, version=version,
                             path=f"/opt/llmgw/engines/{engine}-{version}")
             for engine, version in installed])
+    if "listening" in extra:  # TCP ports in LISTEN state on the node, llmgw's engines' too
+        host = (host or HostFacts()).model_copy(
+            update={"listening_ports": [int(p) for p in extra["listening"] or []]})
     return NodeReport(
         node=name, hostname=name, agent_version="0.1.0", cpu_count=64,
         memory_total_bytes=memory_bytes, memory_available_bytes=memory_bytes,
@@ -310,6 +316,7 @@ def _units(
             since=None if since is None else now + float(since),
             last_used=None if last_used is None else now + float(last_used),
             detail=str(entry.get("detail", "")) if state == "failed" else "",
+            port_holder=str(entry.get("port_holder", "")) if shard.rank == 0 else "",
             log_tail=[str(line) for line in entry.get("log_tail", [])],
             labels=labels if entry.get("labels", True) else {},
             **_evidence(entry, now),

@@ -9,6 +9,8 @@ fleet shorthand). A case's ``expect`` lists, exactly and in order:
 * ``unknown``: ``{replica: "m r0 on gpu-02", why: [...]}``
 * ``held``: ``{replica: "m r0 on gpu-01", drift: engine_crash, why: [...], evidence: [...]}``
 * ``warnings`` (only checked when given)
+* ``ports`` (only checked when given): ``m r1: gpu-01 port 18001`` per new shard
+  that serves HTTP, in the order of the changes
 
 A change lists its class of drift (``drift: engine_crash``) and, when it has
 any, its ``evidence`` as soon as one change of the case says ``drift``: the
@@ -86,6 +88,10 @@ def summarize(plan: Plan, drift: bool = False) -> dict[str, Any]:
             for u in plan.unknown
         ],
         "warnings": list(plan.warnings),
+        "ports": [f"{c.model} r{c.new_replica if c.new_replica is not None else c.replica}: "
+                  f"{s.node} port {s.port}"
+                  for c in plan.changes if c.action in ("create", "replace")
+                  for s in c.shards if s.port is not None],
     }
 
 
@@ -118,6 +124,8 @@ def test_case(path: Path) -> None:
     assert actual["held"] == expect.get("held", []), case["description"]
     if "warnings" in expect:
         assert actual["warnings"] == expect["warnings"], case["description"]
+    if "ports" in expect:
+        assert actual["ports"] == expect["ports"], case["description"]
     if case.get("stable_after_apply"):
         later = now + 60
         again = plans.plan(cluster, apply(fleet, plan, later), later,
