@@ -53,7 +53,7 @@ SSHD = "/usr/sbin/sshd"
 # Fixture hardware, shipped inside the package so `llmgw lab` works from a wheel.
 HARDWARE = Path(__file__).resolve().parent / "hardware"
 FIXTURES = HARDWARE  # the name the tests know it by
-START_TIMEOUT = 15.0
+START_TIMEOUT = 60.0  # a bound, not a wait: shared CI cores can take seconds to start a python
 # Engine ports each simulated node keeps free for its engines (the doctor checks 16).
 ENGINE_PORTS = 32
 

@@ -62,6 +62,8 @@ def local_cluster(tmp_path: Path) -> Path:
     ports = {name: nodes.free_port() for name in ("router", "admin", "metrics")}
     for name, default in (("router", 8000), ("admin", 8001), ("metrics", 9400)):
         text = text.replace(f"{name}: 127.0.0.1:{default}", f"{name}: 127.0.0.1:{ports[name]}")
+    text = text.replace("    address: local\n", "    address: local\n"
+                        f"    engine_ports_from: {nodes.free_ports(32)}\n")
     text = text.replace("../../.cache/models", str(MODEL.parent))
     text = text.replace("../../.cache/local/", f"{tmp_path}/state/")
     (directory / "cluster.yaml").write_text(text)

@@ -67,7 +67,7 @@ cluster:
     share: 0.5
     compare: {{min_requests: 2, max_ttft_ratio: 20}}
 nodes:
-  local: {{address: local, weights_dirs: [{models}]}}
+  local: {{address: local, weights_dirs: [{models}], engine_ports_from: {engines}}}
 models:
   gemma3-270m:
     source: {model}
@@ -154,7 +154,8 @@ def served(tmp_path: Path) -> Iterator[dict[str, Any]]:
     directory.mkdir()
     state.mkdir()
     ports = {name: nodes.free_port() for name in ("router", "admin", "metrics")}
-    text = CLUSTER.format(**ports, state=state, models=MODEL.parent, model=MODEL)
+    text = CLUSTER.format(**ports, state=state, models=MODEL.parent, model=MODEL,
+                          engines=nodes.free_ports(32))
     revision = commit(directory, text, "gemma3-270m behind a rollout gate")
     env = {**os.environ, "PATH": f"{ENGINE.parent}{os.pathsep}{os.environ['PATH']}"}
     log_path = tmp_path / "serve.log"

@@ -89,6 +89,16 @@ class Served:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
 
 
+def ticks(status: dict[str, Any], count: int) -> Check:
+    """True once the daemon has run ``count`` more iterations than in ``status``."""
+    return lambda now: bool(now["iterations"] >= status["iterations"] + count)
+
+
+def after(moment: float) -> Check:
+    """True once the monotonic clock has passed ``moment`` (a status read then)."""
+    return lambda _status: time.monotonic() > moment
+
+
 def ready(models: set[str]) -> Check:
     def check(status: dict[str, Any]) -> bool:
         up = {r["model"] for r in status["replicas"] if r["state"] == "ready"}
@@ -152,7 +162,7 @@ def test_the_daemon_converges_follows_edits_and_refuses_invalid_ones(
     status = served.wait(lambda s: bool(s["refused_edit"]), "the refused edit")
     assert any("broken.yaml" in line and "duplicate model 'chat'" in line
                for line in status["refused_edit"]), status["refused_edit"]
-    time.sleep(2.5)  # two drift ticks
+    served.wait(ticks(status, 2), "two drift ticks")
     assert {name: data["pid"] for name, data in running(engines).items()} == pids
 
     # Fixing it clears the refusal; removing a model stops its engine.
@@ -312,7 +322,9 @@ def test_a_restarted_daemon_does_not_stop_a_busy_on_demand_replica(
     try:
         served.wait(ready({"coder"}), "coder loaded on demand")
         engine = running(engines)["coder"]["pid"]
-        time.sleep(7)  # busy all along, and now older than its idle_timeout
+        # Busy all along, and now older than its idle_timeout, with a plan made since.
+        served.wait(ticks(served.wait(after(time.monotonic() + 6), "idle_timeout"), 1),
+                    "a plan past idle_timeout")
         assert 200 in answered
         # The restart leaves a gap shorter than idle_timeout, but the new router has seen
         # no request when the new daemon makes its first plan.
@@ -320,7 +332,9 @@ def test_a_restarted_daemon_does_not_stop_a_busy_on_demand_replica(
         served.stop()
         served.start()
         flowing.set()
-        time.sleep(9)  # past idle_timeout since the restart, under traffic
+        # Past idle_timeout since the restart, under traffic, and planned since.
+        served.wait(ticks(served.wait(after(time.monotonic() + 6), "idle_timeout"), 1),
+                    "a plan past idle_timeout since the restart")
         assert running(engines).get("coder", {}).get("pid") == engine
         assert "coder r0 will be destroyed" not in served.log.read_text()
     finally:
@@ -342,8 +356,8 @@ def test_a_replica_on_a_node_that_stops_answering_is_not_placed_twice(
     node.restart_sshd()
 
     status = served.wait(lambda s: not s["nodes"][where]["reachable"], "the node refused")
-    time.sleep(3)  # three drift ticks in which a careless planner would place it again
-    status = served.status()
+    # Three drift ticks in which a careless planner would place it again.
+    status = served.wait(ticks(status, 3), "three drift ticks")
     assert "host key" in status["nodes"][where]["error"]
     assert [name for name, _ in alive(engines)] == ["tiny"]  # one engine, not two
     assert status["last_apply"]["summary"].startswith("Apply: 1 of 1")  # only the first create

@@ -40,6 +40,7 @@ cluster:
 nodes:
   local:
     address: local
+    engine_ports_from: {engines}
 models:
   tiny:
     source: /models/tiny.gguf
@@ -60,7 +61,8 @@ class Local:
         self.state = tmp / "state"
         self.ports = {k: nodes.free_port() for k in ("router", "admin", "metrics")}
         (self.directory / "cluster.yaml").write_text(
-            CLUSTER.format(state=self.state, records=records, **self.ports))
+            CLUSTER.format(state=self.state, records=records, engines=nodes.free_ports(32),
+                           **self.ports))
         self.log = tmp / "serve.log"
         self.process: subprocess.Popen[bytes] | None = None
 

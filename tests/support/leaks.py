@@ -145,6 +145,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     processes.terminate([leak.pid for leak in left])
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
+        reporter.ensure_newline()
         reporter.write_sep("=", "leaked processes", red=True)
         reporter.write_line(report)
     else:

@@ -132,6 +132,7 @@ def local_cluster(tmp_path: Path, server_ports: dict[str, str],
                     agent_socket=str(state / "agent.sock"),
                     web={"trusted_proxies": ["127.0.0.1"]})
     data["nodes"]["local"]["weights_dirs"] = [str(MODEL.parent)]
+    data["nodes"]["local"]["engine_ports_from"] = nodes.free_ports(32)
     model = data["models"]["gemma3-270m"]
     model["source"] = str(MODEL)
     model["pricing"] = {"input_per_mtok": 100.0, "output_per_mtok": 200.0}
