@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +20,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from support import nodes
+from support import daemons, nodes
 from support.engines import MODELS, alive, recording, running
 from support.plugin import SimClusterFactory
 
@@ -32,61 +31,13 @@ from llmgw.transport.agent_client import AgentClient, UnitChange
 Check = Callable[[dict[str, Any]], bool]
 
 
-class Served:
-    """A running ``llmgw serve`` and its admin API."""
+class Served(daemons.Daemon):
+    """A running ``llmgw serve`` and its admin API, its store beside the cluster directory."""
 
-    def __init__(self, directory: Path, log: Path) -> None:
-        self.directory = directory
-        self.log = log
-        self.admin = f"http://127.0.0.1:{nodes.free_port()}"
-        self.router = f"http://127.0.0.1:{nodes.free_port()}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def listeners(self) -> dict[str, str]:
-        return {"router": self.router.removeprefix("http://"),
-                "admin": self.admin.removeprefix("http://"),
-                "metrics": f"127.0.0.1:{nodes.free_port()}"}
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "llmgw", "serve", "--cluster", str(self.directory),
-                 "--ready-timeout", "60s", "--log-level", "debug"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            )
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        process = super().start("--ready-timeout", "60s", "--log-level", "debug", *args)
         self.wait(lambda s: s["observed_at"] is not None, "the first observation")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=30)
-        self.process = None
-
-    def status(self) -> dict[str, Any]:
-        return httpx.get(f"{self.admin}/api/v1/status", timeout=5,  # type: ignore[no-any-return]
-                         headers=self.auth()).json()
-
-    def auth(self) -> dict[str, str]:
-        """The admin API's bearer token, which the daemon writes next to its store."""
-        token = (self.directory.parent / "admin.token").read_text().strip()
-        return {"Authorization": f"Bearer {token}"}
-
-    def wait(self, check: Check, what: str, timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        last: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            assert self.process is not None and self.process.poll() is None, self.tail()
-            try:
-                last = self.status()
-                if check(last):
-                    return last
-            except (httpx.HTTPError, FileNotFoundError):
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; last status {last}\n{self.tail()}")
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+        return process
 
 
 def ticks(status: dict[str, Any], count: int) -> Check:

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support import nodes
+from support import daemons, nodes
 
 from llmgw.onboarding import labfiles, labs, processes
 from llmgw.spec import loading
@@ -190,9 +190,31 @@ def test_up_with_the_default_ports_held_takes_free_ones(
         checks = {f["check"]: f["status"] for fs in json.loads(doctor.stdout)["nodes"].values()
                   for f in fs}
         assert checks["engine-ports"] == "ok", doctor.stdout
+
+        # And a request through the daemon's router, on the listener the lab chose.
+        key = llmgw("keys", "create", "--project", "research", cwd=tmp_path)
+        assert key.returncode == 0, key.stderr
+        listen = {name: int(getattr(cluster.cluster.listeners, name).rsplit(":", 1)[1])
+                  for name in daemons.LISTENERS}
+        served = daemons.Daemon(tmp_path / "cluster", tmp_path / "serve.log", ports=listen,
+                                token=tmp_path / "cluster" / "state" / "admin.token")
+        served.start()
+        try:
+            reply = served.until(lambda: completed(served.router, key.stdout.split()[0]),
+                                 "an answer through the router")
+            assert reply["model"] == "gemma3-270m"
+        finally:
+            served.stop()
     finally:
         llmgw("lab", "down", "--purge", cwd=tmp_path)
     assert processes.marked(tmp_path / labs.RUNTIME) == []
+
+
+def completed(router: str, key: str) -> dict[str, Any] | None:
+    reply = httpx.post(f"{router}/v1/completions", timeout=10,
+                       headers={"Authorization": f"Bearer {key}"},
+                       json={"model": "gemma3-270m", "prompt": "hi", "max_tokens": 2})
+    return reply.json() if reply.status_code == 200 else None  # type: ignore[no-any-return]
 
 
 def wait_for_models(port: int, timeout: float = 30) -> dict[str, Any]:
