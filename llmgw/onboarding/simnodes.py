@@ -102,6 +102,9 @@ def free_port() -> int:
 # Port blocks that :func:`free_ports` hands out sit below the kernel's ephemeral
 # range (``net.ipv4.ip_local_port_range``), so no outgoing connection takes one.
 BLOCKS_FROM = 10000
+# Nor one that llmgw's own defaults use (engines from 18000, a lab's from 21000), which
+# another cluster or lab on this machine may bind at any moment.
+AVOIDED = (range(18000, 18100), range(21000, 21000 + 100 * 64))
 _EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
@@ -134,7 +137,8 @@ def free_ports(count: int, *, step: int = 100, taken: Iterable[int] = ()) -> int
         ephemeral = 32768
     skip = set(taken)
     bases = [base for base in range(BLOCKS_FROM, max(BLOCKS_FROM, ephemeral - count), step)
-             if base not in skip]
+             if base not in skip and not any(
+                 base < avoided.stop and avoided.start < base + count for avoided in AVOIDED)]
     random.shuffle(bases)
     for base in bases:
         if all(port_free(port) for port in range(base, base + count)):
