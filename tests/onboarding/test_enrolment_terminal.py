@@ -37,7 +37,7 @@ from support.plugin import SimClusterFactory
 from test_enrolments import WHEELS, site
 
 from llmgw import __version__
-from llmgw.onboarding import enrolments
+from llmgw.onboarding import enrolments, yamledits
 
 REPO = Path(__file__).resolve().parents[2]
 NEWER = __version__ + ".post1"  # what the scratch copy calls itself
@@ -202,6 +202,10 @@ def test_terminal_add_then_again_then_upgrade_in_place(
         "TESTENGINE_RECORD_DIR": str(records),
         "PATH": f"{STUBS}:{Path(sys.executable).parent}:/usr/bin:/bin"}
     (cluster / "models.yaml").write_text(json.dumps({"models": {"tiny": tiny}}))
+    # The node shares this machine's ports: its engine on a free block, not 18000.
+    placed, _ = yamledits.set_node_key((cluster / "nodes.yaml").read_text(), "gpu-01",
+                                       "engine_ports_from", nodes.free_ports(32))
+    (cluster / "nodes.yaml").write_text(placed)
     try:
         applied = subprocess.run(
             [sys.executable, "-m", "llmgw", "apply", "--cluster", str(cluster),
