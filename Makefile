@@ -57,9 +57,10 @@ lint: install
 test: install sysdeps engine model lint
 	PATH="$(abspath $(ENGINE_DIR)/bin):$$PATH" $(BIN)/pytest -q
 
-# Tests without the lint step, for a quick loop while editing.
+# The fast tier, without the lint step, for a quick loop while editing: every test but
+# the end-to-end, browser and docs-session ones (markers: docs/testing.md).
 test-fast: install sysdeps
-	$(BIN)/pytest -q -x
+	$(BIN)/pytest -q -x -m "not e2e and not browser and not docs_session"
 
 bench: install sysdeps
 	$(BIN)/pip install -q -e '.[bench]'

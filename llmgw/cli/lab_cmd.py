@@ -34,8 +34,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _dir_flag(start)
     start.add_argument("--nodes", metavar="N", type=int, default=None,
                        help="how many nodes (default 3: gpu-01 H100, gpu-02 L40S, cpu-01)")
-    start.add_argument("--ssh-port", metavar="PORT", type=int, default=labs.SSH_PORT_FROM,
-                       help=f"first node's SSH port on 127.0.0.1 (default {labs.SSH_PORT_FROM})")
+    start.add_argument("--ssh-port", metavar="PORT", type=int, default=None,
+                       help=f"first node's SSH port on 127.0.0.1 (default {labs.SSH_PORT_FROM}, "
+                       "or free ports where another program holds those)")
+    start.add_argument("--engine-ports", metavar="PORT", type=int, default=None,
+                       help=f"first node's first engine port; each node gets 100 (default "
+                       f"{labs.ENGINE_PORTS_FROM}, or free ports where those are taken)")
     start.add_argument("--model", metavar="FILE", type=Path,
                        help="the Gemma 3 270M GGUF the CPU node serves (default: the llmgw "
                        "checkout's .cache/models, from `make model`)")
@@ -61,6 +65,7 @@ def _dir_flag(parser: argparse.ArgumentParser) -> None:
 def run_up(args: argparse.Namespace) -> int:
     try:
         lab = labs.up(args.dir, count=args.nodes, ssh_port_from=args.ssh_port,
+                      engine_ports_from=args.engine_ports,
                       model=args.model, engine=args.engine, say=print)
     except labs.LabError as exc:
         raise UserError(str(exc)) from None

@@ -45,12 +45,18 @@ def describe(hardware: str) -> str:
     return ", ".join(parts)
 
 
-def cluster_yaml(user: str, identity_file: str, nodes: list[LabNode]) -> str:
+# The lab's listeners unless another program holds one (labs.choose_ports).
+LISTENERS = (("router", 8000), ("admin", 8001), ("metrics", 9400))
+
+
+def cluster_yaml(user: str, identity_file: str, nodes: list[LabNode],
+                 listeners: tuple[tuple[str, int], ...] = LISTENERS) -> str:
     fabrics: dict[str, str] = {}
     for node in nodes:
         for name, fabric in declared_fabrics(node.hardware).items():
             fabrics.setdefault(name, str(fabric["kind"]))
     fabric_lines = "".join(f"  {name}: {{kind: {kind}}}\n" for name, kind in fabrics.items())
+    listener_lines = "".join(f"    {name}: 127.0.0.1:{port}\n" for name, port in listeners)
     return f"""\
 # A lab: simulated nodes on this machine, started by `llmgw lab up` and
 # stopped by `llmgw lab down`. Each is a real sshd on 127.0.0.1 with an llmgw
@@ -65,10 +71,7 @@ cluster:
   sync: manual                 # the daemon plans; people run `llmgw apply`
   drift_interval: 15s
   listeners:
-    router: 127.0.0.1:8000
-    admin: 127.0.0.1:8001
-    metrics: 127.0.0.1:9400
-  store:
+{listener_lines}  store:
     path: state/llmgw.db       # API keys (hashed) and usage rows; kept out of git
   auth: keys                   # every request needs a key from `llmgw keys create`
 {chr(10) + "fabrics:" + chr(10) + fabric_lines if fabric_lines else ""}

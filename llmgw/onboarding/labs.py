@@ -15,8 +15,10 @@ A lab is a directory (``--dir``, default the current one) holding
 These are the nodes the tests start (``sim_cluster``), kept running. Every
 process a lab starts carries the lab's marker in its environment, engines
 included, so :func:`down` finds and stops all of them, and checks that nothing
-is left. Nodes get fixed SSH ports (from 2201) and engine port ranges (from
-21000), so the files and the docs that show them stay the same from run to run.
+is left. Nodes get fixed SSH ports (from 2201), engine port ranges (from
+21000) and listeners (8000, 8001, 9400), so the files and the docs that show
+them stay the same from run to run; where another program holds one of those,
+a new lab takes free ports instead and says so (:func:`choose_ports`).
 
 Usage::
 
@@ -30,14 +32,22 @@ import getpass
 import json
 import os
 import shutil
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llmgw.onboarding import labfiles, processes
-from llmgw.onboarding.simnodes import SimNode, agent_config, keygen
+from llmgw.onboarding.simnodes import (
+    ENGINE_PORTS,
+    HarnessError,
+    SimNode,
+    agent_config,
+    free_port,
+    free_ports,
+    keygen,
+    port_free,
+)
 from llmgw.spec import quantities
 
 RUNTIME = ".llmgw-lab"
@@ -78,10 +88,21 @@ class NodeState:
     agent: bool
 
 
-def layout(count: int, ssh_port_from: int = SSH_PORT_FROM) -> list[LabNode]:
+@dataclass(frozen=True)
+class Ports:
+    """Where a new lab listens: nodes' SSH and engine ports, the cluster's listeners."""
+
+    ssh_from: int = SSH_PORT_FROM
+    engines_from: int = ENGINE_PORTS_FROM
+    listeners: tuple[tuple[str, int], ...] = labfiles.LISTENERS
+
+
+def layout(count: int, ssh_port_from: int = SSH_PORT_FROM,
+           engine_ports_from: int = ENGINE_PORTS_FROM) -> list[LabNode]:
     """Names, hardware and ports of ``count`` nodes: GPU nodes ``gpu-NN``, CPU nodes ``cpu-NN``.
 
-    A pure function: hardware cycles through :data:`CYCLE`, ports count up.
+    A pure function: hardware cycles through :data:`CYCLE`, ports count up
+    (SSH by one, engine ranges by 100).
     """
     if not 1 <= count <= MAX_NODES:
         raise LabError(f"--nodes must be between 1 and {MAX_NODES}; got {count}")
@@ -95,8 +116,48 @@ def layout(count: int, ssh_port_from: int = SSH_PORT_FROM) -> list[LabNode]:
         prefix = "cpu" if hardware == "cpu-only" else "gpu"
         seen[prefix] = seen.get(prefix, 0) + 1
         nodes.append(LabNode(f"{prefix}-{seen[prefix]:02d}", hardware, ssh_port_from + index,
-                             ENGINE_PORTS_FROM + 100 * index))
+                             engine_ports_from + 100 * index))
     return nodes
+
+
+def choose_ports(count: int, ssh_port_from: int | None = None,
+                 engine_ports_from: int | None = None, say: Say = print) -> Ports:
+    """The defaults where they are free, else free ports; ports given are kept as given.
+
+    A port given explicitly that is in use is refused later, when its node
+    starts; a default in use is replaced by a free port, with one line said.
+    """
+    def free(ports: range) -> bool:
+        return all(port_free(p) for p in ports)
+
+    try:
+        ssh = ssh_port_from
+        if ssh is None:
+            ssh = SSH_PORT_FROM
+            if not free(range(ssh, ssh + count)):
+                ssh = free_ports(count)
+                say(f"SSH ports {SSH_PORT_FROM}-{SSH_PORT_FROM + count - 1} are in use: "
+                    f"the nodes listen on {ssh}-{ssh + count - 1} (--ssh-port to choose).")
+        engines = engine_ports_from
+        if engines is None:
+            engines = ENGINE_PORTS_FROM
+            blocks = [range(engines + 100 * i, engines + 100 * i + ENGINE_PORTS)
+                      for i in range(count)]
+            if not all(free(block) for block in blocks):
+                engines = free_ports(100 * count)
+                say(f"engine ports from {ENGINE_PORTS_FROM} are in use: the nodes' engines "
+                    f"use {engines} up (--engine-ports to choose).")
+    except HarnessError as exc:
+        raise LabError(str(exc)) from None
+    listeners = []
+    for name, port in labfiles.LISTENERS:
+        if not port_free(port):
+            chosen = free_port()
+            say(f"127.0.0.1:{port} (cluster.listeners.{name}) is in use: cluster.yaml "
+                f"says 127.0.0.1:{chosen}.")
+            port = chosen
+        listeners.append((name, port))
+    return Ports(ssh, engines, tuple(listeners))
 
 
 @dataclass
@@ -155,7 +216,8 @@ def up(
     directory: Path,
     *,
     count: int | None = None,
-    ssh_port_from: int = SSH_PORT_FROM,
+    ssh_port_from: int | None = None,
+    engine_ports_from: int | None = None,
     model: Path | None = None,
     engine: Path | None = None,
     say: Say = print,
@@ -163,7 +225,8 @@ def up(
     """Start the lab's nodes (creating the lab if there is none) and write its cluster files.
 
     Idempotent: nodes already running are left alone, stopped ones restart with
-    their own host keys and ports, and files that exist are not rewritten.
+    their own host keys and ports, and files that exist are not rewritten. A
+    new lab takes the default ports unless they are in use (:func:`choose_ports`).
     """
     lab = Lab(directory.resolve())
     nodes = lab.nodes()
@@ -171,8 +234,11 @@ def up(
         raise LabError(f"the lab in {directory} has {quantities.count(len(nodes), 'node')}, "
                        f"not {count}: run `llmgw lab down --purge` first to start a different one")
     fresh = not nodes
+    ports = Ports()
     if fresh:
-        nodes = layout(count or 3, ssh_port_from)
+        layout(count or 3, ssh_port_from or SSH_PORT_FROM)  # refuse a bad count or port first
+        ports = choose_ports(count or 3, ssh_port_from, engine_ports_from, say)
+        nodes = layout(count or 3, ports.ssh_from, ports.engines_from)
         _check_socket_paths(lab, nodes)
         _create_runtime(lab)
     engine_dir = lab.engine_dir() if not fresh else _engine_dir(engine)
@@ -180,7 +246,8 @@ def up(
     started = _start(lab, nodes, engine_dir, say)
     lab.save(started, engine_dir)
     if fresh:
-        _write_cluster(lab, started, model_path is not None and engine_dir is not None, say)
+        _write_cluster(lab, started, model_path is not None and engine_dir is not None, say,
+                       ports.listeners)
         if model_path is None or engine_dir is None:
             missing = [what for what, found in (("the Gemma 3 270M GGUF", model_path),
                                                 (ENGINE_BINARY, engine_dir)) if found is None]
@@ -250,23 +317,13 @@ def _create_runtime(lab: Lab) -> None:
     shutil.copy(lab.client_key.with_suffix(".pub"), lab.authorized_keys)
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def _start(lab: Lab, nodes: list[LabNode], engine_dir: str | None, say: Say) -> list[LabNode]:
     """Start whatever of each node is not running; every node's identities, once all are up."""
     sims: list[tuple[LabNode, SimNode, bool, bool]] = []
     for node in nodes:
         sshd_up = bool(node.sshd) and processes.is_same(node.sshd)
         agent_up = bool(node.agent) and processes.is_same(node.agent)
-        if not sshd_up and not _port_free(node.port):
+        if not sshd_up and not port_free(node.port):
             raise LabError(f"127.0.0.1:{node.port} (ssh of {node.name}) is in use by another "
                            "program: stop it, or start the lab elsewhere with --ssh-port")
         sim = lab.sim_node(node)
@@ -360,12 +417,13 @@ def _link_model(lab: Lab, model: Path | None) -> Path | None:
 # -- the cluster directory ---------------------------------------------------
 
 
-def _write_cluster(lab: Lab, nodes: list[LabNode], with_model: bool, say: Say) -> None:
+def _write_cluster(lab: Lab, nodes: list[LabNode], with_model: bool, say: Say,
+                   listeners: tuple[tuple[str, int], ...] = labfiles.LISTENERS) -> None:
     lab.cluster_dir.mkdir(exist_ok=True)
     written = []
     texts = {
         "cluster.yaml": labfiles.cluster_yaml(getpass.getuser(), f"../{RUNTIME}/id_ed25519",
-                                              nodes),
+                                              nodes, listeners),
         "nodes.yaml": labfiles.nodes_yaml(nodes, f"../{RUNTIME}"),
         "models.yaml": labfiles.models_yaml(
             f"../{RUNTIME}/models/{MODEL_FILE}" if with_model else None),

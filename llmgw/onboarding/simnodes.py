@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import random
 import re
 import shutil
 import socket
@@ -52,7 +53,9 @@ SSHD = "/usr/sbin/sshd"
 # Fixture hardware, shipped inside the package so `llmgw lab` works from a wheel.
 HARDWARE = Path(__file__).resolve().parent / "hardware"
 FIXTURES = HARDWARE  # the name the tests know it by
-START_TIMEOUT = 15.0
+START_TIMEOUT = 60.0  # a bound, not a wait: shared CI cores can take seconds to start a python
+# Engine ports each simulated node keeps free for its engines (the doctor checks 16).
+ENGINE_PORTS = 32
 
 SSHD_CONFIG = """\
 # A simulated llmgw node (llmgw/onboarding/simnodes.py).
@@ -94,6 +97,53 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+# Port blocks that :func:`free_ports` hands out sit below the kernel's ephemeral
+# range (``net.ipv4.ip_local_port_range``), so no outgoing connection takes one.
+BLOCKS_FROM = 10000
+# Nor one that llmgw's own defaults use (engines from 18000, a lab's from 21000), which
+# another cluster or lab on this machine may bind at any moment.
+AVOIDED = (range(18000, 18100), range(21000, 21000 + 100 * 64))
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def port_free(port: int) -> bool:
+    """Whether nothing listens on ``port`` (any address), so a new listener can bind it.
+
+    A bind of the wildcard address fails on a listener at any address; with
+    ``SO_REUSEADDR`` a connection lingering in TIME_WAIT does not count.
+    """
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_ports(count: int, *, step: int = 100, taken: Iterable[int] = ()) -> int:
+    """The first port of ``count`` consecutive free ports, below the ephemeral range.
+
+    The block starts at a random multiple of ``step``, so two test runs on one
+    machine rarely pick the same block before either binds it; blocks starting
+    at a port in ``taken`` (handed out already, not yet bound) are skipped.
+    Raises :class:`HarnessError` when no block is free.
+    """
+    try:
+        ephemeral = int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    skip = set(taken)
+    bases = [base for base in range(BLOCKS_FROM, max(BLOCKS_FROM, ephemeral - count), step)
+             if base not in skip and not any(
+                 base < avoided.stop and avoided.start < base + count for avoided in AVOIDED)]
+    random.shuffle(bases)
+    for base in bases:
+        if all(port_free(port) for port in range(base, base + count)):
+            return base
+    raise HarnessError(f"no {count} consecutive free ports below {ephemeral}")
 
 
 def keygen(path: Path, comment: str) -> Path:
@@ -346,8 +396,11 @@ class SimCluster:
         """A node with its own directory, host key and port (default: a free one); not started."""
         node_root = self.root / name
         node_root.mkdir()
+        # Engine ports: a free block of its own (the planner allocates upward from
+        # engine_ports_from, and nodes on one machine share its ports).
         node = SimNode(name, node_root, port or free_port(), self.authorized_keys, hardware,
-                       engine_ports_from=21000 + 100 * len(self.nodes))
+                       engine_ports_from=free_ports(
+                           ENGINE_PORTS, taken=[n.engine_ports_from for n in self.nodes.values()]))
         keygen(node.host_key, f"host key of {name}")
         self.nodes[name] = node
         return node

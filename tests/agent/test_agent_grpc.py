@@ -146,7 +146,8 @@ async def test_readiness_starting_then_loading_then_ready(h100: Served) -> None:
                 return
 
     watcher = asyncio.create_task(watch())
-    await asyncio.sleep(0.1)  # subscribed before the unit exists
+    # Subscribed before the unit exists: the agent holds the stream's queue.
+    await eventually(lambda: len(h100.agent.monitor._watchers) == 1, what="the subscription")
     text = unit_text(port=free_port(), args="--start-delay 0.5 --load-delay 0.8")
     [result] = await h100.client.apply_units([UnitChange(unit_name(), text)])
     assert result.ok, result.error

@@ -99,7 +99,9 @@ async def test_the_watcher_follows_a_replaced_cluster_directory(
     loop = asyncio.create_task(daemon.run(stop))
     try:
         await until(lambda: daemon.state.fleet is not None, daemon, "the first observation")
-        await asyncio.sleep(0.5)  # let the watch settle on the first directory
+        # The watch is up on the first directory once an edit there is seen.
+        (cluster / "zero.yaml").write_text(model("zero"))
+        await until(lambda: "zero" in daemon.cluster.models, daemon, "an edit before that")
 
         replace(cluster, socket, tmp_path)
         await until(lambda: "first" in daemon.cluster.models, daemon, "the replaced directory")

@@ -26,6 +26,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+if __name__ == "__main__":  # run as a tool, not by pytest: tests/ holds the support package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support import netns  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 MARK = re.compile(r"^<!-- run: ([a-z-]+) -->$")
 SEPARATOR = "@@docs-session-command-{}@@"
@@ -115,8 +119,10 @@ def run(cmds: list[Command], directory: Path, env: dict[str, str],
         script.append(f"__rc=$?; echo {SEPARATOR.format(number)}; (exit $__rc)")
         script.append(command.text)
     script.append(f"echo {SEPARATOR.format(len(cmds))}")
-    done = subprocess.run(["bash", "-c", "\n".join(script)], cwd=directory, env=env,
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    # Its own network namespace: the pages show the default ports, which another
+    # program on this machine may hold (support/netns.py).
+    done = subprocess.run(netns.isolated(["bash", "-c", "\n".join(script)]), cwd=directory,
+                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
     outputs: list[list[str]] = []
     text = done.stdout
@@ -128,7 +134,9 @@ def run(cmds: list[Command], directory: Path, env: dict[str, str],
 
 
 def environment(extra_path: list[Path]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "LLMGW"))}
+    # The test run's identity stays: the leak check finds what the session leaves by it.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTEST", "LLMGW")) or k == "LLMGW_TEST_RUN"}
     env["PATH"] = os.pathsep.join([*map(str, extra_path), env.get("PATH", "")])
     env["GIT_AUTHOR_NAME"] = env["GIT_COMMITTER_NAME"] = "Docs"
     env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = "docs@example.com"

@@ -27,6 +27,7 @@ PAGE = sessions.ROOT / "docs" / "engines.md"
 @pytest.mark.skipif(not (ENGINE.exists() and MODEL.exists()),
                     reason="needs the engine and model: make engine model")
 @pytest.mark.skipif(not shutil.which("/usr/sbin/sshd"), reason="sshd not installed")
+@pytest.mark.docs_session
 @pytest.mark.timeout(600)
 def test_the_engine_install_session_of_engines_md(tmp_path: Path) -> None:
     commands = sessions.commands([PAGE], "engines")

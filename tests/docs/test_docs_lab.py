@@ -36,6 +36,7 @@ def test_matching_keeps_to_the_stable_parts() -> None:
 
 @needs_engine
 @needs_sshd
+@pytest.mark.docs_session
 @pytest.mark.timeout(900)
 def test_the_lab_session_of_the_docs(tmp_path: Path) -> None:
     commands = sessions.commands(sessions.LAB_PAGES, "lab")

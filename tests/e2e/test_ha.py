@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from support import nodes
+from support import daemons
 from support.engines import MODELS, recording, running
 from support.plugin import SimClusterFactory
 from support.postgres import Database
@@ -30,58 +30,39 @@ from llmgw.store import keys, stores, usages
 LEASE_TTL = 3.0
 
 
-class Proc:
-    """One ``llmgw serve`` process of some role, with its own listeners and log."""
+class Proc(daemons.Daemon):
+    """One ``llmgw serve`` process of some role, with its own listeners and log.
+
+    ``router``, ``admin`` and ``metrics`` are ``host:port`` here, as ``--*-listen`` takes them.
+    """
 
     def __init__(self, directory: Path, role: str, log: Path, *extra: str) -> None:
+        super().__init__(directory, log, token=directory / "admin.token")
         self.role = role
-        self.log = log
-        self.directory = directory
-        self.router = f"127.0.0.1:{nodes.free_port()}"
-        self.admin = f"127.0.0.1:{nodes.free_port()}"
-        self.metrics = f"127.0.0.1:{nodes.free_port()}"
-        with log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "llmgw", "serve", "--cluster", str(directory),
-                 "--role", role, "--router-listen", self.router, "--admin-listen", self.admin,
-                 "--metrics-listen", self.metrics, "--ready-timeout", "60s",
-                 "--log-level", "debug", *extra],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        listen = self.listeners()
+        self.router, self.admin, self.metrics = listen["router"], listen["admin"], listen["metrics"]
+        self.start("--role", role, "--router-listen", self.router, "--admin-listen", self.admin,
+                   "--metrics-listen", self.metrics, "--ready-timeout", "60s",
+                   "--log-level", "debug", *extra)
 
     def status(self) -> dict[str, Any]:
-        token = (self.directory / "admin.token").read_text().strip()
         return httpx.get(f"http://{self.admin}/api/v1/status", timeout=5,  # type: ignore[no-any-return]
-                         headers={"Authorization": f"Bearer {token}"}).json()
+                         headers=self.auth()).json()
 
     def ready(self, where: str) -> int:
         return httpx.get(f"http://{where}/ready", timeout=5).status_code
 
-    def wait(self, check: Callable[[], bool], what: str, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"{self.role} exited\n{self.tail()}"
-            try:
-                if check():
-                    return
-            except (httpx.HTTPError, FileNotFoundError):  # not up yet (no admin token yet)
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}\n{self.tail()}")
+    def wait(self, check: Callable[[], bool], what: str,  # type: ignore[override]
+             timeout: float = 90) -> None:
+        self.until(check, f"{what} ({self.role})", timeout)
 
     def kill(self) -> None:
+        assert self.process is not None
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+    def stop(self) -> None:  # type: ignore[override]
+        super().stop(timeout=30)
 
 
 class Clients:

@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
-from support import nodes
+from support import daemons, nodes
 
 from llmgw.cli.main import main
 
@@ -62,6 +58,8 @@ def local_cluster(tmp_path: Path) -> Path:
     ports = {name: nodes.free_port() for name in ("router", "admin", "metrics")}
     for name, default in (("router", 8000), ("admin", 8001), ("metrics", 9400)):
         text = text.replace(f"{name}: 127.0.0.1:{default}", f"{name}: 127.0.0.1:{ports[name]}")
+    text = text.replace("    address: local\n", "    address: local\n"
+                        f"    engine_ports_from: {nodes.free_ports(32)}\n")
     text = text.replace("../../.cache/models", str(MODEL.parent))
     text = text.replace("../../.cache/local/", f"{tmp_path}/state/")
     (directory / "cluster.yaml").write_text(text)
@@ -71,44 +69,24 @@ def local_cluster(tmp_path: Path) -> Path:
 @pytest.fixture
 def daemon(local_cluster: Path, tmp_path: Path) -> Iterator[dict[str, Any]]:
     env = {**os.environ, "PATH": f"{ENGINE.parent}{os.pathsep}{os.environ['PATH']}"}
-    log = (tmp_path / "serve.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "llmgw", "serve", "--cluster", str(local_cluster)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
     text = (local_cluster / "cluster.yaml").read_text()
-    router = text.split("router: ")[1].split()[0]
-    admin = text.split("admin: ")[1].split()[0]
-    info = {"process": process, "router": f"http://{router}", "admin": f"http://{admin}",
-            "dir": local_cluster, "log": tmp_path / "serve.log", "env": env}
+    ports = {name: int(text.split(f"{name}: 127.0.0.1:")[1].split()[0])
+             for name in daemons.LISTENERS}
+    served = daemons.Daemon(local_cluster, tmp_path / "serve.log", env=env, ports=ports,
+                            token=tmp_path / "state" / "admin.token")
+    process = served.start()
+    info = {"daemon": served, "process": process, "router": served.router,
+            "admin": served.admin, "dir": local_cluster, "log": served.log, "env": env}
     try:
         yield info
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            process.wait(timeout=60)
-        log.close()
+        served.stop(signal.SIGINT)
 
 
 def wait_status(
     info: dict[str, Any], check: Any, what: str, timeout: float = 120
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        assert info["process"].poll() is None, Path(info["log"]).read_text()[-3000:]
-        try:
-            token = (Path(str(info["dir"]).replace("/local", "/state")) / "admin.token")
-            headers = {"Authorization": f"Bearer {token.read_text().strip()}"}
-            status = httpx.get(f"{info['admin']}/api/v1/status", timeout=5,
-                               headers=headers).json()
-            if check(status):
-                return status
-        except (httpx.HTTPError, FileNotFoundError):
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}: {status}\n"
-                         + Path(info["log"]).read_text()[-3000:])
+    return info["daemon"].wait(check, what, timeout, poll=0.3)  # type: ignore[no-any-return]
 
 
 def ready(status: dict[str, Any]) -> bool:

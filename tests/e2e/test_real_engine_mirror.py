@@ -56,6 +56,8 @@ def local_cluster(tmp_path: Path, mirror: str) -> Path:
     for name, default in (("router", 8000), ("admin", 8001), ("metrics", 9400)):
         text = text.replace(f"{name}: 127.0.0.1:{default}",
                             f"{name}: 127.0.0.1:{nodes.free_port()}")
+    text = text.replace("    address: local\n", "    address: local\n"
+                        f"    engine_ports_from: {nodes.free_ports(32)}\n")
     text = text.replace("../../.cache/models/gemma3-270m-q4_k_m.gguf", f"{REPO}:Q4_K_M")
     text = text.replace("../../.cache/models", f"{tmp_path}/weights")
     text = text.replace("../../.cache/local/", f"{tmp_path}/state/")

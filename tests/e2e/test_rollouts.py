@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from support import nodes
+from support import daemons, nodes
 
 from llmgw.cli.main import main
 
@@ -67,7 +66,7 @@ cluster:
     share: 0.5
     compare: {{min_requests: 2, max_ttft_ratio: 20}}
 nodes:
-  local: {{address: local, weights_dirs: [{models}]}}
+  local: {{address: local, weights_dirs: [{models}], engine_ports_from: {engines}}}
 models:
   gemma3-270m:
     source: {model}
@@ -153,50 +152,28 @@ def served(tmp_path: Path) -> Iterator[dict[str, Any]]:
     directory, state = tmp_path / "cluster", tmp_path / "state"
     directory.mkdir()
     state.mkdir()
-    ports = {name: nodes.free_port() for name in ("router", "admin", "metrics")}
-    text = CLUSTER.format(**ports, state=state, models=MODEL.parent, model=MODEL)
-    revision = commit(directory, text, "gemma3-270m behind a rollout gate")
     env = {**os.environ, "PATH": f"{ENGINE.parent}{os.pathsep}{os.environ['PATH']}"}
-    log_path = tmp_path / "serve.log"
-    log = log_path.open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "llmgw", "serve", "--cluster", str(directory)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
-    info = {"process": process, "dir": directory, "state": state, "log": log_path,
-            "text": text, "revision": revision, "env": env,
-            **{k: f"http://127.0.0.1:{p}" for k, p in ports.items()}}
+    daemon = daemons.Daemon(directory, tmp_path / "serve.log", token=state / "admin.token",
+                            env=env)
+    text = CLUSTER.format(**daemon.ports, state=state, models=MODEL.parent, model=MODEL,
+                          engines=nodes.free_ports(32))
+    revision = commit(directory, text, "gemma3-270m behind a rollout gate")
+    process = daemon.start()
+    info = {"daemon": daemon, "process": process, "dir": directory, "state": state,
+            "log": daemon.log, "text": text, "revision": revision, "env": env,
+            "router": daemon.router, "admin": daemon.admin, "metrics": daemon.metrics}
     try:
         yield info
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            process.wait(timeout=60)
-        log.close()
+        daemon.stop(signal.SIGINT)
 
 
 def status(info: dict[str, Any]) -> dict[str, Any]:
-    token = (info["state"] / "admin.token").read_text().strip()
-    reply = httpx.get(f"{info['admin']}/api/v1/status", timeout=5,
-                      headers={"Authorization": f"Bearer {token}"})
-    result: dict[str, Any] = reply.json()
-    return result
+    return info["daemon"].status()  # type: ignore[no-any-return]
 
 
 def wait_for(info: dict[str, Any], check: Any, what: str, timeout: float = 420) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    seen: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        assert info["process"].poll() is None, info["log"].read_text()[-3000:]
-        try:
-            seen = status(info)
-            if check(seen):
-                return seen
-        except (httpx.HTTPError, FileNotFoundError, ValueError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}: {seen}\n"
-                         + info["log"].read_text()[-4000:])
+    return info["daemon"].wait(check, what, timeout, poll=0.5)  # type: ignore[no-any-return]
 
 
 def settled(s: dict[str, Any]) -> bool:

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +20,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from support import nodes
+from support import daemons, nodes
 from support.engines import MODELS, alive, recording, running
 from support.plugin import SimClusterFactory
 
@@ -32,61 +31,23 @@ from llmgw.transport.agent_client import AgentClient, UnitChange
 Check = Callable[[dict[str, Any]], bool]
 
 
-class Served:
-    """A running ``llmgw serve`` and its admin API."""
+class Served(daemons.Daemon):
+    """A running ``llmgw serve`` and its admin API, its store beside the cluster directory."""
 
-    def __init__(self, directory: Path, log: Path) -> None:
-        self.directory = directory
-        self.log = log
-        self.admin = f"http://127.0.0.1:{nodes.free_port()}"
-        self.router = f"http://127.0.0.1:{nodes.free_port()}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def listeners(self) -> dict[str, str]:
-        return {"router": self.router.removeprefix("http://"),
-                "admin": self.admin.removeprefix("http://"),
-                "metrics": f"127.0.0.1:{nodes.free_port()}"}
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "llmgw", "serve", "--cluster", str(self.directory),
-                 "--ready-timeout", "60s", "--log-level", "debug"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            )
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        process = super().start("--ready-timeout", "60s", "--log-level", "debug", *args)
         self.wait(lambda s: s["observed_at"] is not None, "the first observation")
+        return process
 
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=30)
-        self.process = None
 
-    def status(self) -> dict[str, Any]:
-        return httpx.get(f"{self.admin}/api/v1/status", timeout=5,  # type: ignore[no-any-return]
-                         headers=self.auth()).json()
+def ticks(status: dict[str, Any], count: int) -> Check:
+    """True once the daemon has run ``count`` more iterations than in ``status``."""
+    return lambda now: bool(now["iterations"] >= status["iterations"] + count)
 
-    def auth(self) -> dict[str, str]:
-        """The admin API's bearer token, which the daemon writes next to its store."""
-        token = (self.directory.parent / "admin.token").read_text().strip()
-        return {"Authorization": f"Bearer {token}"}
 
-    def wait(self, check: Check, what: str, timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        last: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            assert self.process is not None and self.process.poll() is None, self.tail()
-            try:
-                last = self.status()
-                if check(last):
-                    return last
-            except (httpx.HTTPError, FileNotFoundError):
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; last status {last}\n{self.tail()}")
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+def after(moment: float) -> Check:
+    """True once the monotonic clock has passed ``moment`` (a status read then)."""
+    return lambda _status: time.monotonic() > moment
 
 
 def ready(models: set[str]) -> Check:
@@ -152,7 +113,7 @@ def test_the_daemon_converges_follows_edits_and_refuses_invalid_ones(
     status = served.wait(lambda s: bool(s["refused_edit"]), "the refused edit")
     assert any("broken.yaml" in line and "duplicate model 'chat'" in line
                for line in status["refused_edit"]), status["refused_edit"]
-    time.sleep(2.5)  # two drift ticks
+    served.wait(ticks(status, 2), "two drift ticks")
     assert {name: data["pid"] for name, data in running(engines).items()} == pids
 
     # Fixing it clears the refusal; removing a model stops its engine.
@@ -312,7 +273,9 @@ def test_a_restarted_daemon_does_not_stop_a_busy_on_demand_replica(
     try:
         served.wait(ready({"coder"}), "coder loaded on demand")
         engine = running(engines)["coder"]["pid"]
-        time.sleep(7)  # busy all along, and now older than its idle_timeout
+        # Busy all along, and now older than its idle_timeout, with a plan made since.
+        served.wait(ticks(served.wait(after(time.monotonic() + 6), "idle_timeout"), 1),
+                    "a plan past idle_timeout")
         assert 200 in answered
         # The restart leaves a gap shorter than idle_timeout, but the new router has seen
         # no request when the new daemon makes its first plan.
@@ -320,7 +283,9 @@ def test_a_restarted_daemon_does_not_stop_a_busy_on_demand_replica(
         served.stop()
         served.start()
         flowing.set()
-        time.sleep(9)  # past idle_timeout since the restart, under traffic
+        # Past idle_timeout since the restart, under traffic, and planned since.
+        served.wait(ticks(served.wait(after(time.monotonic() + 6), "idle_timeout"), 1),
+                    "a plan past idle_timeout since the restart")
         assert running(engines).get("coder", {}).get("pid") == engine
         assert "coder r0 will be destroyed" not in served.log.read_text()
     finally:
@@ -342,8 +307,8 @@ def test_a_replica_on_a_node_that_stops_answering_is_not_placed_twice(
     node.restart_sshd()
 
     status = served.wait(lambda s: not s["nodes"][where]["reachable"], "the node refused")
-    time.sleep(3)  # three drift ticks in which a careless planner would place it again
-    status = served.status()
+    # Three drift ticks in which a careless planner would place it again.
+    status = served.wait(ticks(status, 3), "three drift ticks")
     assert "host key" in status["nodes"][where]["error"]
     assert [name for name, _ in alive(engines)] == ["tiny"]  # one engine, not two
     assert status["last_apply"]["summary"].startswith("Apply: 1 of 1")  # only the first create

@@ -13,16 +13,13 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import httpx
 import pytest
-from support import nodes
+from support import daemons, nodes
 from support.engines import running
-
-T = TypeVar("T")
 
 CLUSTER = """\
 cluster:
@@ -40,6 +37,7 @@ cluster:
 nodes:
   local:
     address: local
+    engine_ports_from: {engines}
 models:
   tiny:
     source: /models/tiny.gguf
@@ -51,29 +49,16 @@ models:
 """
 
 
-class Local:
+class Local(daemons.Daemon):
     """A cluster directory for the local node and the ``llmgw serve`` run on it."""
 
     def __init__(self, tmp: Path, records: Path) -> None:
-        self.directory = tmp / "cluster"
-        self.directory.mkdir()
-        self.state = tmp / "state"
-        self.ports = {k: nodes.free_port() for k in ("router", "admin", "metrics")}
+        directory, self.state = tmp / "cluster", tmp / "state"
+        directory.mkdir()
+        super().__init__(directory, tmp / "serve.log", token=self.state / "admin.token")
         (self.directory / "cluster.yaml").write_text(
-            CLUSTER.format(state=self.state, records=records, **self.ports))
-        self.log = tmp / "serve.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def router(self) -> str:
-        return f"http://127.0.0.1:{self.ports['router']}"
-
-    def start(self) -> subprocess.Popen[bytes]:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "llmgw", "serve", "--cluster", str(self.directory)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        return self.process
+            CLUSTER.format(state=self.state, records=records, engines=nodes.free_ports(32),
+                           **self.ports))
 
     def run(self) -> subprocess.CompletedProcess[str]:
         """Run to its end (for refusals): exit status and output."""
@@ -86,44 +71,10 @@ class Local:
                           json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=10)
 
     def until_answered(self, what: str, timeout: float = 90) -> httpx.Response:
-        deadline = time.monotonic() + timeout
-        last = "no answer"
-        while time.monotonic() < deadline:
-            assert self.process is not None and self.process.poll() is None, self.tail()
-            try:
-                reply = self.complete()
-                if reply.status_code == 200:
-                    return reply
-                last = f"{reply.status_code} {reply.text}"
-            except httpx.HTTPError as exc:
-                last = repr(exc)
-            time.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}; last: {last}\n{self.tail()}")
-
-    def until(self, check: Callable[[], T], what: str, timeout: float = 90) -> T:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process is not None and self.process.poll() is None, self.tail()
-            found = check()
-            if found:
-                return found
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}\n{self.tail()}")
-
-    def status(self) -> dict[str, Any]:
-        # The admin API's bearer token, which the daemon writes next to its store.
-        token = (self.state / "admin.token").read_text().strip()
-        reply = httpx.get(f"http://127.0.0.1:{self.ports['admin']}/api/v1/status", timeout=5,
-                          headers={"Authorization": f"Bearer {token}"})
-        return reply.json()  # type: ignore[no-any-return]
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=60)
+        def answered() -> httpx.Response | None:
+            reply = self.complete()
+            return reply if reply.status_code == 200 else None
+        return self.until(answered, what, timeout, poll=0.3)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from mirror_support import GEMMA, GEMMA_REPO, gemma_repo, serving
+from support import nodes
 
 from llmgw.agent import fetchers
 from llmgw.agent.units import UnitChange, UnitResult
@@ -71,7 +72,8 @@ async def test_a_failed_fetch_fails_its_units_with_the_reason(tmp_path: Path) ->
         raise AssertionError("nothing may start without its weights")
 
     fetcher = fetchers.Fetcher(tmp_path / "state", start, lambda: None)
-    unit = change(0, tmp_path / "node", "http://127.0.0.1:9")  # nothing listens there
+    closed = f"http://127.0.0.1:{nodes.free_port()}"  # nothing listens there
+    unit = change(0, tmp_path / "node", closed)
     await fetcher.admit([unit])
     for _ in range(300):
         held = fetcher.overlay(unit.name)
@@ -79,6 +81,6 @@ async def test_a_failed_fetch_fails_its_units_with_the_reason(tmp_path: Path) ->
             break
         await asyncio.sleep(0.1)
     assert held is not None and held[0] == "failed"
-    assert "cannot reach http://127.0.0.1:9" in held[1]
+    assert f"cannot reach {closed}" in held[1]
     assert fetcher.reports()[0].error
     await fetcher.close()

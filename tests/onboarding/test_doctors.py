@@ -50,7 +50,8 @@ def fixture_report(hardware: str) -> tuple[Node, NodeReport, doctors.Context]:
     chosen = settings.load(nodes.FIXTURES / hardware / "agent.yaml")
     report = asyncio.run(reports.Collector(chosen).collect(chosen.declaration()))
     declared = nodes.fixture_settings(hardware)["declared"]
-    spec = Node(address="127.0.0.1",
+    # The report reads this machine's listening ports: check engine ports nobody holds.
+    spec = Node(address="127.0.0.1", engine_ports_from=nodes.free_ports(doctors.PORTS_CHECKED),
                 fabrics={n: f["adapters"] for n, f in declared.get("fabrics", {}).items()})
     fabrics = {n: (f["kind"], f.get("gid_index")) for n, f in declared.get("fabrics", {}).items()}
     ctx = doctors.Context(version=__version__, now=report.collected_at or NOW, fabrics=fabrics)

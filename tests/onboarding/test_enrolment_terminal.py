@@ -37,7 +37,7 @@ from support.plugin import SimClusterFactory
 from test_enrolments import WHEELS, site
 
 from llmgw import __version__
-from llmgw.onboarding import enrolments
+from llmgw.onboarding import enrolments, yamledits
 
 REPO = Path(__file__).resolve().parents[2]
 NEWER = __version__ + ".post1"  # what the scratch copy calls itself
@@ -125,7 +125,8 @@ def scratch_newer(tmp_path: Path) -> Path:
     return copy
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.e2e
+@pytest.mark.timeout(900)  # three node adds, one a rebuild and upgrade: 300 s each at most
 def test_terminal_add_then_again_then_upgrade_in_place(
     sim_cluster: SimClusterFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -182,7 +183,7 @@ def test_terminal_add_then_again_then_upgrade_in_place(
     again = subprocess.run(
         [sys.executable, "-m", "llmgw", *base, "--fingerprint", node.host_fingerprint(),
          "--fabric", "ib-a=mlx5_0,mlx5_1,mlx5_2,mlx5_3"],
-        cwd=tmp_path, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+        cwd=tmp_path, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert [line[:11] for line in again.stdout.splitlines()] == [
         "host key   ", "preflight  ", "account    ", "install    ", "agent      ", "report     ",
@@ -201,6 +202,10 @@ def test_terminal_add_then_again_then_upgrade_in_place(
         "TESTENGINE_RECORD_DIR": str(records),
         "PATH": f"{STUBS}:{Path(sys.executable).parent}:/usr/bin:/bin"}
     (cluster / "models.yaml").write_text(json.dumps({"models": {"tiny": tiny}}))
+    # The node shares this machine's ports: its engine on a free block, not 18000.
+    placed, _ = yamledits.set_node_key((cluster / "nodes.yaml").read_text(), "gpu-01",
+                                       "engine_ports_from", nodes.free_ports(32))
+    (cluster / "nodes.yaml").write_text(placed)
     try:
         applied = subprocess.run(
             [sys.executable, "-m", "llmgw", "apply", "--cluster", str(cluster),
@@ -214,7 +219,7 @@ def test_terminal_add_then_again_then_upgrade_in_place(
             [sys.executable, "-m", "llmgw", *base, "--fingerprint", node.host_fingerprint(),
              "--fabric", "ib-a=mlx5_0,mlx5_1,mlx5_2,mlx5_3"],
             cwd=tmp_path, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-            timeout=900, env={**os.environ, "PYTHONPATH": str(newer)})
+            timeout=300, env={**os.environ, "PYTHONPATH": str(newer)})
         out = upgraded.stdout + upgraded.stderr
         assert upgraded.returncode == 0, out
         assert f"install    llmgw {NEWER} into {prefix}/venv (1 of " in out

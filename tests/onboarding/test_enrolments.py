@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(not shutil.which(nodes.SSHD), reason="sshd not i
 
 def llmgw(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llmgw", *args], cwd=cwd, text=True,
-                          capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+                          capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
 def site(tmp_path: Path, sim: nodes.SimCluster) -> Path:
@@ -54,7 +54,8 @@ def site(tmp_path: Path, sim: nodes.SimCluster) -> Path:
     return cluster
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
 def test_node_add_takes_a_bare_node_to_a_reporting_agent(
     sim_cluster: SimClusterFactory, tmp_path: Path,
 ) -> None:
@@ -166,7 +167,8 @@ def daemon_account() -> Iterator[str]:
         subprocess.run(["groupdel", "llmgw"], capture_output=True)
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
 def test_node_add_makes_the_daemons_account_and_reports_through_it(
     sim_cluster: SimClusterFactory, tmp_path: Path, daemon_account: str,
 ) -> None:

@@ -131,7 +131,16 @@ async def test_a_locked_store_stalls_nothing_and_loses_no_row(
         locker.close()
     # Kept and retried by the background flush (the test does not flush): written once.
     await _until(lambda: len(stack.run(usages.recent(stack.db))) == 1)
-    await asyncio.sleep(0.5)  # several more flush intervals: no second copy
+    # Several more flushes: no second copy.
+    accounts, flushed = stack.router.accounts, []
+    flush = accounts.flush
+
+    async def counted() -> None:
+        await flush()
+        flushed.append(True)
+
+    accounts.flush = counted  # type: ignore[method-assign]
+    await _until(lambda: len(flushed) >= 3)
     assert [r.status for r in stack.run(usages.recent(stack.db))] == [200]
 
 

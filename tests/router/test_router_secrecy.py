@@ -16,6 +16,7 @@ import urllib.request
 
 import aiohttp
 import pytest
+from support import nodes
 from support.stacks import Stack, StackFactory, cluster
 
 KEY_MARK = "KEYMARK-7f3a9c"
@@ -76,7 +77,7 @@ def hostile_requests(key: str) -> list[tuple[str, bytes]]:
 @pytest.fixture
 def secrets_stack(make_stack: StackFactory) -> Stack:
     stack = make_stack(spec=cluster(research=None, broke=0.0), max_body_bytes=300_000)
-    stack.route({"chat": stack.upstreams, "coder": ["http://127.0.0.1:9"]})
+    stack.route({"chat": stack.upstreams, "coder": [f"http://127.0.0.1:{nodes.free_port()}"]})
     return stack
 
 

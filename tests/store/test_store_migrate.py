@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from support import nodes
 from support.postgres import Database
 
 from llmgw.cli import main
@@ -110,5 +111,5 @@ def test_migrate_to_an_unreachable_database_says_so(
     cluster_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main.main(["store", "migrate", "--cluster", str(cluster_dir), "--to",
-                      "postgresql://llmgw@127.0.0.1:1/llmgw"]) == 1
+                      f"postgresql://llmgw@127.0.0.1:{nodes.free_port()}/llmgw"]) == 1
     assert "cannot connect to the store" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from support import nodes
 
 from llmgw.spec.models import ClusterSettings, StoreSettings
 from llmgw.store import keys, migrations, stores, usages
@@ -167,7 +168,7 @@ async def test_a_slow_sqlite_call_does_not_block_the_loop(tmp_path: Path) -> Non
 
 async def test_unreachable_postgres_is_a_store_error() -> None:
     with pytest.raises(StoreError, match="cannot connect to the store"):
-        await open_({"url": "postgresql://llmgw@127.0.0.1:1/llmgw"})
+        await open_({"url": f"postgresql://llmgw@127.0.0.1:{nodes.free_port()}/llmgw"})
 
 
 @pytest.mark.parametrize(("url", "error"), [

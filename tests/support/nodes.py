@@ -21,6 +21,7 @@ from llmgw.onboarding.simnodes import (
     fingerprints_in,
     fixture_settings,
     free_port,
+    free_ports,
     keygen,
     node_spec,
     sweep_abandoned,
@@ -29,5 +30,6 @@ from llmgw.onboarding.simnodes import (
 __all__ = [
     "FIXTURES", "MARKER", "SSHD", "START_TIMEOUT", "STOP_TIMEOUT", "HarnessError", "SimCluster",
     "SimNode", "_alive", "agent_config", "fabric_specs", "fingerprint", "fingerprints_in",
-    "fixture_settings", "free_port", "keygen", "node_spec", "sweep_abandoned", "terminate",
+    "fixture_settings", "free_port", "free_ports", "keygen", "node_spec", "sweep_abandoned",
+    "terminate",
 ]

@@ -12,15 +12,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from ruamel.yaml import YAML
-from support import nodes
+from support import daemons, nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / ".cache" / "engine" / "bin" / "llama-server"
@@ -29,7 +27,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
-# Screenshots land in docs/images only when asked (LLMGW_SCREENSHOTS=1 make test-fast):
+# Screenshots land in docs/images only when asked (LLMGW_SCREENSHOTS=1 pytest -m browser):
 # a plain test run must not rewrite files of the checkout.
 IMAGES = ROOT / "docs" / "images" if os.environ.get("LLMGW_SCREENSHOTS") else None
 PASSWORDS = {"ada": "ada-admin-pass", "bob": "bob-user-pass", "cy": "cy-user-pass"}
@@ -40,22 +38,14 @@ needs_engine = pytest.mark.skipif(
 )
 
 
-class Server:
-    """A running ``llmgw serve`` for one cluster directory."""
+class Server(daemons.Daemon):
+    """A running ``llmgw serve`` for one cluster directory, its store in ``store_dir``."""
 
     def __init__(self, directory: Path, store_dir: Path, log: Path,
                  env: dict[str, str] | None = None) -> None:
-        self.directory = directory
+        super().__init__(directory, log, token=store_dir / "admin.token", env=env)
         self.store_dir = store_dir
-        self.log = log
-        self.env = env or dict(os.environ)
-        self.ports = {name: nodes.free_port() for name in ("router", "admin", "metrics")}
-        self.url = f"http://127.0.0.1:{self.ports['router']}"
-        self.admin = f"http://127.0.0.1:{self.ports['admin']}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def listeners(self) -> dict[str, str]:
-        return {name: f"127.0.0.1:{port}" for name, port in self.ports.items()}
+        self.url = self.router
 
     def llmgw(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "llmgw", *args, "--cluster",
@@ -66,46 +56,15 @@ class Server:
         done = self.llmgw("users", "create", name, *flags, stdin=PASSWORDS[name] + "\n")
         assert done.returncode == 0, done.stderr
 
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "llmgw", "serve", "--cluster", str(self.directory),
-                 "--ready-timeout", "120s"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env)
-
-    def auth(self) -> dict[str, str]:
-        token = (self.store_dir / "admin.token").read_text().strip()
-        return {"Authorization": f"Bearer {token}"}
-
-    def status(self) -> dict[str, Any]:
-        answer = httpx.get(f"{self.admin}/api/v1/status", headers=self.auth(), timeout=5)
-        answer.raise_for_status()
-        doc: dict[str, Any] = answer.json()
-        return doc
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        return super().start("--ready-timeout", "120s", *args)
 
     def wait(self, check: Callable[[dict[str, Any]], bool], what: str,
-             timeout: float = 180) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        last: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            assert self.process is not None and self.process.poll() is None, self.tail()
-            try:
-                last = self.status()
-                if check(last):
-                    return last
-            except (httpx.HTTPError, FileNotFoundError):
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}: {last}\n{self.tail()}")
+             timeout: float = 180, poll: float = 0.3) -> dict[str, Any]:
+        return super().wait(check, what, timeout, poll)
 
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            self.process.wait(timeout=60)
-        self.process = None
+    def stop(self, sig: signal.Signals = signal.SIGINT, timeout: float = 60) -> int | None:
+        return super().stop(sig, timeout)
 
 
 def ready(status: dict[str, Any]) -> bool:
@@ -132,6 +91,7 @@ def local_cluster(tmp_path: Path, server_ports: dict[str, str],
                     agent_socket=str(state / "agent.sock"),
                     web={"trusted_proxies": ["127.0.0.1"]})
     data["nodes"]["local"]["weights_dirs"] = [str(MODEL.parent)]
+    data["nodes"]["local"]["engine_ports_from"] = nodes.free_ports(32)
     model = data["models"]["gemma3-270m"]
     model["source"] = str(MODEL)
     model["pricing"] = {"input_per_mtok": 100.0, "output_per_mtok": 200.0}

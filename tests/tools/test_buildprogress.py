@@ -26,14 +26,27 @@ def run(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("lines", [MAKE_LINES, NINJA_LINES], ids=["make", "ninja"])
 def test_progress_lines_name_the_percentage_and_the_log(tmp_path: Path, lines: str) -> None:
-    # The build prints half, pauses past a poll, prints the rest.
-    half = len(lines) // 2
-    script = (f"import sys, time; sys.stdout.write({lines[:half]!r}); sys.stdout.flush(); "
-              f"time.sleep(2.5); sys.stdout.write({lines[half:]!r})")
-    result = run(tmp_path, script)
-    assert result.returncode == 0, result.stderr
-    out = result.stdout.splitlines()
+    # The build prints half, pauses until the tool has shown a percentage, prints the rest.
+    half, go = len(lines) // 2, tmp_path / "go"
+    script = (f"import os, sys, time; sys.stdout.write({lines[:half]!r}); sys.stdout.flush()\n"
+              f"deadline = time.monotonic() + 60\n"
+              f"while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:\n"
+              f"    time.sleep(0.01)\n"
+              f"sys.stdout.write({lines[half:]!r})")
     log = tmp_path / "build.log"
+    with subprocess.Popen([sys.executable, str(TOOL), str(log), "llama-server", "--",
+                           sys.executable, "-c", script], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as tool:
+        assert tool.stdout is not None
+        seen = []
+        for line in tool.stdout:
+            seen.append(line)
+            if "% compiled" in line:
+                go.touch()
+                break
+        rest, errors = tool.communicate(timeout=120)
+    assert tool.returncode == 0, errors
+    out = "".join([*seen, rest]).splitlines()
     assert out[0] == f"llama-server: started (log: {log})"
     progress = [line for line in out if "% compiled" in line]
     assert progress and all(line.endswith(f"elapsed (log: {log})") for line in progress)

@@ -7,14 +7,12 @@ against the same PostgreSQL, and a login and /chat over real HTTP.
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
-from support import nodes
+from support import daemons
 from support.pages import write_yaml
 from support.postgres import Database
 
@@ -41,18 +39,15 @@ def test_serve_on_postgresql_serves_login_and_chat(tmp_path: Path,
     assert re.search(r"^bob\s+user\s+research\s", listed.stdout, re.M), listed.stderr
     assert not (directory / "llmgw.db").exists(), "users went to PostgreSQL, not a file"
 
-    router = f"127.0.0.1:{nodes.free_port()}"
-    log = tmp_path / "serve.log"
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "llmgw", "serve", "--cluster", str(directory), "--role",
-             "router", "--router-listen", router, "--metrics-listen",
-             f"127.0.0.1:{nodes.free_port()}"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    daemon = daemons.Daemon(directory, tmp_path / "serve.log")
+    router = daemon.listeners()["router"]
+    daemon.start("--role", "router", "--router-listen", router,
+                 "--metrics-listen", daemon.listeners()["metrics"])
     try:
         base = f"http://{router}"
         with httpx.Client(timeout=30) as client:
-            form = _wait_for_login_form(client, base, process, log)
+            form = daemon.until(lambda: _login_form(client, base), "/login to answer", 60,
+                                poll=0.2)
             token = re.search(r'name="csrf" value="([^"]+)"', form)
             assert token, form
             wrong = client.post(f"{base}/login", data={"name": "bob", "password": "nope-nope",
@@ -64,26 +59,11 @@ def test_serve_on_postgresql_serves_login_and_chat(tmp_path: Path,
             chat = client.get(f"{base}/chat")
             assert chat.status_code == 200, chat.text
             assert "research" in chat.text and 'name="csrf-token"' in chat.text
-        assert "need the SQLite store" not in log.read_text()
+        assert "need the SQLite store" not in daemon.log.read_text()
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        daemon.stop(timeout=30)
 
 
-def _wait_for_login_form(client: httpx.Client, base: str, process: subprocess.Popen[bytes],
-                         log: Path) -> str:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()
-        try:
-            answer = client.get(f"{base}/login")
-            if answer.status_code == 200:
-                return answer.text
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"/login never answered\n{log.read_text()}")
+def _login_form(client: httpx.Client, base: str) -> str | None:
+    answer = client.get(f"{base}/login")
+    return answer.text if answer.status_code == 200 else None
