@@ -30,7 +30,7 @@ import pytest
 from support import nodes
 from support.engines import running
 
-from llmgw.hub import caches
+from llmgw.hub import caches, fetches
 
 T = TypeVar("T")
 WAIT = 180.0  # bound on any wait for a condition (a loaded machine starts Python slowly)
@@ -288,10 +288,10 @@ def test_a_second_signal_stops_at_once(serve: Callable[..., Served]) -> None:
 
 @pytest.fixture
 def mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`llmgw mirror serve` with one 4 MiB GGUF repo, sending 64 KiB/s: a minute's fetch."""
+    """`llmgw mirror serve` with one 2 MiB GGUF repo, sending 64 KiB/s: a half-minute fetch."""
     root = tmp_path_factory.mktemp("mirror")  # not under the test's directory: it outlives
     weights = root / "tiny.gguf"              # the daemon, and is no process of llmgw serve's
-    weights.write_bytes(os.urandom(4 * 1024 * 1024))
+    weights.write_bytes(os.urandom(2 * 1024 * 1024))
     caches.add(root / "hub", "acme/tiny-GGUF", {"tiny.gguf": weights})
     port = nodes.free_port()
     with (root / "mirror.log").open("ab") as log:
@@ -327,6 +327,54 @@ def test_a_signal_during_a_weights_fetch_stops_everything(
     assert_clean_exit(served, 0)
     assert served.engines() == [] and not list((served.tmp / "records").glob("*.json")), \
         "no engine starts without its weights"
+    # The download stopped with the agent; it did not hold the agent's exit to finish.
+    assert fetches.records(served.weights) == [], served.tail()
+
+
+AGENT = """\
+node: local
+socket: {{path: {state}/agent.sock, mode: "0600", group: null}}
+backend: supervise
+state_dir: {state}/agent-state
+supervise: {{stop_on_exit: true}}
+engines: {{dir: {state}/engines}}
+"""
+
+
+def test_a_signal_during_an_engine_install_stops_the_install(
+    serve: Callable[..., Served], tmp_path: Path,
+) -> None:
+    """An install runs in the agent (`llmgw engine install`, or an apply): a llama-server
+    whose `--version` check never ends, and the agent stopped meanwhile. The daemon
+    stops its own agent the same way (SIGTERM), so this is that agent's part."""
+    served = serve()
+    served.state.mkdir()
+    config = served.state / "agent.yaml"
+    config.write_text(AGENT.format(state=served.state))
+    slow = tmp_path / "llama-server"
+    slow.write_text("#!/bin/sh\nexec sleep 600\n")
+    slow.chmod(0o755)
+    with served.log.open("ab") as log:
+        served.process = subprocess.Popen(
+            [sys.executable, "-P", "-m", "llmgw", "agent", "serve", "--config", str(config)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    served.until(lambda: served.logged("llmgw agent serving"), "the agent")
+    with served.log.open("ab") as log:
+        install = subprocess.Popen(
+            [sys.executable, "-P", "-m", "llmgw", "engine", "install", "llama.cpp==11434.0.0",
+             "--binary", str(slow), "--cluster", str(served.directory)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        check = served.until(
+            lambda: [p for p in _descendants(served.pid) if _cmdline(p) == "sleep 600"],
+            "the install's check running")
+        served.send(signal.SIGTERM)
+        install.wait(timeout=WAIT)  # its stream broke off: it says so and exits
+        assert_clean_exit(served, 0)
+        assert not Process(check[0]).alive()
+    finally:
+        install.kill()
+        install.wait()
 
 
 def test_workers_are_stopped_with_the_daemon(serve: Callable[..., Served]) -> None:
