@@ -121,13 +121,13 @@ class Signals:
         self._hurry_callbacks.append(callback)
 
     def received_signal(self, signum: signal.Signals) -> None:
+        if self.hurry.is_set():
+            return  # stopping at once already: a third changes nothing
         self.received.append(signum)
         if not self.stop.is_set():
             log.info("%s: stopping (%s again to stop at once)", signum.name,
                      "Ctrl-C" if signum == signal.SIGINT else signum.name)
             self.stop.set()
-            return
-        if self.hurry.is_set():
             return
         log.warning("%s again: stopping at once", signum.name)
         self.hurry.set()
