@@ -148,11 +148,13 @@ class LocalAgent:
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
-        if self.process is not None:
-            await self._terminate(self.process, timeout, hurry)
-        await self._sweep(hurry)
+        lingered = False
+        if self.process is not None and self.process.returncode is None:
+            lingered = not await self._terminate(self.process, timeout, hurry)
+        # Engines of an agent killed for lingering had their SIGTERM and their time.
+        await self._sweep(hurry, at_once=lingered)
 
-    async def _sweep(self, hurry: asyncio.Event) -> None:
+    async def _sweep(self, hurry: asyncio.Event, at_once: bool = False) -> None:
         """Stop the engines recorded in the agent's state that still run.
 
         The agent stops its engines when it exits (``stop_on_exit``); this is for
@@ -169,7 +171,7 @@ class LocalAgent:
             return
         log.warning("the local agent left %s running: stopping %s",
                     ", ".join(left), "them" if len(left) > 1 else "it")
-        if hurry.is_set():
+        if at_once or hurry.is_set():
             supervisor.hurry()
         closing = asyncio.ensure_future(supervisor.close())
         waiter = asyncio.ensure_future(hurry.wait())
@@ -183,24 +185,27 @@ class LocalAgent:
 
     @staticmethod
     async def _terminate(process: asyncio.subprocess.Process, timeout: float,
-                         hurry: asyncio.Event | None = None) -> None:
+                         hurry: asyncio.Event | None = None) -> bool:
+        """SIGTERM ``process``; True when it exited by itself, False when it was SIGKILLed."""
         if process.returncode is not None:
-            return
+            return True
         hurry = hurry or asyncio.Event()
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
-        if not await _exits(process, timeout, hurry):
-            if hurry.is_set():
-                log.warning("stopping the local agent at once")
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)  # the second: it kills its engines
-                if await _exits(process, HURRIED, asyncio.Event()):
-                    return
-            else:
-                log.warning("local agent did not stop in %.0fs; killing it", timeout)
+        if await _exits(process, timeout, hurry):
+            return True
+        if hurry.is_set():
+            log.warning("stopping the local agent at once")
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+                process.send_signal(signal.SIGTERM)  # the second: it kills its engines
+            if await _exits(process, HURRIED, asyncio.Event()):
+                return True
+        else:
+            log.warning("local agent did not stop in %.0fs; killing it", timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
+        return False
 
 
 async def _exits(process: asyncio.subprocess.Process, timeout: float,

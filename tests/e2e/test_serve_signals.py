@@ -270,8 +270,8 @@ def test_a_signal_after_the_local_agent_was_killed_stops_the_engine_it_left(
 
 
 def test_a_second_signal_stops_at_once(serve: Callable[..., Served]) -> None:
-    """An engine that drains for ten minutes after SIGTERM: the orderly stop waits for it
-    (the agent's stop timeout); a second Ctrl-C SIGKILLs it, and exits 130."""
+    """An engine that drains for ten minutes after SIGTERM: the orderly stop would wait for
+    it (the daemon gives its agent 60 s); a second Ctrl-C SIGKILLs it, and exits 130."""
     served = serve(TESTENGINE_LOAD_DELAY="600", TESTENGINE_STOP_DELAY="600")
     served.start()
     served.until(served.engines, "an engine loading")
@@ -283,7 +283,7 @@ def test_a_second_signal_stops_at_once(serve: Callable[..., Served]) -> None:
     agent_log = (served.state / "agent.log").read_text()
     assert "second signal: stopping at once" in agent_log, served.tail()
     # The engine was SIGKILLed at once, not after the orderly stop's timeout.
-    assert "after SIGTERM; sending SIGKILL" not in agent_log, served.tail()
+    assert not served.logged("did not stop in"), served.tail()
 
 
 @pytest.fixture
