@@ -198,7 +198,14 @@ class Fetcher:
             log.info("resuming the fetch of %s for %s", wanted.source.text, change.name)
             self._wait(change, wanted)
 
+    def cancel(self) -> None:
+        """Stop every download at its next chunk: a thread cannot be cancelled, and the
+        agent's exit would wait for it (the default executor is joined at exit)."""
+        for progress in self._progress.values():
+            progress.cancelled = True
+
     async def close(self) -> None:
+        self.cancel()
         for task in self._tasks.values():
             task.cancel()
         for task in list(self._tasks.values()):

@@ -440,11 +440,13 @@ async def _venv(wanted: Request, progress: Progress, scratch: Path,
     progress.at("creating the venv")
     # The base interpreter the agent runs on; a venv of it, never its site-packages.
     python = getattr(sys, "_base_executable", sys.executable)
-    await _command([python, "-m", "venv", str(scratch)], "creating the venv")
+    # -P (here and for pip): the agent's working directory is not on sys.path, so a
+    # venv.py or pip.py lying there never runs instead.
+    await _command([python, "-P", "-m", "venv", str(scratch)], "creating the venv")
     requirements = scratch / "requirements.txt"
     requirements.write_text(wanted.requirements)
     wheels = scratch / ".wheels"
-    pip = [str(scratch / "bin" / "python"), "-m", "pip", "--isolated",
+    pip = [str(scratch / "bin" / "python"), "-P", "-m", "pip", "--isolated",
            "--disable-pip-version-check", "--no-input"]
     progress.at("downloading wheels")
     download = asyncio.create_task(_command(

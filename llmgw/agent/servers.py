@@ -135,6 +135,12 @@ class Agent:
         wanted = lines or DEFAULT_LOG_LINES
         return await self.backend.logs(name, min(wanted, self.settings.log_lines_max))
 
+    def hurry(self) -> None:
+        """Stop at once: with ``stop_on_exit``, the supervise backend SIGKILLs its engines."""
+        if isinstance(self.backend, Supervisor) and self.backend.settings.stop_on_exit:
+            self.backend.hurry()
+        self.fetcher.cancel()
+
     async def close(self) -> None:
         await self.installer.close()
         await self.fetcher.close()
@@ -278,16 +284,39 @@ async def start(agent: Agent) -> grpc.aio.Server:
 
 
 async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> None:
-    """Serve until SIGTERM or SIGINT. Engines keep running unless stop_on_exit is set."""
-    agent = Agent(settings)
+    """Serve until SIGTERM or SIGINT. Engines keep running unless stop_on_exit is set.
+
+    The signal handlers come first, so a signal during the start (while
+    engines are being adopted) stops the agent in order too. A second signal
+    stops at once: with stop_on_exit, every engine's group is SIGKILLed.
+    """
+    stopping = asyncio.Event()
+    agent: Agent | None = None
+
+    def on_signal() -> None:
+        if stopping.is_set() and agent is not None:
+            log.warning("second signal: stopping at once")
+            agent.hurry()
+        stopping.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        agent = Agent(settings)
+        await _serve(agent, stopping, ready)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def _serve(agent: Agent, stopping: asyncio.Event,
+                 ready: Callable[[], None] | None) -> None:
+    settings = agent.settings
     server = await start(agent)
     await agent.fetcher.resume()
     agent.installer.sweep()
     monitor = asyncio.create_task(agent.monitor.run())
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
     log.info("llmgw agent serving on unix:%s (backend %s)", settings.socket.path,
              agent.backend.kind)
     if ready is not None:
@@ -296,8 +325,6 @@ async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> 
         await stopping.wait()
     finally:
         log.info("shutting down")
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         agent.monitor.end_watches()  # open WatchUnits streams end now, not after the grace
         await server.stop(grace=2.0)
         monitor.cancel()

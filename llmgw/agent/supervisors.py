@@ -114,6 +114,7 @@ class Supervisor:
     kind: str = "supervise"
     _slots: dict[str, _Slot] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _hurried: bool = False  # stopping at once: SIGKILL, no SIGTERM grace
 
     def __post_init__(self) -> None:
         self.ledger = units.Ledger(self.state_dir / "ledger")
@@ -335,7 +336,7 @@ class Supervisor:
                      if s.run is not None and s.run.print.pid == info.pgrp), None)
 
     async def tick(self) -> None:
-        if self.readonly or self._lock.locked():
+        if self.readonly or self._lock.locked() or self._hurried:
             return  # an apply in progress (a slow stop, say) must not stall reports
         async with self._lock:
             for slot in list(self._slots.values()):
@@ -356,6 +357,21 @@ class Supervisor:
             async with self._lock:
                 for slot in self._slots.values():
                     await self._stop(slot, persist=False)
+
+    def running(self) -> list[str]:
+        """The units whose engine runs now (started or adopted), by name."""
+        return sorted(name for name, slot in self._slots.items() if slot.run is not None)
+
+    def hurry(self) -> None:
+        """Stop at once (a second signal): SIGKILL every engine's group now, and any
+        stop still to come skips the SIGTERM grace. Safe to call from a signal handler:
+        it waits for nothing, not even the lock a slow stop holds."""
+        if self.readonly:
+            return
+        self._hurried = True
+        for slot in self._slots.values():
+            if slot.run is not None:
+                processes.signal_group(slot.run.print.pid, signal.SIGKILL)
 
     # ---- processes ----------------------------------------------------------
 
@@ -527,7 +543,7 @@ class Supervisor:
                 timeout = unitfiles.parse_timespan(span) or timeout
         except (UnitFileError, OSError):
             pass
-        processes.signal_group(pgid, signal.SIGTERM)
+        processes.signal_group(pgid, signal.SIGKILL if self._hurried else signal.SIGTERM)
         if not await self._wait_group(run, pgid, timeout):
             log.warning("%s: alive %.1fs after SIGTERM; sending SIGKILL", slot.name, timeout)
             processes.signal_group(pgid, signal.SIGKILL)

@@ -5,7 +5,9 @@ each binds the router address with ``SO_REUSEPORT``, so the kernel spreads
 connections across them, and keeps its own keys/budgets/usage link to the
 store and its own copy of the routes (:mod:`llmgw.daemon.routetables`). A
 worker that exits is started again (after a second, so a crash loop does not
-spin).
+spin). Workers run ``python -P -m llmgw`` in ``/``, each in its own session:
+nothing in the parent's working directory can run in their place, and the
+parent alone decides when they stop (SIGTERM; SIGKILL on :meth:`Workers.kill`).
 
 Metrics: prometheus-client's multiprocess mode. Every process gets
 ``PROMETHEUS_MULTIPROC_DIR`` (a fresh private directory); workers write their
@@ -64,16 +66,35 @@ class Workers:
         finally:
             for process in self.processes:
                 if process is not None and process.returncode is None:
-                    process.send_signal(signal.SIGTERM)
-            await asyncio.gather(*tasks, return_exceptions=True)
-            shutil.rmtree(self.metrics, ignore_errors=True)
+                    with contextlib.suppress(ProcessLookupError):
+                        process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            except asyncio.CancelledError:  # no more waiting: none may outlive the parent
+                self.kill()
+                raise
+            finally:
+                shutil.rmtree(self.metrics, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL every worker now (a second signal: stop at once)."""
+        for process in self.processes:
+            if process is not None and process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
 
     async def _keep(self, index: int, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            # -P and cwd /: the parent's working directory is not on the worker's
+            # sys.path, so a llmgw.py or llmgw/ there never runs instead of llmgw.
+            # Its own session: a Ctrl-C reaches the parent, which stops the workers.
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "llmgw", *self.argv, stdin=asyncio.subprocess.DEVNULL)
+                sys.executable, "-P", "-m", "llmgw", *self.argv,
+                stdin=asyncio.subprocess.DEVNULL, cwd="/", start_new_session=True)
             self.processes[index] = process
             log.info("router worker %d started (pid %d)", index, process.pid)
+            if stop.is_set():  # stopped while it was starting: run() sent it no SIGTERM
+                process.send_signal(signal.SIGTERM)
             code = await process.wait()
             prom_multiprocess.mark_process_dead(  # type: ignore[no-untyped-call]
                 process.pid, str(self.metrics))

@@ -76,8 +76,12 @@ class Progress:
     error: str = ""
     started_at: float | None = None
     updated_at: float | None = None
+    cancelled: bool = False  # set from another thread: the transfer stops at its next chunk
 
     def advance(self, count: int, now: float) -> None:
+        if self.cancelled:
+            # What arrived stays (a partial file), so the next fetch resumes from it.
+            raise FetchError("stopped: the agent is shutting down", retry=False)
         self.bytes_done += count
         self.bytes_transferred += count
         if self.started_at is not None and now > self.started_at:

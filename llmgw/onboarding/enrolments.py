@@ -450,7 +450,8 @@ def build_wheels(cache: Path) -> list[Path]:
 
 def _pip_wheel(source: Path, into: Path, *flags: str) -> None:
     into.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", *flags, str(source),
+    # -P: a pip.py in the working directory is not what builds the wheels.
+    done = subprocess.run([sys.executable, "-P", "-m", "pip", "wheel", "-q", *flags, str(source),
                            "-w", str(into)], capture_output=True, text=True)
     if done.returncode != 0:
         raise EnrolError(f"pip wheel failed: {pip_error(done.stderr)}")

@@ -316,7 +316,7 @@ class SimNode:
         _write_yaml(self.agent_config, dict(config))
         with self.agent_log.open("ab") as log:
             self.agent = subprocess.Popen(
-                [sys.executable, "-m", "llmgw", "agent", "serve", "--config",
+                [sys.executable, "-P", "-m", "llmgw", "agent", "serve", "--config",
                  str(self.agent_config)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 start_new_session=True, env=self._environment(), cwd=self.root,

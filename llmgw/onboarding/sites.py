@@ -31,6 +31,7 @@ from llmgw.rendering import quoting
 
 UNIT_PATH = Path("/etc/systemd/system/llmgw.service")
 _UNIT_SAFE = re.compile(r"[A-Za-z0-9._/-]+")
+WORKING_DIRECTORY = "/"  # the daemon's: never the repository (see daemon_unit)
 
 
 @dataclass(frozen=True)
@@ -129,13 +130,17 @@ def write(directory: Path, host: Host) -> list[tuple[str, bool]]:
 
 
 def daemon_unit(cluster_dir: Path, user: str | None = None) -> str:
-    """The daemon's systemd unit: ``llmgw serve`` for ``cluster_dir``, as this user."""
+    """The daemon's systemd unit: ``llmgw serve`` for ``cluster_dir``, as this user.
+
+    It runs in ``/``, not in the repository that holds the cluster directory:
+    a ``llmgw.py`` committed there must never be what runs (and ``python -P``
+    keeps the working directory off ``sys.path`` when llmgw runs as ``-m``).
+    """
     program = Path(sys.argv[0]).resolve() if Path(sys.argv[0]).name == "llmgw" else None
-    argv = ([str(program)] if program else [sys.executable, "-m", "llmgw"])
+    argv = ([str(program)] if program else [sys.executable, "-P", "-m", "llmgw"])
     argv += ["serve", "--cluster", str(cluster_dir.resolve())]
     user = user or getpass.getuser()
-    where = str(cluster_dir.resolve().parent)
-    for what, text in (("user", user), ("directory", where)):
+    for what, text in (("user", user), ("directory", str(cluster_dir.resolve()))):
         if not _UNIT_SAFE.fullmatch(text):
             raise ValueError(f"the {what} {text!r} cannot go into a unit file as it is: use a "
                              "name and path of letters, digits and ._/-")
@@ -143,7 +148,7 @@ def daemon_unit(cluster_dir: Path, user: str | None = None) -> str:
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              autoescape=False)
     return env.get_template("llmgw.service.j2").render(
-        user=user, exec_start=quoting.exec_line(argv), working_directory=where,
+        user=user, exec_start=quoting.exec_line(argv), working_directory=WORKING_DIRECTORY,
     )
 
 

@@ -78,3 +78,20 @@ def test_a_directory_a_unit_cannot_hold_is_refused(tmp_path: Path) -> None:
     result = llmgw("init", str(odd), "--install", cwd=tmp_path)
     assert result.returncode == 1
     assert "cannot go into a unit file" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("argv0, program", [
+    ("/opt/llmgw/bin/llmgw", ["/opt/llmgw/bin/llmgw"]),  # the console script: its dir, not cwd
+    ("/opt/llmgw/lib/python3.11/site-packages/llmgw/__main__.py",  # `python -m llmgw`
+     [sys.executable, "-P", "-m", "llmgw"]),
+], ids=["console script", "python -m"])
+def test_the_daemon_unit_runs_llmgw_outside_the_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv0: str, program: list[str],
+) -> None:
+    """A llmgw.py committed beside the cluster directory must never be what runs: the
+    unit runs in /, and `python -m` runs with -P (no working directory on sys.path)."""
+    monkeypatch.setattr(sys, "argv", [argv0])  # how llmgw was started: the unit runs it so
+    unit = sites.daemon_unit(tmp_path / "site" / "cluster", user="llmgw")
+    lines = unit.splitlines()
+    assert "WorkingDirectory=/" in lines
+    assert f"ExecStart={' '.join(program)} serve --cluster {tmp_path}/site/cluster" in lines
