@@ -296,6 +296,12 @@ class _Planner:
                 if first_fit is None:
                     first_fit = (index, built)
                 if all(s.digest == members[s.rank].unit.digest for s in built):
+                    if len(built) > 1 and self._troubled(replica):
+                        # Across nodes the ranks rendezvous once, at start: restarting
+                        # the rank that died would leave it outside its replica.
+                        self._replace(replica, self._troubles(replica), in_place=built,
+                                      profiles=[index])
+                        return
                     self._restart_troubled(replica, built)
                     return
         if first_fit is not None:
@@ -540,7 +546,7 @@ class _Planner:
             if member.unit.state in TROUBLED_STATES:
                 lines.append(replicas.failure(member))
         lines += [f"shard {rank} missing on {node}" for rank, node in replica.missing()]
-        return lines
+        return lines + replica.restarted_alone()
 
     def _observed_shards(self, replica: ObservedReplica) -> tuple[ObservedShard, ...]:
         out = []
