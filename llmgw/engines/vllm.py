@@ -38,6 +38,22 @@ UUID_DEVICES_SINCE = "0.24.0"
 # the engine ports llmgw allocates from 18000.
 RAY_WORKER_PORTS = (20000, 29999)
 
+# Flags vLLM's CPU backend overrides or ignores (vllm/platforms/cpu.py,
+# vllm/v1/worker/cpu_worker.py, 0.32): on a `cpu: true` profile each is an
+# error at its key, so that nobody believes it is in force.
+GPU_ONLY_FLAGS = {
+    "cudagraph-capture-sizes": "the CPU backend captures no CUDA graphs (it clears the sizes)",
+    "max-cudagraph-capture-size": "the CPU backend captures no CUDA graphs",
+    "enable-dbo": "dual-batch overlap is not supported on CPU (vLLM turns it off)",
+    "disable-custom-all-reduce": "the custom all-reduce is a CUDA kernel; on CPU it is always off",
+    "async-scheduling": "the CPU backend always schedules synchronously",
+}
+# On CPU, --gpu-memory-utilization (default 0.92) is the fraction of the node's
+# whole memory vLLM reserves, and it refuses to start when less is free; an
+# explicit KV cache size skips that check. Either of these says one.
+CPU_KV_CACHE_FLAG = "kv-cache-memory-bytes"
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
 RESERVED_FLAGS = {
     "host": "it binds each engine itself",
     "port": "it allocates ports",

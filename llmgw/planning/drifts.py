@@ -171,6 +171,9 @@ def replica_finding(
         if report is not None and report.reachable:
             found.append(Finding("stopped_by_hand", (f"{node}: shard {rank} is gone (its unit "
                                                      "was removed)",)))
+    restarted = replica.restarted_alone()
+    if restarted:
+        found.append(Finding("engine_crash", tuple(restarted)))
     for kind in _TROUBLES:
         if any(f.kind == kind for f in found):
             return Finding(kind, tuple(line for f in found if f.kind == kind
@@ -263,7 +266,7 @@ def settle(plan: Plan, cluster: Cluster, fleet: Fleet, now: float) -> Plan:
                              (_off(finding.kind),), finding.evidence))
             continue
         loop = crash_loop(observed[key], settings.engine_crash.crash_loop, now) if (
-            finding.kind == "engine_crash" and change.action == "restart") else ""
+            finding.kind == "engine_crash" and change.action in ("restart", "replace")) else ""
         if loop:
             # The restart names only the shards that are down; the hold covers them all.
             replica = observed[key]
@@ -333,6 +336,7 @@ def _trouble_reasons(replica: ObservedReplica) -> set[str]:
     lines = {replicas.failure(m) for m in replica.members.values()
              if m.unit.state in ("failed", "stopped")}
     lines |= {f"shard {rank} missing on {node}" for rank, node in replica.missing()}
+    lines |= set(replica.restarted_alone())
     return lines | {"its spec is unknown (no X-Llmgw-Spec label)"}
 
 

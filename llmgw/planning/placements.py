@@ -13,7 +13,8 @@ the per-node reasons it did not fit (an :class:`~.types.Attempt`). Rules:
 * A multi-node replica only on nodes that advertise one common fabric, all
   of them on it, each with a management interface for the bootstrap.
 * CPU profiles: ``min_memory_gb`` of system memory not promised to other CPU
-  replicas; nodes without GPUs first.
+  replicas, on each node of the replica; nodes without GPUs first. A vLLM CPU
+  replica across nodes needs no fabric (its ranks use gloo over TCP).
 * Preferences, in order: NVLink, spreading replicas of one model across
   nodes, nodes already holding the weights, the tightest fit; then the name,
   so equal choices always resolve the same way.
@@ -268,7 +269,7 @@ def _place_cpu(capacity: Capacity, request: Request) -> Placement | Attempt:
     profile = request.profile
     need = int((profile.min_memory_gb or 0) * 1024**3)
     weights = capacity.with_weights(request.source)
-    best: tuple[tuple[int, int, int, int, str], NodeState] | None = None
+    fits: list[tuple[tuple[int, int, int, int, str], NodeState]] = []
     for node in capacity.nodes.values():
         if _why_not_cpu(node, need) is not None or capacity.weights_room(node, request.source):
             continue
@@ -280,18 +281,26 @@ def _place_cpu(capacity: Capacity, request: Request) -> Placement | Attempt:
             total - node.memory_held - need,
             node.name,
         )
-        if best is None or key < best[0]:
-            best = (key, node)
-    if best is None:
-        return Attempt(
-            request.profile_index, label(profile),
-            tuple((name, _why_not_cpu(node, need)
-                   or capacity.weights_room(node, request.source) or "")
-                  for name, node in capacity.nodes.items()),
-        )
-    node = best[1]
-    slot = Slot(node.name, None, (), (), port=node.next_ports(1)[0])
-    return Placement(request.profile_index, (slot,), memory=need)
+        fits.append((key, node))
+    if len(fits) < profile.nodes:
+        reasons = tuple((name, _why_not_cpu(node, need)
+                         or capacity.weights_room(node, request.source) or "")
+                        for name, node in capacity.nodes.items())
+        if profile.nodes > 1:
+            verb = "fits" if len(fits) == 1 else "fit"
+            reasons = (("", f"{len(fits)} node{_s(fits)} {verb}, needs {profile.nodes}"),
+                       *((name, why) for name, why in reasons if why))
+        return Attempt(request.profile_index, label(profile), reasons)
+    # Rank 0 is the first by name, as for GPU replicas across nodes.
+    chosen = sorted(fits, key=lambda fit: fit[0])[: profile.nodes]
+    members = sorted((node for _, node in chosen), key=lambda node: node.name)
+    if len(members) == 1:
+        slot = Slot(members[0].name, None, (), (), port=members[0].next_ports(1)[0])
+        return Placement(request.profile_index, (slot,), memory=need)
+    port, dist_port = members[0].next_ports(2)
+    slots = [Slot(members[0].name, None, (), (), port=port, dist_port=dist_port)]
+    slots += [Slot(node.name, None, (), ()) for node in members[1:]]
+    return Placement(request.profile_index, tuple(slots), memory=need)
 
 
 # -- replicas that already run ---------------------------------------------
@@ -333,15 +342,18 @@ def misfits(capacity: Capacity, placement: Placement, profile: Profile) -> list[
     if problems:
         return problems
     if profile.cpu:
-        if any(slot.gpus for slot in placement.slots) or len(placement.slots) != 1:
+        if any(slot.gpus for slot in placement.slots) or (
+                profile.nodes == 1 and len(placement.slots) != 1):
             return ["the profile runs on CPU"]
-        slot = placement.slots[0]
-        node = capacity.nodes[slot.node]
+        if len(placement.slots) != profile.nodes:
+            return [f"runs on {len(placement.slots)} node(s), the profile needs {profile.nodes}"]
         need = int((profile.min_memory_gb or 0) * 1024**3)
-        total = node.memory_total
-        if total is not None and total - node.memory_held + placement.memory < need:
-            problems.append(f"{slot.node}: has {total / 1024**3:g} GiB of memory, "
-                            f"needs {need / 1024**3:g}")
+        for slot in placement.slots:
+            node = capacity.nodes[slot.node]
+            total = node.memory_total
+            if total is not None and total - node.memory_held + placement.memory < need:
+                problems.append(f"{slot.node}: has {total / 1024**3:g} GiB of memory, "
+                                f"needs {need / 1024**3:g}")
         return problems
     if len(placement.slots) != profile.nodes:
         return [f"runs on {len(placement.slots)} node(s), the profile needs {profile.nodes}"]

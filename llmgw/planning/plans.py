@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from llmgw.engines import launches
 from llmgw.fleet.types import Demand, Fleet, NodeReport
@@ -298,6 +298,10 @@ class _Planner:
                 if first_fit is None:
                     first_fit = (index, built)
                 if all(s.digest == members[s.rank].unit.digest for s in built):
+                    if len(built) > 1 and self._troubled(replica):
+                        self._replace_whole(replica, self._troubles(replica),
+                                            replace(current, profile=index))
+                        return
                     self._restart_troubled(replica, built)
                     return
         if first_fit is not None:
@@ -453,6 +457,36 @@ class _Planner:
             note=f"r{replica.replica} keeps running where it is",
         ))
 
+    def _replace_whole(
+        self, replica: ObservedReplica, reasons: list[str], placement: Placement,
+    ) -> None:
+        """A replica across nodes in trouble starts again whole, under a new number.
+
+        Its ranks rendezvous once, at start: restarting the rank that died
+        leaves it outside its replica, and rewriting units of the same name
+        and digest restarts nothing. New unit names start every rank anew,
+        together: beside the old replica when there is room, else in its
+        place once it is removed.
+        """
+        name = replica.model
+        key = (name, replica.replica)
+        self.touched.add(key)
+        removes = self._observed_shards(replica)
+        result = self._place(name, [placement.profile])
+        strategy: Literal["create-before-destroy", "destroy-before-create"]
+        if isinstance(result, Placement):
+            strategy = "create-before-destroy"
+            self.transitional.append(key)
+        else:
+            self._release(key)
+            result, strategy = placement, "destroy-before-create"
+        index = self._next_index(name)
+        self.replaces.append(Change(
+            "replace", name, replica.replica, tuple(dict.fromkeys(reasons)),
+            shards=self._build(name, index, result), removes=removes, strategy=strategy,
+            new_replica=index,
+        ))
+
     # -- helpers -------------------------------------------------------------
 
     def _place(self, name: str, profiles: range | list[int]) -> Placement | list[Attempt]:
@@ -551,7 +585,7 @@ class _Planner:
             if member.unit.state in TROUBLED_STATES:
                 lines.append(replicas.failure(member))
         lines += [f"shard {rank} missing on {node}" for rank, node in replica.missing()]
-        return lines
+        return lines + replica.restarted_alone()
 
     def _observed_shards(self, replica: ObservedReplica) -> tuple[ObservedShard, ...]:
         out = []

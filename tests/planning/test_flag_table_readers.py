@@ -8,10 +8,12 @@ down each declaration style the readers understand, without downloading.
 from __future__ import annotations
 
 import sys
+import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tools.engine_flags import __main__ as engine_flags  # noqa: E402
 from tools.engine_flags import cppargs, pyargs  # noqa: E402
 
 VLLM_CONFIG = '''
@@ -79,6 +81,36 @@ def test_vllm_config_fields_become_options_by_their_annotations() -> None:
     assert table["--enable-auto-tool-choice"]["negation"] == "--no-enable-auto-tool-choice"
     assert table["--port"] == {"value": "required"}
     assert "model_tag" not in table and "--private" not in table
+
+
+# vLLM 0.31 moved `vllm serve`'s parser to entrypoints/launchers/cli_args.py; the
+# flags declared there itself exist only in that module.
+VLLM_LAUNCHER = '''
+def make_arg_parser(parser):
+    parser.add_argument("--headless", action="store_true", default=False)
+    parser.add_argument("--api-server-count", "-asc", type=int, default=None)
+    parser.add_argument("--config")
+    parser = FrontendArgs.add_cli_args(parser)
+    return EngineArgs.add_cli_args(parser)
+'''
+
+
+def test_vllm_options_come_from_wherever_the_serve_parser_is_built(tmp_path: Path) -> None:
+    wheel = tmp_path / "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm/config/model.py", VLLM_CONFIG)
+        archive.writestr("vllm/engine/arg_utils.py", VLLM_ARGS.replace(
+            '"--headless", action="store_true"', '"--seed", type=int'))
+        archive.writestr("vllm/entrypoints/launchers/cli_args.py", VLLM_LAUNCHER)
+        archive.writestr("vllm/entrypoints/cli/bench/latency.py",
+                         'def add_cli_args(parser):\n    parser.add_argument("--num-iters")\n')
+    table = engine_flags.vllm_options(wheel)
+    assert table["--headless"] == {"value": "none"}
+    assert table["--api-server-count"] == {"value": "required"}
+    assert table["-asc"] == {"value": "required", "canonical": "--api-server-count"}
+    assert table["--config"] == {"value": "required"}
+    assert table["--runner"]["choices"] == ["auto", "generate", "pooling"]
+    assert "--num-iters" not in table  # another subcommand's option is not serve's
 
 
 SGLANG_FIELDS = '''

@@ -503,3 +503,27 @@ def test_multi_node_ranking_between_fabrics(fleet: dict[str, Any], held: dict[st
 def test_multi_node_ranking_on_one_fabric(fleet: dict[str, Any], held: dict[str, Any],
                                           winners: list[str]) -> None:
     assert members(ranked(fleet, held, MULTI)) == ("ib-a", winners)
+
+
+VLLM_CPU2 = {"engine": "vllm", "cpu": True, "nodes": 2, "min_memory_gb": 4,
+             "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
+THREE_CPU = {**TWO_CPU, "cpu-03": {"address": "10.0.0.3"}}
+
+
+def test_a_vllm_cpu_replica_spans_nodes_without_a_fabric() -> None:
+    """Rank 0 (first by name) holds the HTTP and rendezvous ports; every node the memory."""
+    result = cpu_place({**MEM64, "cpu-03": {"memory": "8GiB"}}, THREE_CPU, profile=VLLM_CPU2,
+                       held={"cpu-01": (61 * GIB, "x")})
+    assert result == Placement(0, (Slot("cpu-02", None, (), (), port=18000, dist_port=18001),
+                                   Slot("cpu-03", None, (), ())), memory=4 * GIB)
+    capacity, spec = setup(VLLM_CPU2, {**MEM64, "cpu-03": {"memory": "8GiB"}}, THREE_CPU)
+    assert misfits(capacity, result, spec) == []
+    one = Placement(0, (Slot("cpu-02", None, (), (), port=18000),), memory=4 * GIB)
+    assert misfits(capacity, one, spec) == ["runs on 1 node(s), the profile needs 2"]
+
+
+def test_a_vllm_cpu_replica_says_why_too_few_nodes_fit() -> None:
+    result = cpu_place({"cpu-01": {"memory": "64GiB"}, "cpu-02": {"memory": "2GiB"}}, TWO_CPU,
+                       profile=VLLM_CPU2)
+    assert reasons(result) == {"": "1 node fits, needs 2",
+                               "cpu-02": "has 2 GiB of memory, needs 4"}

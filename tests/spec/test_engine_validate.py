@@ -74,3 +74,30 @@ def test_requirements_files_apply_installs_are_checked_at_their_line(
     assert lines[0].startswith("engines/llama.cpp-11434.0.0.txt:1:1: not a requirements file")
     assert lines[1].startswith("engines/sglang-0.5.23.txt:2:1: ")
     assert len(lines) == 2
+
+
+MULTI_NODE = """\
+cluster: {name: lab}
+fabrics: {ib: {kind: infiniband}}
+nodes:
+  gpu-01: {address: 10.0.0.11, mgmt_interface: eno1, fabrics: {ib: [mlx5_0]},
+           gpus: [{class: h100-80g, count: 8}]}
+  gpu-02: {address: 10.0.0.12, mgmt_interface: eno1, fabrics: {ib: [mlx5_0]},
+           gpus: [{class: h100-80g, count: 8}]}
+models:
+  big:
+    source: org/big
+    profiles:
+      - {engine: vllm, engine_version: "VERSION", gpu_class: h100-80g, nodes: 2,
+         tensor_parallel: 8, pipeline_parallel: 2}
+"""
+
+
+@pytest.mark.parametrize("version", ["0.31.0", "0.32.0", "0.33.0"])
+def test_a_native_multi_node_profile_validates_on_every_recent_vllm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], version: str
+) -> None:
+    """Rank 1's argv ends in --headless, which vLLM 0.31 and 0.32 declare in
+    vllm/entrypoints/launchers/cli_args.py: their tables must have it."""
+    (tmp_path / "cluster.yaml").write_text(MULTI_NODE.replace("VERSION", version))
+    assert main(["validate", "--cluster", str(tmp_path)]) == 0, capsys.readouterr().err

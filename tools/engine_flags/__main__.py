@@ -17,6 +17,7 @@ Usage::
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import subprocess
@@ -96,15 +97,24 @@ def vllm_options(wheel: Path) -> dict[str, Any]:
         "vllm/attention/", "vllm/logging_utils", "vllm/transformers_utils/config",
         "vllm/lora/", "vllm/sampling_params.py", "vllm/outputs.py", "vllm/platforms/interface.py",
     )))
+    # `vllm serve`'s parser is built by make_arg_parser, which has moved between
+    # releases (entrypoints/openai/cli_args.py; from 0.31 entrypoints/launchers/
+    # cli_args.py, where --headless, --api-server-count, --config and --grpc
+    # are declared): take every module that defines it, wherever it is.
     parser_modules = [p for p in index.trees if p in {
         "vllm/engine/arg_utils.py", "vllm/entrypoints/openai/cli_args.py",
         "vllm/entrypoints/common/cli_args.py", "vllm/entrypoints/cli/serve.py",
-    }]
+    } or (p.startswith("vllm/entrypoints/") and _defines(index.trees[p], "make_arg_parser"))]
     declared = [
         *pyargs.add_argument_options(index, parser_modules),
         *pyargs.dataclass_options(index, "FrontendArgs"),
     ]
     return pyargs.table(declared)
+
+
+def _defines(tree: ast.Module, function: str) -> bool:
+    """Whether a module defines ``function`` at its top level."""
+    return any(isinstance(node, ast.FunctionDef) and node.name == function for node in tree.body)
 
 
 def sglang_options(wheel: Path) -> dict[str, Any]:
