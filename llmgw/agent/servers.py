@@ -47,7 +47,8 @@ class ServeError(Exception):
 def backend_for(settings: Settings, readonly: bool = False) -> Backend:
     """The unit backend the settings choose (``readonly``: observe only)."""
     if settings.backend_kind == "systemd":
-        return SystemdBackend(settings.systemd)
+        return SystemdBackend(settings.systemd, state_dir=Path(settings.state_dir) / "systemd",
+                              readonly=readonly)
     return Supervisor(Path(settings.state_dir), settings.supervise, readonly=readonly)
 
 
