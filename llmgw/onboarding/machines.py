@@ -42,6 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmgw.rendering import quoting
+
 NSPAWN = "systemd-nspawn"
 NSENTER = "nsenter"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -51,6 +53,10 @@ STOP_TIMEOUT = 20.0
 MASKED = ("console-getty.service", "systemd-machine-id-commit.service",
           "getty@.service", "systemd-networkd-wait-online.service")
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyz0123456789-")
+AGENT_UNIT = "llmgw-agent.service"
+# The PATH systemd gives services; engines found elsewhere are put in front of it.
+SERVICE_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+KEPT = "kept"  # the owner of a machine that outlives its creator (a lab's)
 
 
 class MachineError(RuntimeError):
@@ -181,13 +187,16 @@ def boot(
     limits: Sequence[str] = (),
     drop_capabilities: Sequence[str] = (),
     timeout: float = BOOT_TIMEOUT,
+    kept: bool = False,
 ) -> Machine:
     """Boot a machine whose files live in ``root`` (created); wait until systemd is up.
 
     ``binds`` and ``read_only`` are host paths bound at the same path inside;
     ``limits`` are nspawn ``--rlimit=`` values (``MEMLOCK=65536``) and
     ``drop_capabilities`` names capabilities its systemd must not have, to make
-    a node whose limits cannot be raised. Raises :class:`MachineError`.
+    a node whose limits cannot be raised. A machine is swept away
+    (:func:`sweep_abandoned`) once the process that booted it is gone, unless
+    ``kept`` (a lab's, stopped by ``llmgw lab down``). Raises :class:`MachineError`.
     """
     why = unavailable()
     if why is not None:
@@ -215,9 +224,13 @@ def boot(
     argv += [f"--rlimit={limit}" for limit in limits]
     if drop_capabilities:
         argv.append(f"--drop-capability={','.join(drop_capabilities)}")
-    cgroups = [top / f"llmgw-machine-{name}-{os.getpid()}" for top in cgroup_hierarchies()]
+    owner = KEPT if kept else str(os.getpid())
+    cgroups = [top / f"llmgw-machine-{name}-{owner}" for top in cgroup_hierarchies()]
     for cgroup in cgroups:
-        cgroup.mkdir(exist_ok=True)
+        if cgroup.exists():  # a machine of this name that was not stopped: stop it now
+            _kill_cgroups([cgroup])
+            _remove_cgroups([cgroup])
+        cgroup.mkdir()
     # nspawn moves itself into nothing here (no systemd on the host to ask): the shell
     # puts itself into the machine's own cgroups, then becomes nspawn.
     enter = "".join(f'echo $$ > "{c}/cgroup.procs" && ' for c in cgroups)
@@ -317,6 +330,31 @@ def _remove_cgroups(cgroups: Sequence[Path], timeout: float = 5.0) -> None:
                 if time.monotonic() > deadline:
                     raise MachineError(f"{cgroup} is still in use after the machine stopped")
                 time.sleep(0.05)
+
+
+def start_agent(machine: Machine, config: Path, engine_path: Sequence[str] = (),
+                timeout: float = BOOT_TIMEOUT) -> None:
+    """Run ``llmgw agent serve --config CONFIG`` in the machine as a systemd service, as a
+    node's package would, with ``engine_path`` in front of the PATH every unit gets."""
+    argv = [sys.executable, "-m", "llmgw", "agent", "serve", "--config", str(config)]
+    (machine.units / AGENT_UNIT).write_text(
+        "# The llmgw agent of a machine booted by llmgw/onboarding/machines.py.\n"
+        "[Unit]\nDescription=llmgw agent\n\n[Service]\n"
+        f"ExecStart={quoting.exec_line(argv)}\nWorkingDirectory={config.parent}\n"
+        "Restart=on-failure\nRestartSec=1\n")
+    if engine_path:
+        machine.run(["systemctl", "set-environment",
+                     "PATH=" + ":".join([*engine_path, *SERVICE_PATH])], timeout=timeout)
+    machine.run(["systemctl", "daemon-reload"], timeout=timeout)
+    machine.run(["systemctl", "start", "--", AGENT_UNIT], timeout=timeout)
+
+
+def remove(name: str) -> None:
+    """Kill and remove what is left of a kept machine called ``name`` (``llmgw lab down``)."""
+    cgroups = [top / f"llmgw-machine-{name}-{KEPT}" for top in cgroup_hierarchies()]
+    found = [c for c in cgroups if c.exists()]
+    _kill_cgroups(found)
+    _remove_cgroups(found)
 
 
 def sweep_abandoned() -> list[Path]:
