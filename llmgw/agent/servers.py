@@ -103,6 +103,7 @@ class Agent:
         host = report.host.model_copy(update={
             "engines_dir": str(self.installer.root),
             "installed_engines": await asyncio.to_thread(self.installer.installed),
+            "engine_limits": await self.backend.engine_limits() or self.collector.own_limits(),
         }) if report.host is not None else None
         return report.model_copy(update={
             "fetches": [*self.fetcher.reports(), *self.installer.reports()],

@@ -27,6 +27,7 @@ from llmgw.agent import commands, evidence, exitcodes, unitfiles, units
 from llmgw.agent.settings import SystemdSettings
 from llmgw.agent.unitfiles import Labels, UnitFileError
 from llmgw.agent.units import Observation, ProcessState, UnitChange, UnitResult
+from llmgw.fleet.types import EngineLimits
 
 SHOW_PROPERTIES = (
     "Id", "LoadState", "ActiveState", "SubState", "Result", "MainPID", "ExecMainCode",
@@ -40,6 +41,10 @@ _CLD = {"1": "exited with status", "2": "killed by signal", "3": "dumped core on
 STOP_MARGIN = 30.0
 _FOREVER = 86400.0  # TimeoutStopSec=infinity: wait a day, not for ever
 STOP_TIMEOUT_SECONDS = 90.0  # systemd's DefaultTimeoutStopSec=, for a unit that sets none
+# The limits llmgw's unit template asks for (templates/unit.service.j2; a test keeps them
+# equal): a probe unit with them shows what an engine gets when none runs to look at.
+UNIT_LIMITS = ("LimitMEMLOCK=infinity", "LimitNOFILE=1048576")
+PROBE_TTL = 300.0
 
 
 # ---- commands (pure) ---------------------------------------------------------
@@ -57,6 +62,14 @@ def unit_command(verb: str, name: str, systemctl: str = "systemctl") -> list[str
 
 def show_command(names: Sequence[str], systemctl: str = "systemctl") -> list[str]:
     return [systemctl, "show", "--property=" + ",".join(SHOW_PROPERTIES), "--", *names]
+
+
+def probe_command(systemctl: str = "systemctl") -> list[str]:
+    """A transient unit with llmgw's limits that prints the limits it got."""
+    run = str(Path(systemctl).with_name("systemd-run")) if "/" in systemctl else "systemd-run"
+    limits = [arg for limit in UNIT_LIMITS for arg in ("--property", limit)]
+    return [run, "--wait", "--pipe", "--quiet", "--collect", *limits, "--",
+            "cat", "/proc/self/limits"]
 
 
 def logs_command(name: str, lines: int, journalctl: str = "journalctl") -> list[str]:
@@ -173,6 +186,8 @@ class SystemdBackend:
     state_dir: Path | None = None
     readonly: bool = False  # observe without writing evidence (`llmgw agent inventory`)
     kind: str = "systemd"
+    _pids: dict[str, int] = field(default_factory=dict)  # running units, as last observed
+    _probed: tuple[float, EngineLimits | None] | None = None
 
     @property
     def ledger(self) -> units.Ledger:
@@ -326,6 +341,7 @@ class SystemdBackend:
                 pass
         if not self.readonly:
             self.ledger.adopt(texts)
+        self._pids = {}
         for name in names:
             labels: Labels | None
             try:
@@ -343,6 +359,8 @@ class SystemdBackend:
                 ))
                 continue
             state, state_detail = info.state()
+            if state == "running" and info.pid is not None:
+                self._pids[name] = info.pid
             found = self._evidence(name, info, state, texts.get(name), boot, now, mono)
             if state == "stopped" and found.stopped_by == "operator" and not state_detail:
                 state_detail = "stopped outside llmgw"
@@ -412,6 +430,29 @@ class SystemdBackend:
             return False
         name = cgroup_unit(text)
         return name is not None and (self.unit_dir / name).exists()
+
+    async def engine_limits(self) -> EngineLimits | None:
+        """The limits running engines have (/proc/<MainPID>/limits), the tightest if several;
+        when none runs, those a probe unit with llmgw's Limit*= lines got from systemd.
+
+        A unit's own ``systemctl show`` is no proof: systemd lowers a limit it lacks the
+        privilege (CAP_SYS_RESOURCE) to raise to its own hard limit, and says nothing.
+        """
+        found = [limits for name, pid in sorted(self._pids.items())
+                 if (limits := units.process_limits(self.proc, pid, f"{name} (pid {pid})"))]
+        if found:
+            return units.tightest(found)
+        if self.readonly:
+            return None
+        now = time.monotonic()
+        if self._probed is None or now - self._probed[0] > PROBE_TTL:
+            done = await self.run(probe_command(self.settings.systemctl))
+            probed = None
+            if done.ok:
+                probed = units.parse_process_limits(
+                    done.stdout, "a probe unit with llmgw's Limit*= lines (systemd-run)")
+            self._probed = (now, probed)
+        return self._probed[1]
 
     async def tick(self) -> None:
         return None  # systemd restarts units itself

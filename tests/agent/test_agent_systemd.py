@@ -243,3 +243,10 @@ async def test_observe_reports_drift_evidence(settings: SystemdSettings) -> None
     assert found[unit_name("halted")].stopped_by == "llmgw"  # type: ignore[union-attr]
     assert found[unit_name("rebooted")].written is False  # type: ignore[union-attr]
     assert len(found[unit_name("crashy")].crashes) == 4  # type: ignore[union-attr]
+
+
+def test_the_limits_probe_asks_for_what_the_unit_template_sets() -> None:
+    template = Path(systemd.__file__).parents[1] / "templates" / "unit.service.j2"
+    lines = template.read_text().splitlines()
+    assert [limit for limit in systemd.UNIT_LIMITS if limit not in lines] == []
+    assert systemd.probe_command("/usr/bin/systemctl")[:2] == ["/usr/bin/systemd-run", "--wait"]

@@ -17,12 +17,16 @@ import pytest
 from agent_support import eventually, unit_name, unit_text
 from support.machines import MachineFactory, backend
 
+from llmgw import __version__
 from llmgw.agent import monitors, units
 from llmgw.agent.settings import ReadinessSettings
 from llmgw.agent.systemd import SystemdBackend
 from llmgw.agent.units import Observation, UnitChange
+from llmgw.fleet.types import HostFacts, NodeReport
+from llmgw.onboarding import doctors
 from llmgw.onboarding.machines import Machine
 from llmgw.planning import drifts
+from llmgw.spec.models import Node
 
 CRASHING = "--exit-after 0.1 --exit-code 3"
 
@@ -188,3 +192,32 @@ async def test_a_failed_stop_during_remove_says_the_files_are_kept(
     assert "did not stop, so its unit and env files are kept" in removed.error, removed.error
     assert (machine.units / unit_name()).exists()
     assert Path(machine.units / unit_name()).read_text() == unit_text()
+
+
+async def test_the_limits_an_engine_gets_are_read_not_assumed(
+    systemd_machine: MachineFactory,
+) -> None:
+    """A systemd without CAP_SYS_RESOURCE whose hard memlock limit is 64 KiB lowers the
+    unit's LimitMEMLOCK=infinity to 64 KiB and says nothing; the agent reports what the
+    engine's process has, and doctor fails the memlock check on it."""
+    machine = systemd_machine(network=False, limits=["MEMLOCK=65536"],
+                              drop_capabilities=["CAP_SYS_RESOURCE"])
+    b = backend(machine)
+    probed = await b.engine_limits()  # no engine runs yet: a probe unit with llmgw's limits
+    assert probed is not None and "probe" in probed.source, probed
+    assert (probed.memlock_bytes, probed.memlock_unlimited) == (65536, False)
+    await b.apply([UnitChange(unit_name(), unit_text())])
+    running = await until(b, "running")
+    assert shown(machine, "LimitMEMLOCK") == "infinity"  # what the unit asks for
+    got = await b.engine_limits()
+    assert got is not None and got.source == f"{unit_name()} (pid {running.pid})"
+    assert (got.memlock_bytes, got.memlock_unlimited) == (65536, False)
+    assert got.nofile is not None and got.nofile > 0
+
+    node = Node(address="10.0.0.1", fabrics={"ib-a": ["mlx5_0"]})
+    report = NodeReport(node="n", agent_version=__version__, collected_at=time.time(),
+                        host=HostFacts(memlock_unlimited=True, engine_limits=got))
+    found = {f.check: f for f in doctors.examine(
+        "n", node, report, doctors.Context(version=__version__, now=time.time()))}
+    assert found["memlock"].status == "fail", found["memlock"]
+    assert f"engines get memlock 65536 bytes ({unit_name()}" in found["memlock"].detail
