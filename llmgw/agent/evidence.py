@@ -80,20 +80,22 @@ class Store:
     def load(self, name: str) -> Record:
         path = self._path(name)
         try:
-            text = path.read_text()
+            raw = path.read_bytes()
         except FileNotFoundError:
             return fresh()
-        except (OSError, ValueError) as exc:
-            log.warning("%s: cannot read %s: %s", name, path, exc)
+        except OSError as exc:
+            log.warning("%s: cannot read %s: %s", name, path, exc.strerror or exc)
             return fresh()
         try:
-            record = _valid(json.loads(text))
-        except ValueError:
+            record = _valid(json.loads(raw.decode()))
+        except ValueError:  # not UTF-8, not JSON
             record = None
         if record is None:
+            if self.readonly:
+                log.warning("%s: %s is not an evidence file llmgw wrote", name, path)
+                return fresh()
             aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-            if not self.readonly:
-                path.rename(aside)
+            path.rename(aside)
             log.warning("%s: %s is not an evidence file llmgw wrote; moved aside to %s",
                         name, path, aside.name)
             return fresh()

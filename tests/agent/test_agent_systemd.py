@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from agent_support import unit_name, unit_text
 
-from llmgw.agent import systemd
+from llmgw.agent import evidence, systemd
 from llmgw.agent.commands import Completed
 from llmgw.agent.settings import SystemdSettings
 from llmgw.agent.units import UnitChange
@@ -250,3 +250,27 @@ def test_the_limits_probe_asks_for_what_the_unit_template_sets() -> None:
     lines = template.read_text().splitlines()
     assert [limit for limit in systemd.UNIT_LIMITS if limit not in lines] == []
     assert systemd.probe_command("/usr/bin/systemctl")[:2] == ["/usr/bin/systemd-run", "--wait"]
+
+
+@pytest.mark.parametrize("garbage", [b"\xff\xfe", b"not json", b'{"wanted": "maybe"}', b"[]"])
+def test_an_evidence_file_llmgw_did_not_write_is_moved_aside(
+    tmp_path: Path, garbage: bytes
+) -> None:
+    store = evidence.Store(tmp_path)
+    (tmp_path / "u.service.json").write_bytes(garbage)
+    assert store.load("u.service") == evidence.fresh()
+    assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["u.service.json.corrupt"]
+    record = evidence.fresh() | {"wanted": "stopped", "crashes": [1.0, 2.0]}
+    store.save("u.service", record)  # type: ignore[arg-type]
+    assert store.load("u.service") == record
+
+
+@pytest.mark.parametrize(("status", "said"), [
+    ("203", "the engine's binary cannot be executed (status 203/EXEC)"),
+    ("217", "the unit's user does not exist or cannot be set (status 217/USER)"),
+    ("3", "exited with status 3"),
+    ("223", "exited with status 223"),  # not one systemd uses
+])
+def test_systemds_own_exit_statuses_are_sentences(status: str, said: str) -> None:
+    shown = systemd.Shown({"ExecMainCode": "1", "ExecMainStatus": status})
+    assert shown.exit() == said
