@@ -221,3 +221,22 @@ async def test_the_limits_an_engine_gets_are_read_not_assumed(
         "n", node, report, doctors.Context(version=__version__, now=time.time()))}
     assert found["memlock"].status == "fail", found["memlock"]
     assert f"engines get memlock 65536 bytes ({unit_name()}" in found["memlock"].detail
+
+
+async def test_after_a_reboot_a_stopped_unit_is_not_someone_elses_stop(
+    systemd_machine: MachineFactory, tmp_path: Path,
+) -> None:
+    """The same unit files and evidence under a new PID 1 (the node rebooted; llmgw does
+    not enable its units): the unit is not started yet, which is no operator's doing."""
+    state = tmp_path / "evidence"
+    first = systemd_machine(network=False)
+    b = backend(first, state)
+    await b.apply([UnitChange(unit_name(), unit_text())])
+    await until(b, "running")
+    first.stop()
+    second = systemd_machine(network=False)
+    (second.units / unit_name()).write_text((first.units / unit_name()).read_text())
+    second.run(["systemctl", "daemon-reload"])
+    after = await observed(backend(second, state))
+    assert after.process == "stopped"
+    assert after.evidence is not None and after.evidence.stopped_by == "", after
