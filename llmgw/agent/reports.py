@@ -142,7 +142,7 @@ class Collector:
     def own_limits(self) -> EngineLimits | None:
         """The agent's own limits (under ``proc_root``): what an engine it starts inherits."""
         return units.process_limits(Path(self.settings.hardware.proc_root), "self",
-                                    "the agent's own (engines inherit them)")
+                                    "the agent's own; engines inherit them")
 
     def host_facts(self) -> HostFacts:
         """Limits (under ``proc_root``), engines on PATH, listening ports (this machine's)."""

@@ -241,7 +241,7 @@ def _memlock(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
 def _nofile(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
     engine = report.host.engine_limits if report.host is not None else None
     if engine is None:
-        return _ok("not reported (an older agent); the memlock check uses the agent's own")
+        return _ok("the agent reports no engine limits; not checked")
     if engine.nofile is None:
         return "warning", f"the open-files limit engines get is unknown ({engine.source})", \
             "upgrade the agent"

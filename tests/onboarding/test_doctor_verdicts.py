@@ -241,8 +241,7 @@ ROCE_FIX = ("give the interface its IPv4 address, or set the fabric's gid_index 
     ("memlock", {"node": IB, "host": HostFacts(memlock_bytes=8388608, engine_limits=UNLIMITED)},
      ("ok", "memlock unlimited for engines (llmgw-m-r0-s0.service (pid 812))", "")),
     # nofile
-    ("nofile", {}, ("ok", "not reported (an older agent); the memlock check uses the agent's "
-                    "own", "")),
+    ("nofile", {}, ("ok", "the agent reports no engine limits; not checked", "")),
     ("nofile", {"host": HostFacts(engine_limits=EngineLimits(memlock_unlimited=True,
                                                              source="a probe unit"))},
      ("warning", "the open-files limit engines get is unknown (a probe unit)", UPGRADE)),
