@@ -21,9 +21,10 @@ from typing import Any
 from ruamel.yaml import YAML
 
 from llmgw.onboarding import machines, processes
-from llmgw.onboarding.simnodes import START_TIMEOUT, SimNode, agent_config
+from llmgw.onboarding.simnodes import SimNode, agent_config
 
 BACKENDS = ("supervise", "systemd")
+AGENT_TIMEOUT = 60.0  # a fresh machine's agent imports llmgw cold, on a busy host slowly
 
 
 def machine_name(runtime: Path, node: str) -> str:
@@ -69,7 +70,7 @@ def stop(runtime: Path, node: str, identity: str) -> None:
 
 
 def _wait_socket(path: Path, machine: machines.Machine) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
+    deadline = time.monotonic() + AGENT_TIMEOUT
     while time.monotonic() < deadline:
         with socket.socket(socket.AF_UNIX) as sock:
             try:
