@@ -26,7 +26,9 @@ $(STAMP): pyproject.toml
 # PostgreSQL as the HA store (a fixture runs initdb/pg_ctl in a temporary directory;
 # no service is started), chromium for the pages (driven by Playwright; never
 # `playwright install`), caddy to validate the shipped Caddyfile, openssl for a
-# test certificate.
+# test certificate. systemd-container's systemd-nspawn boots systemd as PID 1 of a
+# throwaway container for the systemd backend's tests; it is installed without its
+# recommended packages, one of which (libnss-mymachines) edits /etc/nsswitch.conf.
 sysdeps: $(SYSDEPS_STAMP)
 
 $(SYSDEPS_STAMP):
@@ -46,6 +48,9 @@ $(SYSDEPS_STAMP):
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+	command -v systemd-nspawn >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  systemd-container >/dev/null; }
 	touch $@
 
 lint: install

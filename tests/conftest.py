@@ -1,3 +1,3 @@
 """Shared pytest setup: fixture plugins live in tests/support/."""
 
-pytest_plugins = ["support.plugin", "support.leaks", "support.tiers"]
+pytest_plugins = ["support.plugin", "support.leaks", "support.tiers", "support.machines"]

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,17 @@ class Completed:
 
 
 Runner = Callable[[Sequence[str]], Awaitable[Completed]]
+DEFAULT_TIMEOUT = 30.0
 
 
-async def run(argv: Sequence[str], timeout: float = 30.0) -> Completed:
+class TimedRunner(Protocol):
+    """A runner that can be told how long one command may take (``systemctl stop``)."""
+
+    def __call__(self, argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> Awaitable[
+        Completed]: ...
+
+
+async def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> Completed:
     """Run ``argv`` (no shell), capture its output, kill it after ``timeout`` seconds."""
     args = tuple(argv)
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw import __version__
-from llmgw.agent import commands, processes
+from llmgw.agent import commands, processes, units
 from llmgw.agent.settings import Settings
 from llmgw.discovery import (
     adapters,
@@ -34,7 +34,15 @@ from llmgw.discovery import (
     weights,
 )
 from llmgw.discovery.fabrics import Declaration
-from llmgw.fleet.types import Adapter, Disk, EngineBinary, HostFacts, NodeReport, Unit
+from llmgw.fleet.types import (
+    Adapter,
+    Disk,
+    EngineBinary,
+    EngineLimits,
+    HostFacts,
+    NodeReport,
+    Unit,
+)
 
 # nvidia-smi says this, with a non-zero status, on a machine without NVIDIA GPUs.
 _NO_DEVICES = "No devices were found"
@@ -130,6 +138,11 @@ class Collector:
         found_disks, disk_warnings = disks.read(declaration.weights_dirs)
         found_weights = weights.find(declaration.weights_dirs, self._weights_cache)
         return host, found_adapters, found_disks, found_weights, disk_warnings
+
+    def own_limits(self) -> EngineLimits | None:
+        """The agent's own limits (under ``proc_root``): what an engine it starts inherits."""
+        return units.process_limits(Path(self.settings.hardware.proc_root), "self",
+                                    "the agent's own; engines inherit them")
 
     def host_facts(self) -> HostFacts:
         """Limits (under ``proc_root``), engines on PATH, listening ports (this machine's)."""

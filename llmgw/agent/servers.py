@@ -47,7 +47,8 @@ class ServeError(Exception):
 def backend_for(settings: Settings, readonly: bool = False) -> Backend:
     """The unit backend the settings choose (``readonly``: observe only)."""
     if settings.backend_kind == "systemd":
-        return SystemdBackend(settings.systemd)
+        return SystemdBackend(settings.systemd, state_dir=Path(settings.state_dir) / "systemd",
+                              readonly=readonly)
     return Supervisor(Path(settings.state_dir), settings.supervise, readonly=readonly)
 
 
@@ -102,6 +103,7 @@ class Agent:
         host = report.host.model_copy(update={
             "engines_dir": str(self.installer.root),
             "installed_engines": await asyncio.to_thread(self.installer.installed),
+            "engine_limits": await self.backend.engine_limits() or self.collector.own_limits(),
         }) if report.host is not None else None
         return report.model_copy(update={
             "fetches": [*self.fetcher.reports(), *self.installer.reports()],

@@ -51,7 +51,7 @@ from llmgw.agent import processes, unitfiles, units
 from llmgw.agent.settings import SuperviseSettings
 from llmgw.agent.unitfiles import Labels, UnitFile, UnitFileError
 from llmgw.agent.units import Observation, ProcessState, UnitChange, UnitResult
-from llmgw.fleet.types import UNSEEN_EXIT
+from llmgw.fleet.types import UNSEEN_EXIT, EngineLimits
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +334,11 @@ class Supervisor:
         # Each unit runs in a process group of its own, led by its main process.
         return next((s.name for s in self._slots.values()
                      if s.run is not None and s.run.print.pid == info.pgrp), None)
+
+    async def engine_limits(self) -> EngineLimits | None:
+        """None: this backend applies no ``Limit*=``, so engines get the agent's own limits,
+        which the agent reports (:meth:`llmgw.agent.reports.Collector.own_limits`)."""
+        return None
 
     async def tick(self) -> None:
         if self.readonly or self._lock.locked() or self._hurried:

@@ -20,6 +20,8 @@ from typing import Literal, Protocol
 
 from llmgw.agent import unitfiles
 from llmgw.agent.unitfiles import Labels, UnitFile, UnitFileError
+from llmgw.discovery import limits
+from llmgw.fleet.types import EngineLimits
 from llmgw.proto.conversions import Action, UnitChange, UnitResult
 
 __all__ = [
@@ -91,11 +93,42 @@ class Backend(Protocol):
         what proves the socket on a unit's port is the unit's own."""
         ...
 
+    async def engine_limits(self) -> EngineLimits | None:
+        """The resource limits an engine gets here, as the kernel applies them."""
+        ...
+
     async def tick(self) -> None:
         """Periodic work (restarts, log trimming); called by the agent's monitor."""
         ...
 
     async def close(self) -> None: ...
+
+
+def process_limits(proc: Path, pid: int | str, source: str) -> EngineLimits | None:
+    """A process's limits from ``<proc>/<pid>/limits``; None when it cannot be read."""
+    try:
+        text = (proc / str(pid) / "limits").read_text()
+    except OSError:
+        return None
+    return parse_process_limits(text, source)
+
+
+def parse_process_limits(text: str, source: str) -> EngineLimits | None:
+    """Limits from the text of a ``/proc/<pid>/limits`` file; None when it is not one."""
+    if "Max locked memory" not in text:
+        return None
+    memlock, unlimited = limits.parse_memlock(text)
+    return EngineLimits(memlock_bytes=memlock, memlock_unlimited=unlimited,
+                        nofile=limits.parse_nofile(text), source=source)
+
+
+def tightest(found: Sequence[EngineLimits]) -> EngineLimits | None:
+    """Of several processes' limits, the one with the least memlock (then nofile)."""
+    def key(item: EngineLimits) -> tuple[float, float]:
+        memlock = float("inf") if item.memlock_unlimited else float(item.memlock_bytes or 0)
+        return memlock, float("inf") if item.nofile is None else float(item.nofile)
+
+    return min(found, key=key) if found else None
 
 
 class SecretError(Exception):

@@ -46,6 +46,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     start.add_argument("--engine", metavar="FILE", type=Path,
                        help="llama-server to run it with (default: on PATH, or the checkout's "
                        ".cache/engine from `make engine`)")
+    start.add_argument("--backend", choices=("supervise", "systemd"), default=None,
+                       help="what runs the nodes' agents and engines: `supervise` (default: "
+                       "the agent itself) or `systemd` (each node's agent a systemd service "
+                       "in a systemd-nspawn machine of its own, its engines systemd units; "
+                       "needs root and systemd-container)")
     start.set_defaults(handler=run_up)
     stop = commands.add_parser("down", help="stop every process of the lab, engines included")
     _dir_flag(stop)
@@ -66,7 +71,8 @@ def run_up(args: argparse.Namespace) -> int:
     try:
         lab = labs.up(args.dir, count=args.nodes, ssh_port_from=args.ssh_port,
                       engine_ports_from=args.engine_ports,
-                      model=args.model, engine=args.engine, say=print)
+                      model=args.model, engine=args.engine, say=print,
+                      backend=args.backend)
     except labs.LabError as exc:
         raise UserError(str(exc)) from None
     where = "this directory" if lab.directory == Path.cwd().resolve() else str(args.dir)

@@ -33,6 +33,19 @@ def parse_memlock(limits: str) -> tuple[int | None, bool]:
     return None, False
 
 
+def parse_nofile(limits: str) -> int | None:
+    """The soft limit of open files from a limits file; None when absent or unlimited.
+
+    >>> parse_nofile("Max open files            20000                20000                files")
+    20000
+    """
+    for line in limits.splitlines():
+        if line.startswith("Max open files"):
+            fields = line[len("Max open files"):].split()
+            return int(fields[0]) if fields and fields[0].isdigit() else None
+    return None
+
+
 def parse_listening(table: str) -> set[int]:
     """Local ports of sockets in LISTEN state in a ``/proc/net/tcp`` (or ``tcp6``) table."""
     ports = set()

@@ -227,6 +227,17 @@ class InstalledEngine(Observed):
     program: str = Field("", description="The binary run with --version before it was moved in.")
 
 
+class EngineLimits(Observed):
+    """The limits an engine's process has, as the kernel applies them (soft values)."""
+
+    memlock_bytes: int | None = Field(
+        None, description="RLIMIT_MEMLOCK; None when unknown or unlimited.")
+    memlock_unlimited: bool = False
+    nofile: int | None = Field(None, description="RLIMIT_NOFILE; None when unknown.")
+    source: str = Field("", description="Whose limits these are: a unit and its pid, a probe "
+                        "unit, or the agent's own (supervise: engines inherit them).")
+
+
 class HostFacts(Observed):
     """What ``llmgw doctor`` checks beyond placement: limits, engines, ports, Python."""
 
@@ -246,6 +257,8 @@ class HostFacts(Observed):
         None, description="Where the agent installs engine versions; None: an older agent.")
     installed_engines: list[InstalledEngine] = Field(
         default_factory=list, description="Engine versions installed under engines_dir.")
+    engine_limits: EngineLimits | None = Field(
+        None, description="The limits engines get on this node; None: an older agent.")
 
 
 class NodeReport(Observed):

@@ -33,6 +33,7 @@ SKEW_FAIL = 30.0
 PORTS_CHECKED = 16  # engine ports from engine_ports_from that must be free for new engines
 PROGRAMS = {"llama.cpp": "llama-server", "vllm": "vllm"}  # SGLang runs as `python3 -m sglang…`
 MIN_PYTHON = (3, 11)
+NOFILE_WARN = 4096  # open files below which an engine under load runs out
 
 
 @dataclass(frozen=True)
@@ -214,15 +215,42 @@ def _roce_gids(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
 
 
 def _memlock(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    """The memlock limit engines have, as the kernel applies it (the agent reads it from a
+    running engine, or a probe unit); an older agent's report has only its own."""
     if not spec.fabrics:
         return _ok("no RDMA fabric declared; the limit does not matter")
     host = report.host
+    engine = host.engine_limits if host is not None else None
+    if engine is not None and (engine.memlock_unlimited or engine.memlock_bytes is not None):
+        if engine.memlock_unlimited:
+            return _ok(f"memlock unlimited for engines ({engine.source})")
+        return ("fail", f"engines get memlock {engine.memlock_bytes} bytes ({engine.source}); "
+                "NCCL over InfiniBand pins memory and needs it unlimited",
+                "systemd grants LimitMEMLOCK=infinity only up to its own hard limit unless it "
+                "has CAP_SYS_RESOURCE, and says nothing: raise the hard limit it starts with "
+                "(the container's or VM's rlimit, DefaultLimitMEMLOCK=); with the supervise "
+                "backend, run the agent with LimitMEMLOCK=infinity (engines inherit it)")
     if host is None or (host.memlock_bytes is None and not host.memlock_unlimited):
         return "warning", "the memlock limit is unknown", "upgrade the agent"
     if host.memlock_unlimited:
         return _ok("memlock unlimited")
     return ("fail", f"memlock limited to {host.memlock_bytes} bytes; RDMA pins memory",
             "set LimitMEMLOCK=infinity in llmgw-agent.service (engines inherit it)")
+
+
+def _nofile(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    engine = report.host.engine_limits if report.host is not None else None
+    if engine is None:
+        return _ok("the agent reports no engine limits; not checked")
+    if engine.nofile is None:
+        return "warning", f"the open-files limit engines get is unknown ({engine.source})", \
+            "upgrade the agent"
+    if engine.nofile < NOFILE_WARN:
+        return ("warning", f"engines may open {engine.nofile} files ({engine.source}); one "
+                "connection or weight file each", "raise the hard open-files limit the "
+                "engines start under (DefaultLimitNOFILE= for systemd, the agent's own for "
+                "supervise); llmgw's units ask for 1048576")
+    return _ok(f"engines may open {engine.nofile} files ({engine.source})")
 
 
 def _engines(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
@@ -308,6 +336,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("fabric-ports", _fabric_ports),
     ("roce-gids", _roce_gids),
     ("memlock", _memlock),
+    ("nofile", _nofile),
     ("engines", _engines),
     ("disk", _disk),
     ("clock", _clock),

@@ -12,6 +12,10 @@ A lab is a directory (``--dir``, default the current one) holding
   "pid start-time" (a reused pid is never mistaken for a node);
 * ``.gitignore`` — ``.llmgw-lab/`` and the store stay out of git.
 
+With ``--backend systemd`` each node's agent runs under a real systemd instead,
+in a ``systemd-nspawn`` machine of its own (:mod:`llmgw.onboarding.labmachines`),
+and its engines are systemd units there.
+
 These are the nodes the tests start (``sim_cluster``), kept running. Every
 process a lab starts carries the lab's marker in its environment, engines
 included, so :func:`down` finds and stops all of them, and checks that nothing
@@ -37,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llmgw.onboarding import labfiles, processes
+from llmgw.onboarding import labfiles, labmachines, processes
 from llmgw.onboarding.simnodes import (
     ENGINE_PORTS,
     HarnessError,
@@ -193,12 +197,22 @@ class Lab:
                            f"remove {RUNTIME}/ to start afresh") from None
         return [LabNode(**entry) for entry in data.get("nodes", [])]
 
-    def save(self, nodes: list[LabNode], engine_dir: str | None) -> None:
+    def save(self, nodes: list[LabNode], engine_dir: str | None,
+             backend: str | None = None) -> None:
         data = {"format_version": 1, "owner": getpass.getuser(),
-                "engine_dir": engine_dir, "nodes": [asdict(n) for n in nodes]}
+                "engine_dir": engine_dir, "backend": backend or self.backend(),
+                "nodes": [asdict(n) for n in nodes]}
         path = self.runtime / STATE
         path.with_suffix(".tmp").write_text(json.dumps(data, indent=2) + "\n")
         path.with_suffix(".tmp").replace(path)
+
+    def backend(self) -> str:
+        """Which backend the lab's agents run ("supervise", or "systemd" in machines)."""
+        try:
+            value = json.loads((self.runtime / STATE).read_text()).get("backend")
+        except (OSError, ValueError):
+            return "supervise"
+        return value if value in labmachines.BACKENDS else "supervise"
 
     def engine_dir(self) -> str | None:
         try:
@@ -221,6 +235,7 @@ def up(
     model: Path | None = None,
     engine: Path | None = None,
     say: Say = print,
+    backend: str | None = None,
 ) -> Lab:
     """Start the lab's nodes (creating the lab if there is none) and write its cluster files.
 
@@ -235,6 +250,13 @@ def up(
                        f"not {count}: run `llmgw lab down --purge` first to start a different one")
     fresh = not nodes
     ports = Ports()
+    if backend is not None and backend not in labmachines.BACKENDS:
+        raise LabError(f"--backend must be one of {', '.join(labmachines.BACKENDS)}; "
+                       f"got {backend!r}")
+    if nodes and backend is not None and backend != lab.backend():
+        raise LabError(f"the lab in {directory} runs its agents with --backend "
+                       f"{lab.backend()}: run `llmgw lab down --purge` first to change it")
+    backend = backend or (lab.backend() if nodes else "supervise")
     if fresh:
         layout(count or 3, ssh_port_from or SSH_PORT_FROM)  # refuse a bad count or port first
         ports = choose_ports(count or 3, ssh_port_from, engine_ports_from, say)
@@ -243,8 +265,8 @@ def up(
         _create_runtime(lab)
     engine_dir = lab.engine_dir() if not fresh else _engine_dir(engine)
     model_path = _link_model(lab, model) if fresh else None
-    started = _start(lab, nodes, engine_dir, say)
-    lab.save(started, engine_dir)
+    started = _start(lab, nodes, engine_dir, say, backend)
+    lab.save(started, engine_dir, backend)
     if fresh:
         _write_cluster(lab, started, model_path is not None and engine_dir is not None, say,
                        ports.listeners)
@@ -267,6 +289,9 @@ def down(directory: Path, *, purge: bool = False) -> list[str]:
     nodes = lab.nodes()
     if not nodes and not lab.runtime.exists():
         raise LabError(f"no lab in {directory} (no {RUNTIME}/ there)")
+    if lab.backend() == "systemd":  # each agent is a machine: power it off first
+        for node in nodes:
+            labmachines.stop(lab.runtime, node.name, node.agent)
     recorded = [int(ident.split()[0]) for n in nodes for ident in (n.agent, n.sshd)
                 if ident and processes.is_same(ident)]
     # Agents first, with their trees, so no supervisor restarts an engine meanwhile.
@@ -317,7 +342,8 @@ def _create_runtime(lab: Lab) -> None:
     shutil.copy(lab.client_key.with_suffix(".pub"), lab.authorized_keys)
 
 
-def _start(lab: Lab, nodes: list[LabNode], engine_dir: str | None, say: Say) -> list[LabNode]:
+def _start(lab: Lab, nodes: list[LabNode], engine_dir: str | None, say: Say,
+           backend: str = "supervise") -> list[LabNode]:
     """Start whatever of each node is not running; every node's identities, once all are up."""
     sims: list[tuple[LabNode, SimNode, bool, bool]] = []
     for node in nodes:
@@ -332,26 +358,35 @@ def _start(lab: Lab, nodes: list[LabNode], engine_dir: str | None, say: Say) -> 
             sim.env["PATH"] = f"{engine_dir}{os.pathsep}{os.environ.get('PATH', '')}"
         sims.append((node, sim, sshd_up, agent_up))
     begun = time.monotonic()
+    in_machines: dict[str, str] = {}  # node → its machine's nspawn identity
     try:
         for _node, sim, sshd_up, agent_up in sims:
             if not sshd_up:
                 sim.start_sshd(wait=False)
-            if not agent_up:
+            if not agent_up and backend == "supervise":
                 sim.start_agent(agent_config(sim), wait=False)
+        for node, sim, _sshd_up, agent_up in sims:
+            if not agent_up and backend == "systemd":
+                in_machines[node.name], booted = labmachines.start(
+                    lab.runtime, sim, engine_dir, [lab.runtime / "models"])
+                say(f"  {node.name:<7} systemd booted in {booted:.1f}s")
         for _node, sim, sshd_up, agent_up in sims:
             if not sshd_up:
                 sim.wait_sshd()
-            if not agent_up:
+            if not agent_up and backend == "supervise":
                 sim.wait_agent()
     except Exception as exc:  # one place: whatever failed, stop what this call started
-        for _node, sim, _s, _a in sims:
+        for node, sim, _s, _a in sims:
             sim.stop_agent()
             sim.stop_sshd()
+            if node.name in in_machines:
+                labmachines.stop(lab.runtime, node.name, in_machines[node.name])
         raise LabError(f"a node did not start: {exc}") from None
     result = []
     for node, sim, sshd_up, agent_up in sims:
         sshd = node.sshd if sshd_up else _identity_of(sim.sshd)
-        agent = node.agent if agent_up else _identity_of(sim.agent)
+        agent = (node.agent if agent_up else
+                 in_machines.get(node.name) or _identity_of(sim.agent))
         result.append(LabNode(node.name, node.hardware, node.port, node.engine_ports_from,
                               sshd, agent))
         state = "already running" if sshd_up and agent_up else "up"

@@ -893,6 +893,7 @@ class HostFacts(_message.Message):
     SUDO_FIELD_NUMBER: _builtins.int
     ENGINES_DIR_FIELD_NUMBER: _builtins.int
     INSTALLED_ENGINES_FIELD_NUMBER: _builtins.int
+    ENGINE_LIMITS_FIELD_NUMBER: _builtins.int
     python_version: _builtins.str
     memlock_bytes: _builtins.int
     """RLIMIT_MEMLOCK (soft) of the agent; absent: unknown"""
@@ -915,6 +916,10 @@ class HostFacts(_message.Message):
     def installed_engines(self) -> _containers.RepeatedCompositeFieldContainer[Global___InstalledEngine]:
         """complete installs only"""
 
+    @_builtins.property
+    def engine_limits(self) -> Global___EngineLimits:
+        """the limits engines get; absent: unknown (older agent)"""
+
     def __init__(
         self,
         *,
@@ -927,10 +932,11 @@ class HostFacts(_message.Message):
         sudo: _builtins.bool | None = ...,
         engines_dir: _builtins.str | None = ...,
         installed_engines: _abc.Iterable[Global___InstalledEngine] | None = ...,
+        engine_limits: Global___EngineLimits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "engines_dir", b"engines_dir", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "engine_limits", b"engine_limits", "engines_dir", b"engines_dir", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "engines", b"engines", "engines_dir", b"engines_dir", "installed_engines", b"installed_engines", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "engine_limits", b"engine_limits", "engines", b"engines", "engines_dir", b"engines_dir", "installed_engines", b"installed_engines", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__agent_uid: _TypeAlias = _typing.Literal["agent_uid"]  # noqa: Y015
     _WhichOneofArgType__agent_uid: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid"]  # noqa: Y015
@@ -954,6 +960,49 @@ class HostFacts(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__sudo) -> _WhichOneofReturnType__sudo | None: ...
 
 Global___HostFacts: _TypeAlias = HostFacts  # noqa: Y015
+
+@_typing.final
+class EngineLimits(_message.Message):
+    """The resource limits an engine's process has, as the kernel applies them
+    (/proc/<pid>/limits, soft values): what its unit asked for is not proof,
+    since systemd silently lowers a Limit*= it lacks the privilege to grant.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMLOCK_BYTES_FIELD_NUMBER: _builtins.int
+    MEMLOCK_UNLIMITED_FIELD_NUMBER: _builtins.int
+    NOFILE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    memlock_bytes: _builtins.int
+    """absent: unknown, or unlimited"""
+    memlock_unlimited: _builtins.bool
+    nofile: _builtins.int
+    """open files; absent: unknown"""
+    source: _builtins.str
+    """whose limits: "llmgw-x.service (pid 812)", a probe unit, the agent's"""
+    def __init__(
+        self,
+        *,
+        memlock_bytes: _builtins.int | None = ...,
+        memlock_unlimited: _builtins.bool = ...,
+        nofile: _builtins.int | None = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes", "_nofile", b"_nofile", "memlock_bytes", b"memlock_bytes", "nofile", b"nofile"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes", "_nofile", b"_nofile", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "nofile", b"nofile", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__memlock_bytes: _TypeAlias = _typing.Literal["memlock_bytes"]  # noqa: Y015
+    _WhichOneofArgType__memlock_bytes: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__nofile: _TypeAlias = _typing.Literal["nofile"]  # noqa: Y015
+    _WhichOneofArgType__nofile: _TypeAlias = _typing.Literal["_nofile", b"_nofile"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memlock_bytes) -> _WhichOneofReturnType__memlock_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__nofile) -> _WhichOneofReturnType__nofile | None: ...
+
+Global___EngineLimits: _TypeAlias = EngineLimits  # noqa: Y015
 
 @_typing.final
 class InstalledEngine(_message.Message):

@@ -59,7 +59,7 @@ FLEET_TYPES: dict[str, type[BaseModel]] = {
     "Disk": fleet.Disk, "Weights": fleet.Weights, "Unit": fleet.Unit,
     "Fetch": fleet.Fetch, "CachedWeights": fleet.CachedWeights,
     "HostFacts": fleet.HostFacts, "EngineBinary": fleet.EngineBinary,
-    "InstalledEngine": fleet.InstalledEngine,
+    "InstalledEngine": fleet.InstalledEngine, "EngineLimits": fleet.EngineLimits,
 }
 _INDEX_LIST = "IndexList"
 ACTIONS: dict[pb.Action.ValueType, Action] = {

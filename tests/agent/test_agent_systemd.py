@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from agent_support import unit_name, unit_text
 
-from llmgw.agent import systemd
+from llmgw.agent import evidence, systemd
 from llmgw.agent.commands import Completed
 from llmgw.agent.settings import SystemdSettings
 from llmgw.agent.units import UnitChange
@@ -32,7 +32,7 @@ class Systemctl:
         self.fail = set(fail)
         self.calls: list[list[str]] = []
 
-    async def __call__(self, argv: Sequence[str]) -> Completed:
+    async def __call__(self, argv: Sequence[str], timeout: float = 30.0) -> Completed:
         self.calls.append(list(argv))
         verb = argv[1] if argv[0].endswith("systemctl") else "journal"
         if verb in self.fail:
@@ -60,7 +60,8 @@ def test_commands() -> None:
     assert systemd.show_command(["a.service", "b.service"]) == [
         "systemctl", "show",
         "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainCode,"
-        "ExecMainStatus,NRestarts,StateChangeTimestampMonotonic,ExecMainExitTimestampMonotonic",
+        "ExecMainStatus,NRestarts,StateChangeTimestampMonotonic,ExecMainExitTimestampMonotonic,"
+        "LimitMEMLOCK,LimitNOFILE",
         "--", "a.service", "b.service",
     ]
     assert systemd.logs_command("u.service", 50) == [
@@ -75,7 +76,7 @@ def test_commands() -> None:
     [
         ("llmgw-llama-3.1-8b-r0-s0.service", "running", 48213, ""),
         ("llmgw-qwen-coder-r0-s0.service", "activating", None,
-         "exited with status 1; restart 2 pending"),
+         "exited with status 1; restart 3 pending"),  # NRestarts=2 were done
         ("llmgw-mixtral-r1-s0.service", "failed", None,
          "killed by signal 9 (result: signal)"),
         ("llmgw-gemma-r0-s0.service", "stopped", None, ""),
@@ -162,7 +163,7 @@ async def test_remove_stops_first_then_deletes_and_reloads(settings: SystemdSett
         f"stop {unit_name()}", "daemon-reload daemon-reload", f"reset-failed {unit_name()}"
     ]
     assert list(Path(settings.unit_dir).iterdir()) == []
-    assert list(Path(settings.env_dir).iterdir()) == []
+    assert [p for p in Path(settings.env_dir).iterdir() if p.is_file()] == []
 
 
 async def test_a_failing_systemctl_fails_that_unit_with_its_message(
@@ -230,9 +231,10 @@ async def test_observe_reports_drift_evidence(settings: SystemdSettings) -> None
     found = {o.name: o.evidence for o in await backend.observe()}
     crashy, halted, rebooted = (found[unit_name(m)] for m in ("crashy", "halted", "rebooted"))
     assert crashy is not None and halted is not None and rebooted is not None
+    # NRestarts=3: three restarts, each after a crash no agent saw, and the crash now seen.
     assert (crashy.restarts, crashy.last_exit, len(crashy.crashes)) == (
-        3, "killed by signal 9", 1)
-    assert crashy.crashes == (crashy.last_exit_at,)
+        3, "killed by signal 9", 4)
+    assert crashy.last_exit_at in crashy.crashes
     assert (halted.stopped_by, halted.last_exit, halted.crashes) == (
         "operator", "killed by signal 15", ())
     assert (rebooted.stopped_by, rebooted.last_exit, rebooted.last_exit_at) == ("", "", None)
@@ -243,4 +245,35 @@ async def test_observe_reports_drift_evidence(settings: SystemdSettings) -> None
     found = {o.name: o.evidence for o in await backend.observe()}
     assert found[unit_name("halted")].stopped_by == "llmgw"  # type: ignore[union-attr]
     assert found[unit_name("rebooted")].written is False  # type: ignore[union-attr]
-    assert len(found[unit_name("crashy")].crashes) == 1  # type: ignore[union-attr]
+    assert len(found[unit_name("crashy")].crashes) == 4  # type: ignore[union-attr]
+
+
+def test_the_limits_probe_asks_for_what_the_unit_template_sets() -> None:
+    template = Path(systemd.__file__).parents[1] / "templates" / "unit.service.j2"
+    lines = template.read_text().splitlines()
+    assert [limit for limit in systemd.UNIT_LIMITS if limit not in lines] == []
+    assert systemd.probe_command("/usr/bin/systemctl")[:2] == ["/usr/bin/systemd-run", "--wait"]
+
+
+@pytest.mark.parametrize("garbage", [b"\xff\xfe", b"not json", b'{"wanted": "maybe"}', b"[]"])
+def test_an_evidence_file_llmgw_did_not_write_is_moved_aside(
+    tmp_path: Path, garbage: bytes
+) -> None:
+    store = evidence.Store(tmp_path)
+    (tmp_path / "u.service.json").write_bytes(garbage)
+    assert store.load("u.service") == evidence.fresh()
+    assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["u.service.json.corrupt"]
+    record = evidence.fresh() | {"wanted": "stopped", "crashes": [1.0, 2.0]}
+    store.save("u.service", record)  # type: ignore[arg-type]
+    assert store.load("u.service") == record
+
+
+@pytest.mark.parametrize(("status", "said"), [
+    ("203", "the engine's binary cannot be executed (status 203/EXEC)"),
+    ("217", "the unit's user does not exist or cannot be set (status 217/USER)"),
+    ("3", "exited with status 3"),
+    ("223", "exited with status 223"),  # not one systemd uses
+])
+def test_systemds_own_exit_statuses_are_sentences(status: str, said: str) -> None:
+    shown = systemd.Shown({"ExecMainCode": "1", "ExecMainStatus": status})
+    assert shown.exit() == said

@@ -17,6 +17,7 @@ from llmgw.fleet.types import (
     Adapter,
     Disk,
     EngineBinary,
+    EngineLimits,
     Gpu,
     GpuProcess,
     HostFacts,
@@ -37,6 +38,16 @@ ZEROS = ":".join(["0000"] * 8)
 INSTALL = ("llmgw engine install ENGINE==VERSION NODE (docs/install.md), or put it on the "
            "agent's PATH")
 LINK = "fe80:0000:0000:0000:0a00:27ff:fe00:0001"
+CLAMPED = EngineLimits(memlock_bytes=65536, nofile=20000,
+                       source="llmgw-m-r0-s0.service (pid 812)")
+UNLIMITED = EngineLimits(memlock_unlimited=True, nofile=1048576,
+                         source="llmgw-m-r0-s0.service (pid 812)")
+MEMLOCK_FIX = ("systemd grants LimitMEMLOCK=infinity only up to its own hard limit unless it "
+               "has CAP_SYS_RESOURCE, and says nothing: raise the hard limit it starts with "
+               "(the container's or VM's rlimit, DefaultLimitMEMLOCK=); with the supervise "
+               "backend, run the agent with LimitMEMLOCK=infinity (engines inherit it)")
+NOFILE_FIX = ("raise the hard open-files limit the engines start under (DefaultLimitNOFILE= "
+              "for systemd, the agent's own for supervise); llmgw's units ask for 1048576")
 
 
 def gpu(index: int, ecc: int | None = None, *held: GpuProcess) -> Gpu:
@@ -222,6 +233,23 @@ ROCE_FIX = ("give the interface its IPv4 address, or set the fabric's gid_index 
     ("memlock", {"node": IB, "host": HostFacts(memlock_bytes=65536)},
      ("fail", "memlock limited to 65536 bytes; RDMA pins memory",
       "set LimitMEMLOCK=infinity in llmgw-agent.service (engines inherit it)")),
+    # The limits engines really get win over the agent's own: a systemd that lacks
+    # CAP_SYS_RESOURCE grants LimitMEMLOCK=infinity only up to its own hard limit.
+    ("memlock", {"node": IB, "host": HostFacts(memlock_unlimited=True, engine_limits=CLAMPED)},
+     ("fail", "engines get memlock 65536 bytes (llmgw-m-r0-s0.service (pid 812)); NCCL over "
+      "InfiniBand pins memory and needs it unlimited", MEMLOCK_FIX)),
+    ("memlock", {"node": IB, "host": HostFacts(memlock_bytes=8388608, engine_limits=UNLIMITED)},
+     ("ok", "memlock unlimited for engines (llmgw-m-r0-s0.service (pid 812))", "")),
+    # nofile
+    ("nofile", {}, ("ok", "the agent reports no engine limits; not checked", "")),
+    ("nofile", {"host": HostFacts(engine_limits=EngineLimits(memlock_unlimited=True,
+                                                             source="a probe unit"))},
+     ("warning", "the open-files limit engines get is unknown (a probe unit)", UPGRADE)),
+    ("nofile", {"host": HostFacts(engine_limits=CLAMPED.model_copy(update={"nofile": 1024}))},
+     ("warning", "engines may open 1024 files (llmgw-m-r0-s0.service (pid 812)); one "
+      "connection or weight file each", NOFILE_FIX)),
+    ("nofile", {"host": HostFacts(engine_limits=CLAMPED.model_copy(update={"nofile": 4096}))},
+     ("ok", "engines may open 4096 files (llmgw-m-r0-s0.service (pid 812))", "")),
     # engines
     ("engines", {}, ("ok", "no model needs an engine here", "")),
     ("engines", {"engines": ("llama.cpp", "vllm"), "host": None},
