@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from llmgw.agent import fetchers, installs, messages, monitors, reports
+from llmgw.agent import fetchers, installs, messages, monitors, reports, shutdowns
 from llmgw.agent.settings import Settings
 from llmgw.agent.supervisors import Supervisor
 from llmgw.agent.systemd import SystemdBackend
@@ -63,6 +63,8 @@ class Agent:
         self.installer = installs.Installer(settings.engines, self._installed, self._has_gpu,
                                             self.monitor.poke, group=settings.socket.group)
         self.monitor.overlay = self._overlay
+        self.stopping = asyncio.Event()  # set by SIGTERM, SIGINT or Shutdown
+        self.on_exit: shutdowns.Decision | None = None  # what a Shutdown left to do
 
     def _overlay(self, unit: str) -> tuple[str, str] | None:
         return self.installer.overlay(unit) or self.fetcher.overlay(unit)
@@ -134,6 +136,21 @@ class Agent:
     async def logs(self, name: str, lines: int) -> list[str]:
         wanted = lines or DEFAULT_LOG_LINES
         return await self.backend.logs(name, min(wanted, self.settings.log_lines_max))
+
+    async def shutdown(self, *, uninstall: bool, dry_run: bool) -> shutdowns.Decision:
+        """Stop for good, as ``node remove`` asks (:mod:`.shutdowns`); raises
+        :class:`~llmgw.agent.shutdowns.ShutdownRefused` with nothing done."""
+        units = [u.name for u in await self.monitor.refresh()]
+        install = await asyncio.to_thread(shutdowns.find, self.settings)
+        can_delete = install.prefix is not None and os.access(install.prefix.parent, os.W_OK)
+        decision = shutdowns.decide(install, uninstall=uninstall, units=units,
+                                    systemd=self.backend.kind == "systemd", dry_run=dry_run,
+                                    can_delete=can_delete)
+        if not dry_run:
+            await shutdowns.disable(self.settings, decision)
+            self.on_exit = decision
+            self.stopping.set()  # the server's grace lets this answer go out first
+        return decision
 
     async def close(self) -> None:
         await self.installer.close()
@@ -220,6 +237,15 @@ class Service(agent_pb2_grpc.AgentServicer):
                 return
             await asyncio.sleep(PROGRESS_INTERVAL)
 
+    async def Shutdown(self, request: pb.ShutdownRequest, context: Any) -> pb.ShutdownResponse:
+        try:
+            decision = await self.agent.shutdown(uninstall=request.uninstall,
+                                                 dry_run=request.dry_run)
+        except shutdowns.ShutdownRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return pb.ShutdownResponse(detail=decision.detail, removed=decision.removed,
+                                   left=decision.left)
+
 
 def _prepare_socket(path: Path) -> None:
     """Make room for the socket: its directory exists, no stale socket is left."""
@@ -284,7 +310,7 @@ async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> 
     await agent.fetcher.resume()
     agent.installer.sweep()
     monitor = asyncio.create_task(agent.monitor.run())
-    stopping = asyncio.Event()
+    stopping = agent.stopping
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
@@ -306,3 +332,5 @@ async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> 
         await agent.close()
         with contextlib.suppress(FileNotFoundError):
             Path(settings.socket.path).unlink()
+        if agent.on_exit is not None:
+            shutdowns.finish(agent.on_exit)
