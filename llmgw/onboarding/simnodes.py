@@ -41,6 +41,7 @@ from ruamel.yaml import YAML
 from llmgw.onboarding.processes import (
     MARKER,
     STOP_TIMEOUT,
+    alive,
     descendants,
     identity,
     is_same,
@@ -78,6 +79,9 @@ Subsystem sftp internal-sftp
 PrintMotd no
 LogLevel INFO
 MaxStartups 100:30:200
+# The node's own environment, for what its sessions start (an agent `node add` starts):
+# the marker that finds every process of this node again, the engines on PATH.
+{setenv}
 # Any other account (as the one `llmgw node add` makes for cluster.ssh.user) is let in
 # only by the keys in its own ~/.ssh/authorized_keys, as on a real node.
 Match User *,!root,!{login}
@@ -87,6 +91,14 @@ Match User *,!root,!{login}
 
 class HarnessError(RuntimeError):
     """A simulated node could not be started; the message carries its log."""
+
+
+def setenv_line(env: Mapping[str, str]) -> str:
+    """``SetEnv "K=V" …`` for sshd_config; a value sshd cannot carry is refused."""
+    for key, value in env.items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key) or any(c in value for c in '"\n\\'):
+            raise HarnessError(f"cannot pass {key}={value!r} to the node's sessions")
+    return "SetEnv " + " ".join(f'"{k}={v}"' for k, v in sorted(env.items())) if env else ""
 
 
 def free_port() -> int:
@@ -155,11 +167,15 @@ class SimNode:
     env: dict[str, str] = field(default_factory=dict)
     # Every simulated node shares 127.0.0.1: each gets its own engine port range.
     engine_ports_from: int = 18000
+    # Set once `llmgw node add` installed llmgw here (simenrolments): its --prefix.
+    prefix: Path | None = None
     _listening_before: int = 0
 
     def processes(self) -> list[int]:
         """Pids of this node's sshd and agent and everything they started."""
         pids = [p.pid for p in (self.sshd, self.agent) if p is not None]
+        enrolled = self.enrolled_agent()
+        pids += [enrolled] if enrolled is not None else []
         return [*pids, *(d for pid in pids for d in descendants(pid))]
 
     @property
@@ -176,7 +192,19 @@ class SimNode:
 
     @property
     def agent_socket(self) -> Path:
+        if self.prefix is not None:  # where `node add` put it
+            return self.prefix / "run" / "agent.sock"
         return self.root / "agent.sock"
+
+    def enrolled_agent(self) -> int | None:
+        """The pid of the agent ``node add`` started (supervise backend), while it runs."""
+        if self.prefix is None:
+            return None
+        try:
+            pid = int((self.prefix / "run" / "agent.pid").read_text())
+        except (OSError, ValueError):
+            return None
+        return pid if alive(pid) else None
 
     @property
     def agent_log(self) -> Path:
@@ -204,7 +232,7 @@ class SimNode:
             keygen(self.host_key, f"host key of {self.name}")
         self.sshd_config.write_text(SSHD_CONFIG.format(
             port=self.port, host_key=self.host_key, authorized_keys=self.authorized_keys,
-            login=getpass.getuser(),
+            login=getpass.getuser(), setenv=setenv_line(self.session_environment()),
         ))
         check = subprocess.run(
             [SSHD, "-t", "-f", str(self.sshd_config)], capture_output=True, text=True
@@ -297,6 +325,13 @@ class SimNode:
         env.pop("SSH_AUTH_SOCK", None)
         return env
 
+    def session_environment(self) -> dict[str, str]:
+        """What sshd sets in this node's sessions (``SetEnv``): the marker, PATH, the
+        stand-in engines' settings (``TESTENGINE_*``) and the node's own ``env``."""
+        env = self._environment()
+        return {k: v for k, v in env.items()
+                if k in (MARKER, "PATH") or k.startswith("TESTENGINE_") or k in self.env}
+
 
 @dataclass
 class SimCluster:
@@ -305,6 +340,8 @@ class SimCluster:
     root: Path
     nodes: dict[str, SimNode] = field(default_factory=dict)
     extra_nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The daemon's account once `llmgw node add` enrolled the nodes (simenrolments).
+    account: str | None = None
     _blackholes: list[socket.socket] = field(default_factory=list)
 
     @classmethod
@@ -387,12 +424,19 @@ class SimCluster:
         return self.known_hosts
 
     def cluster_data(self, **ssh: Any) -> dict[str, Any]:
-        """The cluster spec for these nodes, as plain data; ``ssh`` overrides cluster.ssh."""
-        nodes = {name: node_spec(node) for name, node in self.nodes.items()}
+        """The cluster spec for these nodes, as plain data; ``ssh`` overrides cluster.ssh.
+
+        Once ``node add`` enrolled them (:attr:`account` set), the daemon logs in as
+        that account and the nodes are in ``nodes.yaml``, as ``node add`` wrote them.
+        """
+        nodes = {} if self.account else {
+            name: node_spec(node) for name, node in self.nodes.items()}
         nodes.update(self.extra_nodes)
-        settings = {"user": getpass.getuser(), "known_hosts": "known_hosts",
+        settings = {"user": self.account or getpass.getuser(), "known_hosts": "known_hosts",
                     "identity_file": str(self.client_key), "connect_timeout": "5s", **ssh}
-        data: dict[str, Any] = {"cluster": {"name": "sim", "ssh": settings}, "nodes": nodes}
+        data: dict[str, Any] = {"cluster": {"name": "sim", "ssh": settings}}
+        if nodes or not self.account:
+            data["nodes"] = nodes
         fabrics = fabric_specs(self.nodes.values())
         if fabrics:
             data["fabrics"] = fabrics
