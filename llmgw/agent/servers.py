@@ -303,8 +303,11 @@ async def start(agent: Agent) -> grpc.aio.Server:
     return server
 
 
-async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> None:
-    """Serve until SIGTERM or SIGINT. Engines keep running unless stop_on_exit is set."""
+async def serve(settings: Settings,
+                ready: Callable[[], None] | None = None) -> shutdowns.Decision | None:
+    """Serve until SIGTERM, SIGINT or Shutdown. Engines keep running unless stop_on_exit
+    is set. Returns what a Shutdown left to do once nothing runs (:func:`shutdowns.finish`:
+    ``llmgw agent serve`` does it as the process's last act)."""
     agent = Agent(settings)
     server = await start(agent)
     await agent.fetcher.resume()
@@ -332,5 +335,4 @@ async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> 
         await agent.close()
         with contextlib.suppress(FileNotFoundError):
             Path(settings.socket.path).unlink()
-        if agent.on_exit is not None:
-            shutdowns.finish(agent.on_exit)
+    return agent.on_exit

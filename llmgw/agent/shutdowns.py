@@ -130,13 +130,24 @@ async def disable(settings: Settings, decision: Decision) -> None:
             log.warning("systemctl daemon-reload after removing %s: %s", unit, reload.why())
 
 
-def finish(decision: Decision) -> None:
-    """As the agent exits: its pid file and, with uninstall, the prefix go."""
+def finish(decision: Decision, *, replace_process: bool = False) -> None:
+    """Once the agent has stopped: its pid file and, with uninstall, the prefix go.
+
+    ``replace_process``: the process becomes ``rm -rf`` of them (``exec``), as ``llmgw
+    agent serve``'s last act, so that nothing of the interpreter runs from the venv
+    being deleted; the agent's pid ends when its files are gone.
+    """
     if decision.pid_file is not None:
         with contextlib.suppress(OSError):
             decision.pid_file.unlink()
+    if not decision.removed:
+        return
+    log.info("removing %s (node remove --uninstall)", ", ".join(decision.removed))
+    rm = shutil.which("rm")
+    if replace_process and rm is not None:
+        logging.shutdown()
+        os.execv(rm, [rm, "-rf", "--", *decision.removed])
     for path in decision.removed:
-        log.info("removing %s (node remove --uninstall)", path)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         else:

@@ -203,7 +203,7 @@ async def _stop_agent(pool: pools.Pool, name: str, uninstall: bool, account: str
                                                                      dry_run=False))
     except NodeUnreachable as exc:
         raise removals.RemoveError(f"{name}: its agent was not stopped ({_why_not(exc)}); "
-                                   "it stays in nodes.yaml, draining") from None
+                                   "it stays in nodes.yaml") from None
     deadline = time.monotonic() + STOP_TIMEOUT
     while (await pool.report(name)).reachable:
         if time.monotonic() > deadline:
@@ -211,7 +211,8 @@ async def _stop_agent(pool: pools.Pool, name: str, uninstall: bool, account: str
                                        "after it was asked to stop; it stays in nodes.yaml")
         await asyncio.sleep(0.2)
     say(f"agent      stopped ({stopped.detail})"
-        + (f"; deleted {', '.join(stopped.removed)}" if stopped.removed else ""))
+        + (f"; it deletes {', '.join(stopped.removed)} as it exits" if stopped.removed
+           else ""))
     if uninstall:
         say("left       for root on the node (node add made them; the agent does not "
             "remove them):")

@@ -50,12 +50,13 @@ def prepare(node: SimNode) -> Path:
     """The node's prefix with the fixture hardware's agent.yaml, reachable by the account."""
     prefix = prefix_of(node)
     (prefix / "etc").mkdir(parents=True, exist_ok=True)
-    hardware = fixture_settings(node.hardware)["hardware"]
-    yaml = YAML()
-    yaml.default_flow_style = False
-    with (prefix / "etc" / "agent.yaml").open("w") as out:
-        out.write("# The simulated node's hardware, kept by `llmgw node add`.\n")
-        yaml.dump({"hardware": hardware}, out)
+    settings = prefix / "etc" / "agent.yaml"
+    if not settings.exists():  # node add's own, once it ran: it keeps the hardware
+        yaml = YAML()
+        yaml.default_flow_style = False
+        with settings.open("w") as out:
+            out.write("# The simulated node's hardware, kept by `llmgw node add`.\n")
+            yaml.dump({"hardware": fixture_settings(node.hardware)["hardware"]}, out)
     for directory in (node.root.parent, node.root, prefix):
         directory.chmod(0o711 if directory != prefix else 0o755)
     return prefix

@@ -50,6 +50,7 @@ from llmgw.onboarding.processes import (
 )
 
 SSHD = "/usr/sbin/sshd"
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # Debian's openssh-sftp-server
 # Fixture hardware, shipped inside the package so `llmgw lab` works from a wheel.
 HARDWARE = Path(__file__).resolve().parent / "hardware"
 FIXTURES = HARDWARE  # the name the tests know it by
@@ -74,8 +75,9 @@ StreamLocalBindUnlink yes
 # sshd grants streamlocal opens only while local TCP forwarding is allowed.
 AllowTcpForwarding local
 X11Forwarding no
-# As on any stock sshd: `llmgw node add` ships wheels over SFTP.
-Subsystem sftp internal-sftp
+# As on a stock Debian sshd: an sftp-server run through the user's shell (so the account
+# `node add` makes, shell nologin, gets SFTP from its key's command="internal-sftp" only).
+Subsystem sftp {sftp_server}
 PrintMotd no
 LogLevel INFO
 MaxStartups 100:30:200
@@ -233,6 +235,7 @@ class SimNode:
         self.sshd_config.write_text(SSHD_CONFIG.format(
             port=self.port, host_key=self.host_key, authorized_keys=self.authorized_keys,
             login=getpass.getuser(), setenv=setenv_line(self.session_environment()),
+            sftp_server=SFTP_SERVER if os.access(SFTP_SERVER, os.X_OK) else "internal-sftp",
         ))
         check = subprocess.run(
             [SSHD, "-t", "-f", str(self.sshd_config)], capture_output=True, text=True

@@ -129,9 +129,12 @@ async def test_uninstall_through_grpc_stops_the_agent_and_deletes_its_prefix(
         assert stopped.detail == "supervise backend: nothing starts it again"
         assert stopped.removed == (str(prefix),) and stopped.left == ()
         async with asyncio.timeout(20):
-            await serving  # it exits by itself
+            left = await serving  # it stops by itself, and says what is left to do
     finally:
         await channel.close()
         if not serving.done():
             serving.cancel()
-    assert not prefix.exists() and not socket.exists()
+    assert left is not None and left.removed == [str(prefix)] and prefix.exists()
+    assert not socket.exists()
+    shutdowns.finish(left)  # what `llmgw agent serve` does last (there by exec'ing rm)
+    assert not prefix.exists()

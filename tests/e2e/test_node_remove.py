@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,15 @@ def test_remove_names_what_it_cannot_find(sim_cluster: SimClusterFactory) -> Non
 
 
 
+def within(seconds: float, check: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def stopped_agent(node: nodes.SimNode) -> int:
     pid = node.enrolled_agent()
     assert pid is not None, "node add started no agent"
@@ -154,11 +165,13 @@ def test_uninstall_through_the_agent_as_an_account_without_shell(
     out = removed.stdout
     assert removed.returncode == 0, out + removed.stderr
     assert "units      none left on node-01" in out
-    assert ("agent      stopped (supervise backend: nothing starts it again); deleted "
-            f"{prefix}") in out, out
+    assert ("agent      stopped (supervise backend: nothing starts it again); it deletes "
+            f"{prefix} as it exits") in out, out
     assert ("left       for root on the node (node add made them; the agent does not "
             f"remove them):\n             userdel -r {sim.account}\n") in out, out
-    assert not nodes._alive(agent) and not prefix.exists()
+    # Its socket answers no more once it stopped serving; the process and its prefix go
+    # a moment later, as it exits.
+    assert within(30, lambda: not nodes._alive(agent) and not prefix.exists())
     assert out.index("agent      stopped") < out.index("nodes.yaml node-01 removed")
     assert (directory / "nodes.yaml").read_text() == "nodes: {}\n"
     assert str(node.port) not in (directory / "known_hosts").read_text()
@@ -173,19 +186,19 @@ def test_remove_installs_the_engine_version_its_moves_need(
     monkeypatch.setenv("PATH", f"{stand_in}:{os.environ['PATH']}")  # what node remove ships
     sim = enrolled_cluster(2)
     models = engines_support.recording(TINY)
-    models["tiny"]["profiles"][0]["engine_version"] = "1.0.0"
+    models["tiny"]["profiles"][0]["engine_version"] = "11434.0.0"
     directory = sim.write_cluster({"models": models})
     applied = llmgw(directory, "apply", "--auto-approve", "--ready-timeout", "60s")
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    assert "node-01  installed llama.cpp 1.0.0" in applied.stdout, applied.stdout
-    second = simenrolments.prefix_of(sim.nodes["node-02"]) / "engines" / "llama.cpp-1.0.0"
+    assert "node-01  installed llama.cpp 11434.0.0" in applied.stdout, applied.stdout
+    second = simenrolments.prefix_of(sim.nodes["node-02"]) / "engines" / "llama.cpp-11434.0.0"
     assert not second.exists()
 
     removed = llmgw(directory, "node", "remove", "node-01", "--ready-timeout", "60s")
     out = removed.stdout
     assert removed.returncode == 0, out + removed.stderr
     assert "install    engine versions the moves need, first:" in out
-    assert f"  node-02  installed llama.cpp 1.0.0 in {second}" in out, out
+    assert f"  node-02  installed llama.cpp 11434.0.0 in {second}" in out, out
     assert out.index("install    engine") < out.index("nodes.yaml node-01 draining")
     assert "node-02  llmgw-tiny-r1-s0.service  ready" in out, out
     assert (second / "bin" / "llama-server").exists()

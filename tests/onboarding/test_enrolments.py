@@ -203,7 +203,8 @@ def test_node_add_makes_the_daemons_account_and_reports_through_it(
         stat = keys.stat()
         assert (stat.st_mode & 0o777, stat.st_uid) == (0o600, account.pw_uid)
         public = " ".join(sim.client_key.with_suffix(".pub").read_text().split()[:2])
-        assert keys.read_text() == f"restrict,port-forwarding {public} llmgw-daemon\n"
+        assert keys.read_text() == (f'restrict,port-forwarding,command="internal-sftp" '
+                                    f"{public} llmgw-daemon\n")
 
         # The daemon's view, as the cluster's user: inventory and doctor reach the node.
         inventory = llmgw("inventory", "--cluster", str(cluster), cwd=tmp_path)
@@ -220,6 +221,13 @@ def test_node_add_makes_the_daemons_account_and_reports_through_it(
         assert (f"account    {daemon_account} exists, in group llmgw, our key authorized: "
                 "unchanged") in again.stdout, again.stdout
         assert "running (supervise backend" in again.stdout
+        assert keys.read_text() == before
+
+        # The key as an older node add wrote it (no SFTP for a shell-less account): replaced.
+        keys.write_text(f"restrict,port-forwarding {public} llmgw-daemon\n")
+        upgraded = llmgw(*base, cwd=tmp_path)
+        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+        assert f"account    {daemon_account}: our key's options updated" in upgraded.stdout
         assert keys.read_text() == before
     finally:
         pidfile = prefix / "opt" / "run" / "agent.pid"
