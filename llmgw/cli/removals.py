@@ -213,10 +213,11 @@ async def _stop_agent(pool: pools.Pool, name: str, uninstall: bool, account: str
     say(f"agent      stopped ({stopped.detail})"
         + (f"; it deletes {', '.join(stopped.removed)} as it exits" if stopped.removed
            else ""))
-    if uninstall:
-        say("left       for root on the node (node add made them; the agent does not "
+    left = removals.left_for_root(account, stopped.left) if uninstall else []
+    if left:
+        say("left       for root on the node, where node add made them (the agent does not "
             "remove them):")
-        for line in removals.left_for_root(account, stopped.left):
+        for line in left:
             say(f"             {line}")
 
 

@@ -107,10 +107,10 @@ def install_needs(plan: Plan, reports: Mapping[str, NodeReport], name: str) -> i
 
 def left_for_root(account: str, agent_left: tuple[str, ...]) -> list[str]:
     """What an uninstall leaves for an operator with root on the node: what the agent
-    could not delete, then the daemon's account (``node add`` made it; the daemon was
-    logged in as it) and its group, once no other account is in it."""
+    could not delete, then the daemon's account (``node add`` makes it unless the daemon
+    logs in as root or as node add's own user; the daemon was logged in as it) and the
+    group llmgw, once no other account is in it. Empty: nothing is left."""
     commands = list(agent_left)
     if account != "root":
-        commands.append(f"userdel -r {account}")
-    commands.append("groupdel llmgw  # once no other account is in it")
+        commands += [f"userdel -r {account}", "groupdel llmgw  # once no other account is in it"]
     return commands

@@ -3,8 +3,8 @@
 :func:`enrol` takes nodes whose sshd runs and nothing else, and runs the real
 ``llmgw node add root@127.0.0.1:PORT`` for each (in parallel), the cluster's
 ``ssh.user`` being the daemon's account. ``node add`` makes that account (a
-system account in group llmgw, shell nologin, the control host's key as
-``restrict,port-forwarding``), installs llmgw from wheels into the node's
+system account in group llmgw, shell nologin, the control host's key for
+forwarding and SFTP only), installs llmgw from wheels into the node's
 prefix (``<node>/opt``), makes ``<prefix>/engines`` the account's, starts the
 agent (supervise backend: systemd is not PID 1 here) and waits for its first
 report through the account. Each node's entry in ``nodes.yaml`` is the one

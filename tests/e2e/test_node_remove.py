@@ -167,11 +167,11 @@ def test_uninstall_through_the_agent_as_an_account_without_shell(
     assert "units      none left on node-01" in out
     assert ("agent      stopped (supervise backend: nothing starts it again); it deletes "
             f"{prefix} as it exits") in out, out
-    assert ("left       for root on the node (node add made them; the agent does not "
+    assert ("left       for root on the node, where node add made them (the agent does not "
             f"remove them):\n             userdel -r {sim.account}\n") in out, out
     # Its socket answers no more once it stopped serving; the process and its prefix go
     # a moment later, as it exits.
-    assert within(30, lambda: not nodes._alive(agent) and not prefix.exists())
+    assert within(120, lambda: not nodes._alive(agent) and not prefix.exists())
     assert out.index("agent      stopped") < out.index("nodes.yaml node-01 removed")
     assert (directory / "nodes.yaml").read_text() == "nodes: {}\n"
     assert str(node.port) not in (directory / "known_hosts").read_text()
