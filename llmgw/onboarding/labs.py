@@ -455,5 +455,6 @@ def _write_cluster(lab: Lab, nodes: list[LabNode], with_model: bool, say: Say, *
         written.append(".gitignore")
     if written:
         say(f"Wrote {', '.join(written)} "
-            + (f"(node add pins the {len(nodes)} host keys)." if account is not None
+            + (f"(node add pins {quantities.count(len(nodes), 'host key')})."
+               if account is not None
                else f"({len(nodes)} host keys pinned)."))

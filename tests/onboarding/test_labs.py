@@ -145,7 +145,7 @@ def test_up_with_an_account_enrols_bare_nodes_by_node_add() -> None:
         assert "gpu-01: llmgw node add root@127.0.0.1:2291 --name gpu-01" in up.stdout
         assert "    account    " + account + ": " in up.stdout, up.stdout
         assert "    agent      started (supervise backend" in up.stdout, up.stdout
-        assert "(node add pins the 1 host keys)" in up.stdout
+        assert "(node add pins 1 host key)." in up.stdout
         nodes_yaml = (lab / "cluster" / "nodes.yaml").read_text()
         assert "opt/run/agent.sock" in nodes_yaml and "engine_ports_from: 21000" in nodes_yaml
         cluster = loading.load(lab / "cluster")
