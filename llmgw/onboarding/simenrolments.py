@@ -1,7 +1,7 @@
 """Simulated nodes enrolled the way real ones are: bare, then ``llmgw node add`` as root.
 
 :func:`enrol` takes nodes whose sshd runs and nothing else, and runs the real
-``llmgw node add root@127.0.0.1:PORT`` for each (in parallel), the cluster's
+``llmgw node add root@127.0.0.1:PORT`` for each, the cluster's
 ``ssh.user`` being the daemon's account. ``node add`` makes that account (a
 system account in group llmgw, shell nologin, the control host's key for
 forwarding and SFTP only), installs llmgw from wheels into the node's
@@ -29,7 +29,6 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ruamel.yaml import YAML
@@ -77,8 +76,8 @@ def node_add_argv(cluster_dir: Path, node: SimNode, wheels: Path) -> list[str]:
 
 def enrol(cluster_dir: Path, nodes: Sequence[SimNode], account: str, wheels: Path,
           say: Callable[[str], None] | None = None) -> dict[str, str]:
-    """Run ``node add`` for every node (sshd running, nothing else) in parallel; the
-    output of each. Raises :class:`HarnessError` with the output of the first that failed.
+    """Run ``node add`` for every node (sshd running, nothing else), one after the other;
+    the output of each. Raises :class:`HarnessError` with the output of the first that failed.
 
     The cluster directory's ``cluster.yaml`` must name ``account`` as ``ssh.user``.
     """
@@ -99,12 +98,15 @@ def enrol(cluster_dir: Path, nodes: Sequence[SimNode], account: str, wheels: Pat
         enrolments.build_wheels(wheels)
     except enrolments.EnrolError as exc:
         raise HarnessError(str(exc)) from None
-    # The first alone: these nodes share one machine, so one account, which the first
-    # node add makes (on real nodes, each its own).
-    done = [one(nodes[0])] if nodes else []
-    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-        done += list(pool.map(one, nodes[1:]))
-    for node, result in zip(nodes, done, strict=True):
+    # One at a time: these nodes share one machine, so one account, which the first
+    # node add makes (on real nodes, each its own), and every node add rewrites the
+    # same nodes.yaml.
+    done = []
+    for node in nodes:
+        done.append(one(node))
+        if done[-1].returncode != 0:
+            break
+    for node, result in zip(nodes, done, strict=False):
         if result.returncode != 0:
             raise HarnessError(f"`llmgw node add` of {node.name} failed ({result.returncode}):"
                                f"\n{result.stdout}{result.stderr}")
