@@ -48,6 +48,7 @@ def split_nodes(directory: Path) -> str:
     return text
 
 
+@pytest.mark.timeout(1500)  # node add installs llmgw on each node first
 def test_remove_moves_the_replica_first_then_drops_the_node(
     enrolled_cluster: SimClusterFactory, engines: Path,
 ) -> None:
@@ -81,6 +82,7 @@ def test_remove_moves_the_replica_first_then_drops_the_node(
     assert "No changes" in plan.stdout, plan.stdout
 
 
+@pytest.mark.timeout(1500)  # node add installs llmgw on each node first
 def test_remove_refuses_to_strand_a_model_unless_forced(
     enrolled_cluster: SimClusterFactory, engines: Path,
 ) -> None:
