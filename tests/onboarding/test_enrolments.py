@@ -116,7 +116,7 @@ def test_node_add_takes_a_bare_node_to_a_reporting_agent(
     assert "units      none left on bare-01" in removed.stdout
     assert ("agent      stopped (supervise backend: nothing starts it again); it deletes "
             f"{prefix} as it exits") in removed.stdout, removed.stdout
-    assert "left " not in removed.stdout  # the daemon logs in as root: no account made
+    assert "left       for root" not in removed.stdout  # logs in as root: no account made
     deadline = time.monotonic() + 120  # it stops serving, then deletes (a venv) and exits
     while nodes._alive(agent) or Path(prefix).exists():
         assert time.monotonic() < deadline, "the agent did not delete its prefix and exit"
