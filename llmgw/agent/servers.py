@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from llmgw.agent import fetchers, installs, messages, monitors, reports
+from llmgw.agent import fetchers, installs, messages, monitors, reports, shutdowns
 from llmgw.agent.settings import Settings
 from llmgw.agent.supervisors import Supervisor
 from llmgw.agent.systemd import SystemdBackend
@@ -64,6 +64,8 @@ class Agent:
         self.installer = installs.Installer(settings.engines, self._installed, self._has_gpu,
                                             self.monitor.poke, group=settings.socket.group)
         self.monitor.overlay = self._overlay
+        self.stopping = asyncio.Event()  # set by SIGTERM, SIGINT or Shutdown
+        self.on_exit: shutdowns.Decision | None = None  # what a Shutdown left to do
 
     def _overlay(self, unit: str) -> tuple[str, str] | None:
         return self.installer.overlay(unit) or self.fetcher.overlay(unit)
@@ -142,6 +144,21 @@ class Agent:
         if isinstance(self.backend, Supervisor) and self.backend.settings.stop_on_exit:
             self.backend.hurry()
         self.fetcher.cancel()
+
+    async def shutdown(self, *, uninstall: bool, dry_run: bool) -> shutdowns.Decision:
+        """Stop for good, as ``node remove`` asks (:mod:`.shutdowns`); raises
+        :class:`~llmgw.agent.shutdowns.ShutdownRefused` with nothing done."""
+        units = [u.name for u in await self.monitor.refresh()]
+        install = await asyncio.to_thread(shutdowns.find, self.settings)
+        can_delete = install.prefix is not None and os.access(install.prefix.parent, os.W_OK)
+        decision = shutdowns.decide(install, uninstall=uninstall, units=units,
+                                    systemd=self.backend.kind == "systemd", dry_run=dry_run,
+                                    can_delete=can_delete)
+        if not dry_run:
+            await shutdowns.disable(self.settings, decision)
+            self.on_exit = decision
+            self.stopping.set()  # the server's grace lets this answer go out first
+        return decision
 
     async def close(self) -> None:
         await self.installer.close()
@@ -228,6 +245,15 @@ class Service(agent_pb2_grpc.AgentServicer):
                 return
             await asyncio.sleep(PROGRESS_INTERVAL)
 
+    async def Shutdown(self, request: pb.ShutdownRequest, context: Any) -> pb.ShutdownResponse:
+        try:
+            decision = await self.agent.shutdown(uninstall=request.uninstall,
+                                                 dry_run=request.dry_run)
+        except shutdowns.ShutdownRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return pb.ShutdownResponse(detail=decision.detail, removed=decision.removed,
+                                   left=decision.left)
+
 
 def _prepare_socket(path: Path) -> None:
     """Make room for the socket: its directory exists, no stale socket is left."""
@@ -285,8 +311,11 @@ async def start(agent: Agent) -> grpc.aio.Server:
     return server
 
 
-async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> None:
-    """Serve until SIGTERM or SIGINT. Engines keep running unless stop_on_exit is set.
+async def serve(settings: Settings,
+                ready: Callable[[], None] | None = None) -> shutdowns.Decision | None:
+    """Serve until SIGTERM, SIGINT or Shutdown. Engines keep running unless stop_on_exit
+    is set. Returns what a Shutdown left to do once nothing runs (:func:`shutdowns.finish`:
+    ``llmgw agent serve`` does it as the process's last act).
 
     The signal handlers come first, so a signal during the start (while
     engines are being adopted) stops the agent in order too. A second signal
@@ -306,14 +335,15 @@ async def serve(settings: Settings, ready: Callable[[], None] | None = None) -> 
         loop.add_signal_handler(sig, on_signal)
     try:
         agent = Agent(settings)
-        await _serve(agent, stopping, ready)
+        agent.stopping = stopping  # a Shutdown stops it like a signal
+        return await _serve(agent, stopping, ready)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
 
 async def _serve(agent: Agent, stopping: asyncio.Event,
-                 ready: Callable[[], None] | None) -> None:
+                 ready: Callable[[], None] | None) -> shutdowns.Decision | None:
     settings = agent.settings
     server = await start(agent)
     await agent.fetcher.resume()
@@ -335,3 +365,4 @@ async def _serve(agent: Agent, stopping: asyncio.Event,
         await agent.close()
         with contextlib.suppress(FileNotFoundError):
             Path(settings.socket.path).unlink()
+    return agent.on_exit

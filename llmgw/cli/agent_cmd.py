@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from llmgw.agent import monitors, reports, servers, settings
+from llmgw.agent import monitors, reports, servers, settings, shutdowns
 from llmgw.cli.errors import UserError
 from llmgw.fleet.types import Gpu, NodeReport, Port
 from llmgw.transport.agent_client import AgentClient
@@ -74,9 +74,11 @@ def run_serve(args: argparse.Namespace) -> int:
     # Readiness probes run every poll_interval; one log line each would drown the rest.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        asyncio.run(servers.serve(chosen))
+        left = asyncio.run(servers.serve(chosen))
     except servers.ServeError as exc:
         raise UserError(str(exc)) from None
+    if left is not None:  # node remove asked: its files go, after everything else
+        shutdowns.finish(left, replace_process=True)
     return 0
 
 

@@ -51,6 +51,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        "the agent itself) or `systemd` (each node's agent a systemd service "
                        "in a systemd-nspawn machine of its own, its engines systemd units; "
                        "needs root and systemd-container)")
+    start.add_argument("--account", metavar="USER",
+                       help="start the nodes bare and enrol each with `llmgw node add` as "
+                       "root, the daemon logging in as USER (made by node add, as `llmgw` "
+                       "on real nodes); needs root")
     start.set_defaults(handler=run_up)
     stop = commands.add_parser("down", help="stop every process of the lab, engines included")
     _dir_flag(stop)
@@ -71,8 +75,8 @@ def run_up(args: argparse.Namespace) -> int:
     try:
         lab = labs.up(args.dir, count=args.nodes, ssh_port_from=args.ssh_port,
                       engine_ports_from=args.engine_ports,
-                      model=args.model, engine=args.engine, say=print,
-                      backend=args.backend)
+                      model=args.model, engine=args.engine, account=args.account,
+                      say=print, backend=args.backend)
     except labs.LabError as exc:
         raise UserError(str(exc)) from None
     where = "this directory" if lab.directory == Path.cwd().resolve() else str(args.dir)
@@ -82,6 +86,7 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_down(args: argparse.Namespace) -> int:
+    account = labs.Lab(args.dir.resolve()).account()
     try:
         stopped = labs.down(args.dir, purge=args.purge)
     except labs.LabError as exc:
@@ -89,6 +94,9 @@ def run_down(args: argparse.Namespace) -> int:
     names = ", ".join(stopped) if stopped else "no node was running"
     print(f"Stopped the lab ({names}); nothing of it is running."
           + (f" Removed {labs.RUNTIME}/." if args.purge else ""))
+    if args.purge and account is not None:
+        print(f"The account {account} that node add made stays (other labs may use it): "
+              f"`userdel -r {account}` removes it.")
     return 0
 
 

@@ -28,16 +28,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from pathlib import Path
 
 from llmgw.applying import records
 from llmgw.applying.convergences import Convergence, Request
-from llmgw.cli import apply_cmd, clusters
+from llmgw.cli import apply_cmd, clusters, engine_cmd
 from llmgw.cli.apply_cmd import Display
 from llmgw.cli.errors import UserError
 from llmgw.cli.plan_cmd import revision_of
 from llmgw.onboarding import removals, yamledits
-from llmgw.planning import outputs
+from llmgw.planning import installs, outputs
 from llmgw.proto.conversions import UnitChange
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import count, parse_duration
@@ -45,6 +46,8 @@ from llmgw.store import migrations, stores
 from llmgw.store.stores import Store, StoreError
 from llmgw.transport import hostkeys, pools
 from llmgw.transport.failures import NodeUnreachable
+
+STOP_TIMEOUT = 30.0  # how long a stopped agent may take to go
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -107,6 +110,7 @@ async def _remove_with(cluster: Cluster, args: argparse.Namespace, ready_timeout
                        store: Store | str) -> int:
     name: str = args.name
     path = args.cluster / "nodes.yaml"
+    stopping = bool(args.stop_agent or args.uninstall)
     async with pools.Pool(cluster, args.cluster) as pool:
         display = Display(sys.stdout)
         # The moves converge like `llmgw apply`: holds, rollout gates, engine installs and
@@ -121,6 +125,11 @@ async def _remove_with(cluster: Cluster, args: argparse.Namespace, ready_timeout
         fleet = prepared.fleet
         report = fleet.nodes[name]
         if not report.reachable:
+            if stopping:
+                raise UserError(f"{name} is unreachable ({report.error}): its agent cannot be "
+                                "stopped; nothing was changed. Bring it back, or drop "
+                                "--stop-agent/--uninstall (and pass --force) to drop it from "
+                                "nodes.yaml anyway")
             if not args.force:
                 raise UserError(f"{name} is unreachable ({report.error}): its replicas cannot "
                                 "be moved nor its units removed. Bring it back, or pass --force "
@@ -135,6 +144,10 @@ async def _remove_with(cluster: Cluster, args: argparse.Namespace, ready_timeout
                 raise UserError(f"removing {name} would leave models unservable; nothing was "
                                 "changed:\n  - " + "\n  - ".join(refused) + "\nadd capacity "
                                 "for them elsewhere, or pass --force")
+            needs = removals.install_needs(moves, fleet.nodes, name)
+            _check_installs(args.cluster, needs)  # the service installs them, after the checks
+            if stopping:
+                await _check_stop(pool, name, args.uninstall)
             say(f"plan       {count(len(report.units), 'unit')} on {name}; "
                 f"{count(len(moves.changes), 'replica')} to move first"
                 + (f", {len(stuck)} with nowhere to go (--force)" if stuck else ""))
@@ -159,24 +172,77 @@ async def _remove_with(cluster: Cluster, args: argparse.Namespace, ready_timeout
                 if finished is not None:
                     say(f"drain      {finished.outcome.summary()}")
             await _remove_units(pool, name)
+            if stopping:  # before its entry and key go: that is how it is reached
+                await _stop_agent(pool, name, args.uninstall, cluster.cluster.ssh.user)
     _write(path, *yamledits.remove_node(path.read_text(), name),
            f"nodes.yaml {name} removed; commit this")
     node = cluster.nodes[name]
-    code = 0
-    if args.stop_agent or args.uninstall:
-        try:  # before its key is forgotten: that is how it is reached
-            say("agent      " + await removals.stop_agent(cluster, args.cluster, name,
-                                                          uninstall=args.uninstall))
-        except removals.RemoveError as exc:
-            say(f"agent      not stopped: {exc}")
-            code = 1
     known_hosts = Path(cluster.cluster.ssh.known_hosts).expanduser()
     if not known_hosts.is_absolute():
         known_hosts = args.cluster / known_hosts
     port = node.ssh_port or cluster.cluster.ssh.port
     if removals.forget_host(known_hosts, node.address, port):
         say(f"host key   {hostkeys.entry(node.address, port)} forgotten in known_hosts")
-    return code
+    return 0
+
+
+def _check_installs(directory: Path, needs: installs.Lacking) -> None:
+    """Each engine version the drain needs can be installed from here (a llama-server to
+    ship, a requirements file); else refused before anything changes."""
+    problems = []
+    for (engine, version), nodes in needs.items():
+        try:
+            engine_cmd.wanted_for(engine, version, requirements=None if engine == "llama.cpp"
+                                  else engine_cmd.requirements_path(directory, engine, version))
+        except UserError as exc:
+            problems.append(f"{engine} {version} on {', '.join(sorted(nodes))}: {exc}")
+    if problems:
+        raise UserError("the drain needs engine versions installed first, which cannot be; "
+                        "nothing was changed:\n  - " + "\n  - ".join(problems))
+
+
+async def _check_stop(pool: pools.Pool, name: str, uninstall: bool) -> None:
+    """Ask the agent (a dry run) whether it can stop, and uninstall; refused before any
+    change when it cannot, or is too old to be asked."""
+    try:
+        await pool.call(name, lambda agent: agent.shutdown(uninstall=uninstall, dry_run=True))
+    except NodeUnreachable as exc:
+        raise UserError(f"{name}: its agent cannot be stopped ({_why_not(exc)}); nothing "
+                        "was changed") from None
+
+
+async def _stop_agent(pool: pools.Pool, name: str, uninstall: bool, account: str) -> None:
+    """Stop the agent through the agent (``Shutdown``: the daemon's account has no shell),
+    wait until it has gone, print what is left for root; raise when it did not stop."""
+    try:
+        stopped = await pool.call(name, lambda agent: agent.shutdown(uninstall=uninstall,
+                                                                     dry_run=False))
+    except NodeUnreachable as exc:
+        raise removals.RemoveError(f"{name}: its agent was not stopped ({_why_not(exc)}); "
+                                   "it stays in nodes.yaml") from None
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while (await pool.report(name)).reachable:
+        if time.monotonic() > deadline:
+            raise removals.RemoveError(f"{name}: its agent still answers {STOP_TIMEOUT:g}s "
+                                       "after it was asked to stop; it stays in nodes.yaml")
+        await asyncio.sleep(0.2)
+    say(f"agent      stopped ({stopped.detail})"
+        + (f"; it deletes {', '.join(stopped.removed)} as it exits" if stopped.removed
+           else ""))
+    left = removals.left_for_root(account, stopped.left) if uninstall else []
+    if left:
+        say("left       for root on the node, where node add made them (the agent does not "
+            "remove them):")
+        for line in left:
+            say(f"             {line}")
+
+
+def _why_not(exc: NodeUnreachable) -> str:
+    text = str(exc)
+    if "UNIMPLEMENTED" in text:
+        return ("its agent is older than Shutdown: run `llmgw node add` again to upgrade "
+                "it, or remove the node without --stop-agent/--uninstall")
+    return text.split("FAILED_PRECONDITION: ", 1)[-1]
 
 
 async def _remove_units(pool: pools.Pool, name: str) -> None:

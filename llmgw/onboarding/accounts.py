@@ -15,8 +15,13 @@ can reach the node:
   key must stay owned by the account; the account's lifetime is ``userdel -r``'s.
 * present: added to the ``llmgw`` group when it is not in it.
 * the public half of the key ``node add`` logged in with is appended to its
-  ``~/.ssh/authorized_keys`` (``restrict,port-forwarding``) unless that key is
-  already there; the file is made 0600 and the account's.
+  ``~/.ssh/authorized_keys`` as ``restrict,port-forwarding,command="internal-sftp"``
+  unless that line is already there (the same key with other options is
+  replaced); the file is made 0600 and the account's. ``internal-sftp`` is
+  sshd's own SFTP server, which needs no shell: every session of the key is
+  SFTP (``llmgw engine install`` ships binaries with it; a stock sshd's
+  ``Subsystem sftp /usr/lib/openssh/sftp-server`` runs through the
+  account's shell, which ``nologin`` refuses), and no command runs.
 
 ``cluster.ssh.user: root`` means the daemon logs in as root: no account is
 made and root's keys are left alone. Every check runs before the first
@@ -33,6 +38,8 @@ from dataclasses import dataclass
 import asyncssh
 
 GROUP = "llmgw"
+# Forwarding the agent's socket, and SFTP without a shell; nothing else.
+KEY_OPTIONS = 'restrict,port-forwarding,command="internal-sftp"'
 USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 # Run as root (or under `sudo -n`); $1 the account, $2 the key's type and base64 blob,
@@ -61,7 +68,11 @@ gid=$(id -g "$u")
 install -d -m 0700 -o "$u" -g "$gid" "$home/.ssh"
 keys="$home/.ssh/authorized_keys"
 touch "$keys"
-if grep -qF -- "$blob" "$keys"; then echo key=present
+if grep -qxF -- "$line" "$keys"; then echo key=present
+elif grep -qF -- "$blob" "$keys"; then
+  # our key with other options (an older node add's): its line replaced
+  { grep -vF -- "$blob" "$keys" || true; printf '%s\n' "$line"; } > "$keys.llmgw-new"
+  mv "$keys.llmgw-new" "$keys"; echo key=updated
 else printf '%s\n' "$line" >> "$keys"; echo key=added; fi
 chown "$u:$gid" "$keys"; chmod 0600 "$keys"
 echo home=$home
@@ -91,7 +102,7 @@ def public_line(key: asyncssh.SSHKeyPair) -> tuple[str, str]:
     data = key.public_data  # SSH wire format: the key type's name comes first
     kind = data[4:4 + int.from_bytes(data[:4], "big")].decode("ascii")
     blob = f"{kind} {base64.b64encode(data).decode('ascii')}"
-    return blob, f"restrict,port-forwarding {blob} llmgw-daemon"
+    return blob, f'{KEY_OPTIONS} {blob} llmgw-daemon'
 
 
 async def ensure(conn: asyncssh.SSHClientConnection, user: str, sudo: bool,
@@ -116,5 +127,6 @@ async def ensure(conn: asyncssh.SSHClientConnection, user: str, sudo: bool,
         ("group", "created", f"group {GROUP} created"),
         ("user", "created", "system account created"),
         ("member", "added", f"added to group {GROUP}"),
-        ("key", "added", "our key authorized")) if values.get(flag) == value]
+        ("key", "added", "our key authorized"),
+        ("key", "updated", "our key's options updated")) if values.get(flag) == value]
     return Outcome(user, changes, values.get("home", "").strip())

@@ -15,8 +15,10 @@ Steps, each shown through :class:`Progress` as it starts and as it finishes:
    here once with ``pip wheel``, cached), copied over SFTP and installed into
    ``<prefix>/venv`` with ``--no-index``: the node never reaches the
    internet. Skipped when that version is already there.
-5. **agent** — ``agent.yaml`` and ``llmgw-agent.service`` written under the
-   prefix; with systemd the unit is installed, enabled and (re)started;
+5. **agent** — ``<prefix>/engines/`` made the daemon's account's (it ships
+   engine binaries into ``.incoming/`` there; a re-run keeps what is installed),
+   ``agent.yaml`` and ``llmgw-agent.service`` written under the prefix; with
+   systemd the unit is installed, enabled and (re)started;
    without it the agent runs with the supervise backend, detached, its pid
    recorded. An upgrade restarts the agent only: engines keep running.
 6. **report** — waits for the agent's first report through the tunnel the
@@ -158,6 +160,12 @@ class Plan:
     group: str | None = None
 
     @property
+    def engines(self) -> str:
+        """Where the agent installs engine versions: the account ships binaries into its
+        ``.incoming/`` over SFTP, so ``node add`` makes it the account's (see :meth:`agent`)."""
+        return f"{self.prefix}/engines"
+
+    @property
     def socket(self) -> str:
         return "/run/llmgw/agent.sock" if self.systemd else f"{self.prefix}/run/agent.sock"
 
@@ -168,6 +176,7 @@ class Plan:
                 f"socket: {{path: {self.socket}, mode: \"0660\", group: {group}}}\n"
                 f"backend: {'systemd' if self.systemd else 'supervise'}\n"
                 f"state_dir: {self.prefix}/state\n"
+                f"engines: {{dir: {self.engines}}}\n"
                 + (f"hardware: {json.dumps(self.hardware)}  # kept from the node's agent.yaml\n"
                    if self.hardware else ""))
 
@@ -312,8 +321,10 @@ class Enrolment:
         begun = time.monotonic()
         self.progress.begin("install", f"building the wheels of llmgw {__version__} here")
         wheels = await asyncio.to_thread(build_wheels, self.wheel_cache)
+        # Ours, but not engines/: that is the daemon's account's, and keeps its installs.
         await _run(conn, f"{sudo}mkdir -p {prefix}/wheels {prefix}/etc {prefix}/state "
-                   f"{prefix}/run && {sudo}chown -R $(id -u) {prefix}")
+                   f"{prefix}/run && {sudo}chown $(id -u) {prefix} && {sudo}chown -R $(id -u) "
+                   f"{prefix}/wheels {prefix}/etc {prefix}/state {prefix}/run")
         listing = await conn.run(f"ls {prefix}/wheels", check=False)
         present = set(str(listing.stdout).split())
         # llmgw's own wheel always (same name, newer code); dependencies when missing.
@@ -345,6 +356,8 @@ class Enrolment:
         changed = upgraded
         current = await conn.run(f"cat {prefix}/etc/agent.yaml", check=False)
         plan.hardware = kept_hardware(str(current.stdout))
+        await _run(conn, engines_command(plan, self.account.user if self.account else None,
+                                         sudo))
         for path, text in ((f"{self.prefix}/etc/agent.yaml", plan.agent_yaml()),
                            (f"{self.prefix}/etc/llmgw-agent.service", plan.unit())):
             current = await conn.run(f"cat {shlex.quote(path)}", check=False)
@@ -409,6 +422,21 @@ class Enrolment:
                     raise EnrolError(f"the agent did not report within {REPORT_TIMEOUT:g}s "
                                      f"(its log: {self.prefix}/agent.log): {report.error}")
                 await asyncio.sleep(0.2)
+
+
+def engines_command(plan: Plan, account: str | None, sudo: str) -> str:
+    """Make the engines directory and its ``.incoming/``, or take them over, keeping what
+    is installed there: the daemon's ``account`` (when ``node add`` made one) owns both,
+    because ``llmgw engine install`` ships binaries into ``.incoming/`` over SFTP as that
+    account; the agent, in group llmgw, installs beside them. Without an account they are
+    the SSH user's, as the rest of the prefix."""
+    engines = shlex.quote(plan.engines)
+    incoming = shlex.quote(f"{plan.engines}/.incoming")
+    if account is None:
+        return f"{sudo}mkdir -p {incoming}"
+    owner = f"-o {shlex.quote(account)} -g {accounts.GROUP}"
+    return (f"{sudo}install -d -m 2775 {owner} {engines} && "
+            f"{sudo}install -d -m 2770 {owner} {incoming}")
 
 
 async def _run(conn: asyncssh.SSHClientConnection, command: str) -> None:

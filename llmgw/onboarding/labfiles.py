@@ -110,6 +110,14 @@ def nodes_yaml(nodes: list[LabNode], runtime: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def enrolled_nodes_yaml() -> str:
+    """nodes.yaml before ``node add`` enrolls the lab's nodes (``lab up --account``)."""
+    return ("# The lab's nodes, as `llmgw node add` wrote them. On real machines `address`\n"
+            "# is the host, and ssh_port and engine_ports_from need no mention: the\n"
+            "# simulated nodes share one machine's ports.\n"
+            "nodes: {}\n")
+
+
 def models_yaml(source: str | None) -> str:
     if source is None:
         return ("# No model yet: `llmgw lab up` found no llama-server and Gemma 3 270M GGUF\n"

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llmgw.onboarding import labfiles, labmachines, processes
+from llmgw.onboarding import accounts, labfiles, labmachines, processes, simenrolments
 from llmgw.onboarding.simnodes import (
     ENGINE_PORTS,
     HarnessError,
@@ -198,10 +198,12 @@ class Lab:
         return [LabNode(**entry) for entry in data.get("nodes", [])]
 
     def save(self, nodes: list[LabNode], engine_dir: str | None,
-             backend: str | None = None) -> None:
-        data = {"format_version": 1, "owner": getpass.getuser(),
-                "engine_dir": engine_dir, "backend": backend or self.backend(),
-                "nodes": [asdict(n) for n in nodes]}
+             backend: str | None = None, account: str | None = None) -> None:
+        data: dict[str, object] = {
+            "format_version": 1, "owner": getpass.getuser(), "engine_dir": engine_dir,
+            "backend": backend or self.backend(), "nodes": [asdict(n) for n in nodes]}
+        if account is not None:
+            data["account"] = account
         path = self.runtime / STATE
         path.with_suffix(".tmp").write_text(json.dumps(data, indent=2) + "\n")
         path.with_suffix(".tmp").replace(path)
@@ -213,6 +215,14 @@ class Lab:
         except (OSError, ValueError):
             return "supervise"
         return value if value in labmachines.BACKENDS else "supervise"
+
+    def account(self) -> str | None:
+        """The daemon's account when ``node add`` enrolled the nodes (``--account``)."""
+        try:
+            value = json.loads((self.runtime / STATE).read_text()).get("account")
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, str) else None
 
     def engine_dir(self) -> str | None:
         try:
@@ -234,6 +244,7 @@ def up(
     engine_ports_from: int | None = None,
     model: Path | None = None,
     engine: Path | None = None,
+    account: str | None = None,
     say: Say = print,
     backend: str | None = None,
 ) -> Lab:
@@ -242,9 +253,22 @@ def up(
     Idempotent: nodes already running are left alone, stopped ones restart with
     their own host keys and ports, and files that exist are not rewritten. A
     new lab takes the default ports unless they are in use (:func:`choose_ports`).
+
+    With ``account`` (a new lab; an existing one keeps what it was started with)
+    the nodes start bare, sshd only, and each is enrolled by the real ``llmgw
+    node add`` as root, the daemon logging in as ``account`` (see
+    :func:`_enrol`); a stopped node is started again by ``node add``'s re-run.
     """
     lab = Lab(directory.resolve())
     nodes = lab.nodes()
+    recorded = lab.account()
+    if nodes and account is not None and account != recorded:
+        raise LabError(f"the lab in {directory} was started "
+                       + (f"with --account {recorded}" if recorded else "without --account")
+                       + ": run `llmgw lab down --purge` first to start a different one")
+    account = recorded if nodes else account
+    if account is not None:
+        _check_account(lab, account)
     if nodes and count is not None and count != len(nodes):
         raise LabError(f"the lab in {directory} has {quantities.count(len(nodes), 'node')}, "
                        f"not {count}: run `llmgw lab down --purge` first to start a different one")
@@ -261,13 +285,16 @@ def up(
         layout(count or 3, ssh_port_from or SSH_PORT_FROM)  # refuse a bad count or port first
         ports = choose_ports(count or 3, ssh_port_from, engine_ports_from, say)
         nodes = layout(count or 3, ports.ssh_from, ports.engines_from)
-        _check_socket_paths(lab, nodes)
+        _check_socket_paths(lab, nodes, enrolled=account is not None)
         _create_runtime(lab)
     engine_dir = lab.engine_dir() if not fresh else _engine_dir(engine)
     model_path = _link_model(lab, model) if fresh else None
-    started = _start(lab, nodes, engine_dir, say, backend)
-    lab.save(started, engine_dir, backend)
-    if fresh:
+    if fresh and account is not None:  # node add needs the cluster directory first
+        _write_cluster(lab, nodes, model_path is not None and engine_dir is not None, say,
+                       ports.listeners, account=account)
+    started = _start(lab, nodes, engine_dir, say, backend, account=account)
+    lab.save(started, engine_dir, backend, account)
+    if fresh and account is None:
         _write_cluster(lab, started, model_path is not None and engine_dir is not None, say,
                        ports.listeners)
         if model_path is None or engine_dir is None:
@@ -312,7 +339,7 @@ def down(directory: Path, *, purge: bool = False) -> list[str]:
         shutil.rmtree(lab.runtime, ignore_errors=True)
     elif nodes:
         lab.save([LabNode(n.name, n.hardware, n.port, n.engine_ports_from) for n in nodes],
-                 lab.engine_dir())
+                 lab.engine_dir(), lab.account())
     return stopped
 
 
@@ -329,8 +356,9 @@ def status(directory: Path) -> list[NodeState]:
 # -- starting -------------------------------------------------------------
 
 
-def _check_socket_paths(lab: Lab, nodes: list[LabNode]) -> None:
-    longest = max(len(str(lab.runtime / n.name / "agent.sock").encode()) for n in nodes)
+def _check_socket_paths(lab: Lab, nodes: list[LabNode], *, enrolled: bool = False) -> None:
+    socket = f"{simenrolments.PREFIX}/run/agent.sock" if enrolled else "agent.sock"
+    longest = max(len(str(lab.runtime / n.name / socket).encode()) for n in nodes)
     if longest > _SOCKET_LIMIT:
         raise LabError(f"{lab.directory} is too deep for the agents' unix sockets "
                        f"({longest} bytes, at most {_SOCKET_LIMIT}): use a shorter --dir")
@@ -342,9 +370,42 @@ def _create_runtime(lab: Lab) -> None:
     shutil.copy(lab.client_key.with_suffix(".pub"), lab.authorized_keys)
 
 
+def _check_account(lab: Lab, account: str) -> None:
+    """The account can be made, and can reach its agents' sockets under the lab."""
+    if not accounts.USER_NAME.match(account):
+        raise LabError(f"--account {account!r} is not a valid user name")
+    if os.geteuid() != 0:
+        raise LabError("--account: node add makes that account and logs in as root, so "
+                       "`llmgw lab up --account` runs as root")
+    for parent in [lab.directory, *lab.directory.parents]:
+        mode = parent.stat().st_mode if parent.exists() else 0o755
+        if not mode & 0o001:
+            raise LabError(f"{parent} is closed to other accounts (mode {mode & 0o777:04o}), "
+                           f"and {account} reaches its agents' sockets through it: start the "
+                           "lab elsewhere (--dir), or `chmod o+x` it")
+
+
+def _enrol(lab: Lab, sims: list[SimNode], account: str, say: Say) -> None:
+    """``llmgw node add`` for each bare node, as an operator runs it (:mod:`.simenrolments`),
+    its checklist shown; its agent's pid is the one node add recorded."""
+    checkout = _checkout()
+    wheels = (checkout / ".cache" / "wheels" if checkout is not None
+              else Path.home() / ".cache" / "llmgw" / "wheels")
+    try:
+        outputs = simenrolments.enrol(lab.cluster_dir, sims, account, wheels)
+    except HarnessError as exc:
+        raise LabError(str(exc)) from None
+    for sim in sims:
+        say(f"  {sim.name}: llmgw node add root@127.0.0.1:{sim.port} --name {sim.name}")
+        for line in outputs[sim.name].splitlines():
+            say(f"    {line}" if line else "")
+
+
 def _start(lab: Lab, nodes: list[LabNode], engine_dir: str | None, say: Say,
-           backend: str = "supervise") -> list[LabNode]:
-    """Start whatever of each node is not running; every node's identities, once all are up."""
+           backend: str = "supervise", *, account: str | None = None) -> list[LabNode]:
+    """Start whatever of each node is not running; every node's identities, once all are up.
+
+    With ``account`` the agents are ``node add``'s (:func:`_enrol`), not started here."""
     sims: list[tuple[LabNode, SimNode, bool, bool]] = []
     for node in nodes:
         sshd_up = bool(node.sshd) and processes.is_same(node.sshd)
@@ -363,7 +424,7 @@ def _start(lab: Lab, nodes: list[LabNode], engine_dir: str | None, say: Say,
         for _node, sim, sshd_up, agent_up in sims:
             if not sshd_up:
                 sim.start_sshd(wait=False)
-            if not agent_up and backend == "supervise":
+            if not agent_up and backend == "supervise" and account is None:
                 sim.start_agent(agent_config(sim), wait=False)
         for node, sim, _sshd_up, agent_up in sims:
             if not agent_up and backend == "systemd":
@@ -373,7 +434,7 @@ def _start(lab: Lab, nodes: list[LabNode], engine_dir: str | None, say: Say,
         for _node, sim, sshd_up, agent_up in sims:
             if not sshd_up:
                 sim.wait_sshd()
-            if not agent_up and backend == "supervise":
+            if not agent_up and backend == "supervise" and account is None:
                 sim.wait_agent()
     except Exception as exc:  # one place: whatever failed, stop what this call started
         for node, sim, _s, _a in sims:
@@ -382,11 +443,15 @@ def _start(lab: Lab, nodes: list[LabNode], engine_dir: str | None, say: Say,
             if node.name in in_machines:
                 labmachines.stop(lab.runtime, node.name, in_machines[node.name])
         raise LabError(f"a node did not start: {exc}") from None
+    if account is not None:
+        _enrol(lab, [sim for _n, sim, _s, agent_up in sims if not agent_up], account, say)
     result = []
     for node, sim, sshd_up, agent_up in sims:
         sshd = node.sshd if sshd_up else _identity_of(sim.sshd)
         agent = (node.agent if agent_up else
                  in_machines.get(node.name) or _identity_of(sim.agent))
+        enrolled = sim.enrolled_agent() if account is not None and not agent_up else None
+        agent = processes.identity(enrolled) if enrolled is not None else agent
         result.append(LabNode(node.name, node.hardware, node.port, node.engine_ports_from,
                               sshd, agent))
         state = "already running" if sshd_up and agent_up else "up"
@@ -453,16 +518,20 @@ def _link_model(lab: Lab, model: Path | None) -> Path | None:
 
 
 def _write_cluster(lab: Lab, nodes: list[LabNode], with_model: bool, say: Say,
-                   listeners: tuple[tuple[str, int], ...] = labfiles.LISTENERS) -> None:
+                   listeners: tuple[tuple[str, int], ...] = labfiles.LISTENERS, *,
+                   account: str | None = None) -> None:
     lab.cluster_dir.mkdir(exist_ok=True)
     written = []
     texts = {
-        "cluster.yaml": labfiles.cluster_yaml(getpass.getuser(), f"../{RUNTIME}/id_ed25519",
-                                              nodes, listeners),
-        "nodes.yaml": labfiles.nodes_yaml(nodes, f"../{RUNTIME}"),
+        "cluster.yaml": labfiles.cluster_yaml(account or getpass.getuser(),
+                                              f"../{RUNTIME}/id_ed25519", nodes, listeners),
+        "nodes.yaml": (labfiles.enrolled_nodes_yaml() if account is not None
+                       else labfiles.nodes_yaml(nodes, f"../{RUNTIME}")),
         "models.yaml": labfiles.models_yaml(
             f"../{RUNTIME}/models/{MODEL_FILE}" if with_model else None),
-        "known_hosts": "".join(lab.sim_node(n).known_hosts_line() + "\n" for n in nodes),
+        # Enrolled, node add pins each key (its fingerprint given, as from a console).
+        "known_hosts": "" if account is not None else "".join(
+            lab.sim_node(n).known_hosts_line() + "\n" for n in nodes),
     }
     for name, text in texts.items():
         path = lab.cluster_dir / name
@@ -476,4 +545,7 @@ def _write_cluster(lab: Lab, nodes: list[LabNode], with_model: bool, say: Say,
         ignore.write_text("\n".join([*lines, *(w for w in wanted if w not in lines)]) + "\n")
         written.append(".gitignore")
     if written:
-        say(f"Wrote {', '.join(written)} ({len(nodes)} host keys pinned).")
+        say(f"Wrote {', '.join(written)} "
+            + (f"(node add pins {quantities.count(len(nodes), 'host key')})."
+               if account is not None
+               else f"({len(nodes)} host keys pinned)."))

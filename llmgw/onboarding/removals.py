@@ -9,28 +9,27 @@ The removal itself is run by the CLI (it needs :mod:`llmgw.applying` too):
    be left unservable: refused unless ``--force``;
 3. ``drain: true`` written to nodes.yaml, the moves (:func:`moves`) applied,
    every unit still on the node removed;
-4. the node's entry and its known_hosts line deleted; with ``--stop-agent``
-   (:func:`stop_agent`) the agent stopped and disabled, with ``--uninstall``
-   also what ``node add`` installed deleted.
+4. with ``--stop-agent`` the agent stopped and disabled, with ``--uninstall``
+   also what ``node add`` installed deleted, both by the agent itself
+   (``Shutdown``, :mod:`llmgw.agent.shutdowns`): the daemon's account has no
+   shell; what only root can remove is printed (:func:`left_for_root`);
+5. the node's entry and its known_hosts line deleted.
 
-Everything but :func:`stop_agent` is pure.
+Engine versions the moves need are installed first (:func:`install_needs`).
+Every function here but :func:`forget_host` is pure.
 """
 
 from __future__ import annotations
 
-import re
-import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import asyncssh
-
-from llmgw.fleet.types import Fleet
+from llmgw.fleet.types import Fleet, NodeReport
+from llmgw.planning import installs
 from llmgw.planning.types import Plan
 from llmgw.spec.models import Cluster
 from llmgw.transport import hostkeys
-
-SAFE_PATH = re.compile(r"^(/[A-Za-z0-9._+-]+)+$")
 
 
 class RemoveError(Exception):
@@ -47,7 +46,11 @@ def moves(plan: Plan, name: str) -> Plan:
     """``plan`` cut down to the changes that take something off node ``name``."""
     changes = tuple(c for c in plan.changes if any(r.node == name for r in c.removes))
     stuck = tuple(u for u in plan.unplaceable if u.note and f"{name}: draining" in u.wanted)
-    return replace(plan, changes=changes, unplaceable=stuck, unknown=(), warnings=())
+    # Moves held waiting for an engine install stay: the convergence service installs
+    # what they need before it changes anything.
+    held = tuple(c for c in plan.awaiting_install if any(r.node == name for r in c.removes))
+    return replace(plan, changes=changes, unplaceable=stuck, unknown=(), warnings=(),
+                   awaiting_install=held)
 
 
 @dataclass(frozen=True)
@@ -98,56 +101,19 @@ def forget_host(known_hosts: Path, host: str, port: int) -> bool:
     return True
 
 
-# The prefix `node add` installed into, read back from the unit it wrote
-# (systemd's copy, else the supervise backend's under the socket's prefix).
-FIND_PREFIX = (r"sed -n 's|^ExecStart=\(/[^ ]*\)/venv/bin/llmgw agent serve .*|\1|p' "
-               "/etc/systemd/system/llmgw-agent.service {fallback} 2>/dev/null | head -n1")
+def install_needs(plan: Plan, reports: Mapping[str, NodeReport], name: str) -> installs.Lacking:
+    """The engine versions the drain of ``name`` needs installed first, and where: what
+    its moves' new shards run (and moves held waiting for an install), as ``apply``
+    installs them before it changes anything."""
+    return installs.needed(moves(plan, name), reports)
 
 
-async def stop_agent(cluster: Cluster, cluster_dir: Path, name: str, *,
-                     uninstall: bool) -> str:
-    """Stop (and disable) node ``name``'s agent over SSH; with ``uninstall``, delete what
-    ``node add`` installed. Returns what was done, for one line of output."""
-    node = cluster.nodes[name]
-    settings = cluster.cluster
-    socket = node.agent_socket or settings.agent_socket
-    supervised = socket.endswith("/run/agent.sock")
-    fallback = shlex.quote(socket.removesuffix("/run/agent.sock") + "/etc/llmgw-agent.service") \
-        if supervised else ""
-
-    def resolve(path: str) -> str:
-        expanded = Path(path).expanduser()
-        return str(expanded if expanded.is_absolute() else cluster_dir / expanded)
-
-    keys = ({"client_keys": [resolve(settings.ssh.identity_file)]}
-            if settings.ssh.identity_file else {})
-    try:
-        async with asyncssh.connect(
-                node.address, port=node.ssh_port or settings.ssh.port,
-                username=settings.ssh.user, known_hosts=resolve(settings.ssh.known_hosts),
-                agent_path=None, connect_timeout=settings.ssh.connect_timeout,
-                **keys) as conn:
-            found = await conn.run(FIND_PREFIX.format(fallback=fallback), check=False)
-            prefix = str(found.stdout).strip()
-            if not SAFE_PATH.match(prefix) or prefix.count("/") < 2:
-                raise RemoveError(f"{name}: no agent installed by `llmgw node add` found (no "
-                                  "llmgw-agent.service naming its prefix); stop it by hand")
-            sudo = "" if settings.ssh.user == "root" else "sudo -n "
-            quoted = shlex.quote(prefix)
-            stop = (f"if [ -d /run/systemd/system ] && [ -e /etc/systemd/system/llmgw-agent."
-                    f"service ]; then {sudo}systemctl disable --now llmgw-agent && "
-                    f"{sudo}rm -f /etc/systemd/system/llmgw-agent.service && "
-                    f"{sudo}systemctl daemon-reload; else pid=$(cat {quoted}/run/agent.pid "
-                    f"2>/dev/null) && kill $pid 2>/dev/null; while kill -0 \"$pid\" "
-                    f"2>/dev/null; do sleep 0.1; done; rm -f {quoted}/run/agent.pid; fi")
-            if uninstall:
-                stop += (f" && test -x {quoted}/venv/bin/llmgw && test -f {quoted}/etc/agent."
-                         f"yaml && {sudo}rm -rf {quoted}")
-            result = await conn.run(stop, check=False)
-            if result.exit_status != 0:
-                raise RemoveError(f"{name}: stopping the agent failed: "
-                                  f"{str(result.stderr).strip()[-300:] or result.exit_status}")
-            return (f"stopped, and {prefix} deleted" if uninstall
-                    else f"stopped and disabled (still installed in {prefix})")
-    except (OSError, asyncssh.Error) as exc:
-        raise RemoveError(f"{name}: cannot log in to stop the agent: {exc}") from None
+def left_for_root(account: str, agent_left: tuple[str, ...]) -> list[str]:
+    """What an uninstall leaves for an operator with root on the node: what the agent
+    could not delete, then the daemon's account (``node add`` makes it unless the daemon
+    logs in as root or as node add's own user; the daemon was logged in as it) and the
+    group llmgw, once no other account is in it. Empty: nothing is left."""
+    commands = list(agent_left)
+    if account != "root":
+        commands += [f"userdel -r {account}", "groupdel llmgw  # once no other account is in it"]
+    return commands

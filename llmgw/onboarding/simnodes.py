@@ -42,6 +42,7 @@ from ruamel.yaml import YAML
 from llmgw.onboarding.processes import (
     MARKER,
     STOP_TIMEOUT,
+    alive,
     descendants,
     identity,
     is_same,
@@ -50,6 +51,7 @@ from llmgw.onboarding.processes import (
 )
 
 SSHD = "/usr/sbin/sshd"
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # Debian's openssh-sftp-server
 # Fixture hardware, shipped inside the package so `llmgw lab` works from a wheel.
 HARDWARE = Path(__file__).resolve().parent / "hardware"
 FIXTURES = HARDWARE  # the name the tests know it by
@@ -76,11 +78,15 @@ StreamLocalBindUnlink yes
 # sshd grants streamlocal opens only while local TCP forwarding is allowed.
 AllowTcpForwarding local
 X11Forwarding no
-# As on any stock sshd: `llmgw node add` ships wheels over SFTP.
-Subsystem sftp internal-sftp
+# As on a stock Debian sshd: an sftp-server run through the user's shell (so the account
+# `node add` makes, shell nologin, gets SFTP from its key's command="internal-sftp" only).
+Subsystem sftp {sftp_server}
 PrintMotd no
 LogLevel INFO
 MaxStartups 100:30:200
+# The node's own environment, for what its sessions start (an agent `node add` starts):
+# the marker that finds every process of this node again, the engines on PATH.
+{setenv}
 # Any other account (as the one `llmgw node add` makes for cluster.ssh.user) is let in
 # only by the keys in its own ~/.ssh/authorized_keys, as on a real node.
 Match User *,!root,!{login}
@@ -90,6 +96,14 @@ Match User *,!root,!{login}
 
 class HarnessError(RuntimeError):
     """A simulated node could not be started; the message carries its log."""
+
+
+def setenv_line(env: Mapping[str, str]) -> str:
+    """``SetEnv "K=V" …`` for sshd_config; a value sshd cannot carry is refused."""
+    for key, value in env.items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key) or any(c in value for c in '"\n\\'):
+            raise HarnessError(f"cannot pass {key}={value!r} to the node's sessions")
+    return "SetEnv " + " ".join(f'"{k}={v}"' for k, v in sorted(env.items())) if env else ""
 
 
 def free_port() -> int:
@@ -205,11 +219,15 @@ class SimNode:
     env: dict[str, str] = field(default_factory=dict)
     # Every simulated node shares 127.0.0.1: each gets its own engine port range.
     engine_ports_from: int = 18000
+    # Set once `llmgw node add` installed llmgw here (simenrolments): its --prefix.
+    prefix: Path | None = None
     _listening_before: int = 0
 
     def processes(self) -> list[int]:
         """Pids of this node's sshd and agent and everything they started."""
         pids = [p.pid for p in (self.sshd, self.agent) if p is not None]
+        enrolled = self.enrolled_agent()
+        pids += [enrolled] if enrolled is not None else []
         return [*pids, *(d for pid in pids for d in descendants(pid))]
 
     @property
@@ -226,7 +244,19 @@ class SimNode:
 
     @property
     def agent_socket(self) -> Path:
+        if self.prefix is not None:  # where `node add` put it
+            return self.prefix / "run" / "agent.sock"
         return self.root / "agent.sock"
+
+    def enrolled_agent(self) -> int | None:
+        """The pid of the agent ``node add`` started (supervise backend), while it runs."""
+        if self.prefix is None:
+            return None
+        try:
+            pid = int((self.prefix / "run" / "agent.pid").read_text())
+        except (OSError, ValueError):
+            return None
+        return pid if alive(pid) else None
 
     @property
     def agent_log(self) -> Path:
@@ -254,7 +284,8 @@ class SimNode:
             keygen(self.host_key, f"host key of {self.name}")
         self.sshd_config.write_text(SSHD_CONFIG.format(
             port=self.port, host_key=self.host_key, authorized_keys=self.authorized_keys,
-            login=getpass.getuser(),
+            login=getpass.getuser(), setenv=setenv_line(self.session_environment()),
+            sftp_server=SFTP_SERVER if os.access(SFTP_SERVER, os.X_OK) else "internal-sftp",
         ))
         check = subprocess.run(
             [SSHD, "-t", "-f", str(self.sshd_config)], capture_output=True, text=True
@@ -347,6 +378,13 @@ class SimNode:
         env.pop("SSH_AUTH_SOCK", None)
         return env
 
+    def session_environment(self) -> dict[str, str]:
+        """What sshd sets in this node's sessions (``SetEnv``): the marker, PATH, the
+        stand-in engines' settings (``TESTENGINE_*``) and the node's own ``env``."""
+        env = self._environment()
+        return {k: v for k, v in env.items()
+                if k in (MARKER, "PATH") or k.startswith("TESTENGINE_") or k in self.env}
+
 
 @dataclass
 class SimCluster:
@@ -355,6 +393,8 @@ class SimCluster:
     root: Path
     nodes: dict[str, SimNode] = field(default_factory=dict)
     extra_nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The daemon's account once `llmgw node add` enrolled the nodes (simenrolments).
+    account: str | None = None
     _blackholes: list[socket.socket] = field(default_factory=list)
 
     @classmethod
@@ -440,12 +480,19 @@ class SimCluster:
         return self.known_hosts
 
     def cluster_data(self, **ssh: Any) -> dict[str, Any]:
-        """The cluster spec for these nodes, as plain data; ``ssh`` overrides cluster.ssh."""
-        nodes = {name: node_spec(node) for name, node in self.nodes.items()}
+        """The cluster spec for these nodes, as plain data; ``ssh`` overrides cluster.ssh.
+
+        Once ``node add`` enrolled them (:attr:`account` set), the daemon logs in as
+        that account and the nodes are in ``nodes.yaml``, as ``node add`` wrote them.
+        """
+        nodes = {} if self.account else {
+            name: node_spec(node) for name, node in self.nodes.items()}
         nodes.update(self.extra_nodes)
-        settings = {"user": getpass.getuser(), "known_hosts": "known_hosts",
+        settings = {"user": self.account or getpass.getuser(), "known_hosts": "known_hosts",
                     "identity_file": str(self.client_key), "connect_timeout": "5s", **ssh}
-        data: dict[str, Any] = {"cluster": {"name": "sim", "ssh": settings}, "nodes": nodes}
+        data: dict[str, Any] = {"cluster": {"name": "sim", "ssh": settings}}
+        if nodes or not self.account:
+            data["nodes"] = nodes
         fabrics = fabric_specs(self.nodes.values())
         if fabrics:
             data["fabrics"] = fabrics

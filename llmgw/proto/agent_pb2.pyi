@@ -1430,3 +1430,61 @@ class UnitEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UnitEvent: _TypeAlias = UnitEvent  # noqa: Y015
+
+@_typing.final
+class ShutdownRequest(_message.Message):
+    """---- Shutdown -----------------------------------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UNINSTALL_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    uninstall: _builtins.bool
+    """also delete what `llmgw node add` installed"""
+    dry_run: _builtins.bool
+    """check and answer only: nothing stops, nothing is deleted"""
+    def __init__(
+        self,
+        *,
+        uninstall: _builtins.bool = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "uninstall", b"uninstall"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShutdownRequest: _TypeAlias = ShutdownRequest  # noqa: Y015
+
+@_typing.final
+class ShutdownResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DETAIL_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    detail: _builtins.str
+    """what it did, for one line: "disabled llmgw-agent.service" """
+    @_builtins.property
+    def removed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """paths it deletes as it exits (uninstall)"""
+
+    @_builtins.property
+    def left(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """what it cannot remove itself, for an operator with root"""
+
+    def __init__(
+        self,
+        *,
+        detail: _builtins.str = ...,
+        removed: _abc.Iterable[_builtins.str] | None = ...,
+        left: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "left", b"left", "removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShutdownResponse: _TypeAlias = ShutdownResponse  # noqa: Y015

@@ -64,6 +64,11 @@ class AgentStub:
                 request_serializer=llmgw_dot_proto_dot_agent__pb2.EngineInstallRequest.SerializeToString,
                 response_deserializer=llmgw_dot_proto_dot_agent__pb2.EngineInstallProgress.FromString,
                 _registered_method=True)
+        self.Shutdown = channel.unary_unary(
+                '/llmgw.agent.v1.Agent/Shutdown',
+                request_serializer=llmgw_dot_proto_dot_agent__pb2.ShutdownRequest.SerializeToString,
+                response_deserializer=llmgw_dot_proto_dot_agent__pb2.ShutdownResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -115,6 +120,17 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Shutdown(self, request, context):
+        """Stop this agent for good (`llmgw node remove --stop-agent/--uninstall`):
+        it disables its own llmgw-agent.service first, answers, then exits;
+        with uninstall it then deletes what `llmgw node add` installed. Refused
+        (FAILED_PRECONDITION, nothing done) while llmgw units remain, or when
+        uninstall finds no prefix of node add's. dry_run: check and say only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -147,6 +163,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.InstallEngine,
                     request_deserializer=llmgw_dot_proto_dot_agent__pb2.EngineInstallRequest.FromString,
                     response_serializer=llmgw_dot_proto_dot_agent__pb2.EngineInstallProgress.SerializeToString,
+            ),
+            'Shutdown': grpc.unary_unary_rpc_method_handler(
+                    servicer.Shutdown,
+                    request_deserializer=llmgw_dot_proto_dot_agent__pb2.ShutdownRequest.FromString,
+                    response_serializer=llmgw_dot_proto_dot_agent__pb2.ShutdownResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +332,33 @@ class Agent:
             '/llmgw.agent.v1.Agent/InstallEngine',
             llmgw_dot_proto_dot_agent__pb2.EngineInstallRequest.SerializeToString,
             llmgw_dot_proto_dot_agent__pb2.EngineInstallProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Shutdown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.agent.v1.Agent/Shutdown',
+            llmgw_dot_proto_dot_agent__pb2.ShutdownRequest.SerializeToString,
+            llmgw_dot_proto_dot_agent__pb2.ShutdownResponse.FromString,
             options,
             channel_credentials,
             insecure,

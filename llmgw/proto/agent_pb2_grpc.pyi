@@ -60,6 +60,13 @@ class AgentStub:
     the install already running): its progress as it goes, then the end
     state (done, failed with the reason, or skipped: no GPU for vLLM/SGLang).
     """
+    Shutdown: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ShutdownRequest, _agent_pb2.ShutdownResponse]
+    """Stop this agent for good (`llmgw node remove --stop-agent/--uninstall`):
+    it disables its own llmgw-agent.service first, answers, then exits;
+    with uninstall it then deletes what `llmgw node add` installed. Refused
+    (FAILED_PRECONDITION, nothing done) while llmgw units remain, or when
+    uninstall finds no prefix of node add's. dry_run: check and say only.
+    """
 
 @_typing.type_check_only
 class AgentAsyncStub(AgentStub):
@@ -82,6 +89,13 @@ class AgentAsyncStub(AgentStub):
     """Install an engine version into its own directory on the node (or join
     the install already running): its progress as it goes, then the end
     state (done, failed with the reason, or skipped: no GPU for vLLM/SGLang).
+    """
+    Shutdown: _aio.UnaryUnaryMultiCallable[_agent_pb2.ShutdownRequest, _agent_pb2.ShutdownResponse]  # type: ignore[assignment]
+    """Stop this agent for good (`llmgw node remove --stop-agent/--uninstall`):
+    it disables its own llmgw-agent.service first, answers, then exits;
+    with uninstall it then deletes what `llmgw node add` installed. Refused
+    (FAILED_PRECONDITION, nothing done) while llmgw units remain, or when
+    uninstall finds no prefix of node add's. dry_run: check and say only.
     """
 
 class AgentServicer(metaclass=_abc_1.ABCMeta):
@@ -138,6 +152,19 @@ class AgentServicer(metaclass=_abc_1.ABCMeta):
         """Install an engine version into its own directory on the node (or join
         the install already running): its progress as it goes, then the end
         state (done, failed with the reason, or skipped: no GPU for vLLM/SGLang).
+        """
+
+    @_abc_1.abstractmethod
+    def Shutdown(
+        self,
+        request: _agent_pb2.ShutdownRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.ShutdownResponse, _abc.Awaitable[_agent_pb2.ShutdownResponse]]:
+        """Stop this agent for good (`llmgw node remove --stop-agent/--uninstall`):
+        it disables its own llmgw-agent.service first, answers, then exits;
+        with uninstall it then deletes what `llmgw node add` installed. Refused
+        (FAILED_PRECONDITION, nothing done) while llmgw units remain, or when
+        uninstall finds no prefix of node add's. dry_run: check and say only.
         """
 
 def add_AgentServicer_to_server(servicer: AgentServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

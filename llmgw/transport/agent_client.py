@@ -41,6 +41,15 @@ def declaration_to_message(declared: Declaration) -> pb.ReportRequest:
 
 
 @dataclass(frozen=True)
+class Stopped:
+    """A Shutdown's answer: what the agent did, deletes as it exits, and cannot remove."""
+
+    detail: str
+    removed: tuple[str, ...]
+    left: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class EngineProgress:
     """One snapshot of an engine install: the Fetch, what it is doing, where it went."""
 
@@ -109,6 +118,14 @@ class AgentClient:
                                      step=item.step, path=item.path)
         finally:
             call.cancel()
+
+    async def shutdown(self, *, uninstall: bool, dry_run: bool) -> Stopped:
+        """Stop the agent for good (with ``uninstall``, delete node add's install as it
+        exits); ``dry_run``: what it would do. FAILED_PRECONDITION when it refuses."""
+        request = pb.ShutdownRequest(uninstall=uninstall, dry_run=dry_run)
+        reply = cast(pb.ShutdownResponse, await self._stub.Shutdown(request,
+                                                                    timeout=self.timeout))
+        return Stopped(reply.detail, tuple(reply.removed), tuple(reply.left))
 
     async def watch_units(self) -> AsyncIterator[Unit]:
         """Every unit now, then each change. A removed unit comes as ``stopped``, "removed"."""

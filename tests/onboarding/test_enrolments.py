@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,8 +115,13 @@ def test_node_add_takes_a_bare_node_to_a_reporting_agent(
                     cwd=tmp_path)
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert "units      none left on bare-01" in removed.stdout
-    assert f"agent      stopped, and {prefix} deleted" in removed.stdout
-    assert not nodes._alive(agent) and not Path(prefix).exists()
+    assert ("agent      stopped (supervise backend: nothing starts it again); it deletes "
+            f"{prefix} as it exits") in removed.stdout, removed.stdout
+    assert "left       for root" not in removed.stdout  # logs in as root: no account made
+    deadline = time.monotonic() + 120  # it stops serving, then deletes (a venv) and exits
+    while nodes._alive(agent) or Path(prefix).exists():
+        assert time.monotonic() < deadline, "the agent did not delete its prefix and exit"
+        time.sleep(0.05)
     assert (cluster / "nodes.yaml").read_text() == (
         "# Our machines, one entry each (`llmgw node add`).\nnodes:\n"
         "  old-01:  # the first box\n    address: 10.9.9.9\n    labels: {rack: \"1\"}\n")
@@ -205,7 +211,8 @@ def test_node_add_makes_the_daemons_account_and_reports_through_it(
         stat = keys.stat()
         assert (stat.st_mode & 0o777, stat.st_uid) == (0o600, account.pw_uid)
         public = " ".join(sim.client_key.with_suffix(".pub").read_text().split()[:2])
-        assert keys.read_text() == f"restrict,port-forwarding {public} llmgw-daemon\n"
+        assert keys.read_text() == (f'restrict,port-forwarding,command="internal-sftp" '
+                                    f"{public} llmgw-daemon\n")
 
         # The daemon's view, as the cluster's user: inventory and doctor reach the node.
         inventory = llmgw("inventory", "--cluster", str(cluster), cwd=tmp_path)
@@ -222,6 +229,13 @@ def test_node_add_makes_the_daemons_account_and_reports_through_it(
         assert (f"account    {daemon_account} exists, in group llmgw, our key authorized: "
                 "unchanged") in again.stdout, again.stdout
         assert "running (supervise backend" in again.stdout
+        assert keys.read_text() == before
+
+        # The key as an older node add wrote it (no SFTP for a shell-less account): replaced.
+        keys.write_text(f"restrict,port-forwarding {public} llmgw-daemon\n")
+        upgraded = llmgw(*base, cwd=tmp_path)
+        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+        assert f"account    {daemon_account}: our key's options updated" in upgraded.stdout
         assert keys.read_text() == before
     finally:
         pidfile = prefix / "opt" / "run" / "agent.pid"

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,18 +20,19 @@ import httpx
 import pytest
 from support import daemons, nodes
 
-from llmgw.onboarding import labfiles, labs, processes
+from llmgw.onboarding import enrolments, labfiles, labs, processes, simenrolments
 from llmgw.spec import loading
 from llmgw.transport import pools
 
+WHEELS = Path(__file__).resolve().parents[2] / ".cache" / "wheels"
 STUB_ENGINE = Path(__file__).resolve().parents[1] / "support" / "bin" / "llama-server"
 
 pytestmark = pytest.mark.skipif(not shutil.which(nodes.SSHD), reason="sshd not installed")
 
 
-def llmgw(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def llmgw(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llmgw", *args], cwd=cwd, text=True,
-                          capture_output=True, timeout=120)
+                          capture_output=True, timeout=timeout)
 
 
 def refuses(port: int) -> bool:
@@ -236,3 +239,52 @@ def test_down_without_a_lab_says_so(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr == f"error: no lab in . (no {labs.RUNTIME}/ there)\n"
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.timeout(1500)
+def test_up_with_an_account_enrols_bare_nodes_by_node_add() -> None:
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("node add makes a system account: needs root and useradd")
+    try:
+        enrolments.build_wheels(WHEELS)
+    except enrolments.EnrolError as exc:
+        pytest.skip(f"cannot build the wheels node add ships (no package index?): {exc}")
+    account = f"llmgw-t{secrets.token_hex(4)}"
+    had_group = subprocess.run(["getent", "group", "llmgw"], capture_output=True).returncode == 0
+    # Not under pytest's 0700 tmp_path: the account reaches its agent's socket through it.
+    where = Path(tempfile.mkdtemp(prefix="llmgw-lab-"))
+    where.chmod(0o755)
+    lab = where / "lab"
+    try:
+        up = llmgw("lab", "up", "--dir", "lab", "--nodes", "1", "--ssh-port", "2291",
+                   "--account", account, cwd=where, timeout=900)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "gpu-01: llmgw node add root@127.0.0.1:2291 --name gpu-01" in up.stdout
+        assert "    account    " + account + ": " in up.stdout, up.stdout
+        assert "    agent      started (supervise backend" in up.stdout, up.stdout
+        assert "(node add pins 1 host key)." in up.stdout
+        nodes_yaml = (lab / "cluster" / "nodes.yaml").read_text()
+        assert "opt/run/agent.sock" in nodes_yaml and "engine_ports_from: 21000" in nodes_yaml
+        cluster = loading.load(lab / "cluster")
+        assert cluster.cluster.ssh.user == account
+        fleet = asyncio.run(pools.collect(cluster, lab / "cluster"))
+        assert fleet.nodes["gpu-01"].reachable, fleet.nodes["gpu-01"].error
+        assert len(fleet.nodes["gpu-01"].gpus) == 8  # the fixture's hardware, kept by node add
+        assert llmgw("lab", "status", "--dir", "lab", cwd=where).returncode == 0
+
+        # Down, then up again: node add's re-run starts the agent again.
+        assert llmgw("lab", "down", "--dir", "lab", cwd=where).returncode == 0
+        assert processes.marked(lab / labs.RUNTIME) == []
+        again = llmgw("lab", "up", "--dir", "lab", cwd=where, timeout=900)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "    install    llmgw" in again.stdout and "already in" in again.stdout
+        fleet = asyncio.run(pools.collect(cluster, lab / "cluster"))
+        assert fleet.nodes["gpu-01"].reachable, fleet.nodes["gpu-01"].error
+        down = llmgw("lab", "down", "--dir", "lab", "--purge", cwd=where)
+        assert down.returncode == 0 and f"userdel -r {account}" in down.stdout, down.stdout
+        assert processes.marked(lab / labs.RUNTIME) == []
+    finally:
+        left = processes.marked(lab / labs.RUNTIME)
+        processes.terminate(left)
+        shutil.rmtree(where, ignore_errors=True)
+        simenrolments.remove_account(account, group=not had_group)

@@ -71,3 +71,21 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def shippable(directory: Path) -> Path:
+    """A stand-in ``llama-server`` that still works once copied elsewhere (``llmgw engine
+    install`` ships it, the agent installs it under its engines directory): it answers
+    ``--version`` as the install check asks, and otherwise runs the test engine by its
+    absolute path. Returns the directory holding it, for PATH."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "llama-server"
+    script.write_text(
+        "#!/bin/sh\n# A stand-in llama-server (tests/support/engines.py: shippable).\n"
+        'if [ "$1" = "--version" ]; then echo "version: 0 (stand-in)"; exit 0; fi\n'
+        f'exec python3 {STUBS.parent / "testengine.py"} "$@" '
+        '--record "${TESTENGINE_RECORD_DIR:-/tmp}/$$.json" '
+        '--load-delay "${TESTENGINE_LOAD_DELAY:-0.3}"\n')
+    script.chmod(0o755)
+    directory.chmod(0o755)
+    return directory

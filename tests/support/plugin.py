@@ -8,14 +8,21 @@ the test ends, pass or fail.
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from support import nodes, postgres
 
+from llmgw.onboarding import enrolments, simenrolments
+
 SimClusterFactory = Callable[..., nodes.SimCluster]
+# The wheels `node add` ships, built once (the dependencies need the package index once).
+WHEELS = Path(__file__).resolve().parents[2] / ".cache" / "wheels"
 # Fixture hardware (tests/fixtures/nodes/) the nodes get in turn, unless a test says.
 DEFAULT_HARDWARE = ("h100-ib", "l40s-nofabric", "cpu-only")
 
@@ -47,6 +54,46 @@ def sim_cluster() -> Iterator[SimClusterFactory]:
     yield make
     for sim in made:
         sim.close()
+
+
+@pytest.fixture
+def enrolled_cluster() -> Iterator[SimClusterFactory]:
+    """``enrolled_cluster(2)``: bare nodes (sshd only) enrolled by the real ``llmgw node add``
+    as root, the daemon logging in as an account of this test only (``llmgw-t…``: a system
+    account in group llmgw, shell nologin, made by node add), its agents started by node
+    add from the venv it installed; ``nodes.yaml`` as node add wrote it. Everything is
+    stopped, and the account deleted, when the test ends."""
+    if not shutil.which(nodes.SSHD) or not shutil.which("ssh-keygen"):
+        pytest.skip("OpenSSH server not installed (make sysdeps)")
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("node add makes a system account: needs root and useradd (CI runs as root)")
+    try:
+        enrolments.build_wheels(WHEELS)
+    except enrolments.EnrolError as exc:
+        pytest.skip(f"cannot build the wheels node add ships (no package index?): {exc}")
+    nodes.sweep_abandoned()
+    account = f"llmgw-t{secrets.token_hex(4)}"
+    had_group = subprocess.run(["getent", "group", "llmgw"], capture_output=True).returncode == 0
+    made: list[nodes.SimCluster] = []
+
+    def make(count: int = 1, *, hardware: Sequence[str] = ("cpu-only",),
+             prefix: str = "node") -> nodes.SimCluster:
+        sim = nodes.SimCluster.create()
+        made.append(sim)
+        kinds = list(hardware)
+        for index in range(count):
+            sim.add_node(f"{prefix}-{index + 1:02d}", kinds[index % len(kinds)])
+        sim.start(agents=False)
+        sim.account = account
+        sim.write_cluster()
+        sim.known_hosts.write_text("")  # node add pins each key, by its fingerprint
+        simenrolments.enrol(sim.cluster_dir, list(sim.nodes.values()), account, WHEELS)
+        return sim
+
+    yield make
+    for sim in made:
+        sim.close()
+    simenrolments.remove_account(account, group=not had_group)
 
 
 @pytest.fixture(scope="session")
