@@ -65,7 +65,8 @@ async def serving(settings: Settings, root: Path) -> AsyncIterator[Served]:
     try:
         yield served
     finally:
-        names = [u.name for u in agent.monitor.units]
+        # A fresh look, not monitor.units: that snapshot may predate the last apply.
+        names = [u.name for u in await agent.monitor.refresh()]
         await agent.apply([UnitChange(n, "", action="remove") for n in names])
         await channel.close()
         await server.stop(None)

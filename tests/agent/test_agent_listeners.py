@@ -76,7 +76,8 @@ async def agent() -> AsyncIterator[tuple[servers.Agent, AgentClient]]:
     try:
         yield agent, AgentClient(channel, timeout=20)
     finally:
-        names = [u.name for u in agent.monitor.units]
+        # A fresh look, not monitor.units: that snapshot may predate the last apply.
+        names = [u.name for u in await agent.monitor.refresh()]
         await agent.apply([UnitChange(n, "", action="remove") for n in names])
         await channel.close()
         await server.stop(None)

@@ -95,7 +95,8 @@ async def start_node(name: str, root: Path) -> Node:
 
 
 async def stop_node(node: Node) -> None:
-    names = [u.name for u in node.agent.monitor.units]
+    # A fresh look, not monitor.units: that snapshot may predate the last apply.
+    names = [u.name for u in await node.agent.monitor.refresh()]
     await node.agent.apply([UnitChange(n, "", action="remove") for n in names])
     await node.server.stop(None)
     node.monitor.cancel()
