@@ -59,8 +59,9 @@ lint: install
 	$(BIN)/lint-imports
 
 # The real engines and model are built first: the end-to-end tests serve them.
+# --durations: the 40 slowest tests close the log, so what makes the suite long is seen in CI.
 test: install sysdeps engine model vllm lint
-	PATH="$(abspath $(ENGINE_DIR)/bin):$$PATH" $(BIN)/pytest -q
+	PATH="$(abspath $(ENGINE_DIR)/bin):$$PATH" $(BIN)/pytest -q --durations=40
 
 # The fast tier, without the lint step, for a quick loop while editing: every test but
 # the end-to-end, browser and docs-session ones (markers: docs/testing.md).
