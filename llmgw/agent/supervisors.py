@@ -566,9 +566,11 @@ class Supervisor:
         while True:
             if run.popen is not None:
                 run.popen.poll()  # reap the main process so it stops counting
-            if not processes.group_members(pgid):
-                if run.popen is not None:
-                    run.popen.poll()  # it may have ended since: a zombie is no member
+            # A zombie is no member, but a zombie leader whose other threads still exit
+            # cannot be reaped yet (waitpid says "running"): wait for our child too, or
+            # its Popen is dropped unreaped and the agent keeps a zombie.
+            reaped = run.popen is None or run.popen.poll() is not None
+            if not processes.group_members(pgid) and reaped:
                 return True
             if time.monotonic() >= deadline:
                 return False
