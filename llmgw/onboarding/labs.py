@@ -339,7 +339,7 @@ def down(directory: Path, *, purge: bool = False) -> list[str]:
         shutil.rmtree(lab.runtime, ignore_errors=True)
     elif nodes:
         lab.save([LabNode(n.name, n.hardware, n.port, n.engine_ports_from) for n in nodes],
-                 lab.engine_dir(), lab.account())
+                 lab.engine_dir(), lab.backend(), lab.account())
     return stopped
 
 
