@@ -26,8 +26,9 @@ from llmgw.cli.main import main
 from llmgw.transport.agent_client import AgentClient
 
 
-def apply(directory: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    code = main(["apply", "--cluster", str(directory), "--auto-approve", "--ready-timeout", "60s"])
+def apply(directory: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    code = main(["apply", "--cluster", str(directory), "--auto-approve", "--ready-timeout", "60s",
+                 *extra])
     captured = capsys.readouterr()
     return code, captured.out + captured.err
 
@@ -138,6 +139,14 @@ def test_a_changed_host_key_is_refused_and_nothing_is_applied_there(
     assert "! node-02 is unreachable, nothing will change there: host key" in out
     assert impostor.host_fingerprint() in out  # the key it offered, to check by hand
     assert units_on(impostor) == []  # nothing was applied behind the changed key
+    # A replica may still run behind the changed key: apply does not place a second
+    # copy of a max-bounded model elsewhere unless told to (planning/unseen.py).
+    assert "a replica may still run on node-02" in out and "--force to place" in out
+    assert set(running(engines)) == set()
+
+    code, out = apply(directory, capsys, "--force")
+
+    assert units_on(impostor) == []
     assert set(running(engines)) == {"chat", "tiny"}  # the honest node took both
     assert code == 0  # what could be applied was; the unreachable node is reported
 
