@@ -119,9 +119,9 @@ async def _remove_with(cluster: Cluster, args: argparse.Namespace, ready_timeout
             pool, store=None if isinstance(store, str) else store, ready_timeout=ready_timeout,
             started_by=records.invoker(), progress=display.step,
             install=lambda needs: apply_cmd.install(pool, args.cluster, needs, sys.stdout))
-        prepared = await service.prepare(Request(
-            removals.draining(cluster, name), revision_of(args.cluster),
-            scope=lambda plan: removals.moves(plan, name)))
+        request = Request(removals.draining(cluster, name), revision_of(args.cluster),
+                          scope=lambda plan: removals.moves(plan, name))
+        prepared = await service.prepare(request)
         fleet = prepared.fleet
         report = fleet.nodes[name]
         if not report.reachable:
@@ -145,12 +145,21 @@ async def _remove_with(cluster: Cluster, args: argparse.Namespace, ready_timeout
                                 "changed:\n  - " + "\n  - ".join(refused) + "\nadd capacity "
                                 "for them elsewhere, or pass --force")
             needs = removals.install_needs(moves, fleet.nodes, name)
-            _check_installs(args.cluster, needs)  # the service installs them, after the checks
+            _check_installs(args.cluster, needs)
             if stopping:
                 await _check_stop(pool, name, args.uninstall)
             say(f"plan       {count(len(report.units), 'unit')} on {name}; "
                 f"{count(len(moves.changes), 'replica')} to move first"
                 + (f", {len(stuck)} with nowhere to go (--force)" if stuck else ""))
+            if needs:  # before the drain is written: a failed install changes nothing
+                say("install    engine versions the moves need, first:")
+                failures = await engine_cmd.install_missing(pool, args.cluster, needs,
+                                                            lambda line: say(f"  {line}"))
+                if failures:
+                    raise UserError("installing what the drain needs failed; nothing was "
+                                    "changed:\n  - " + "\n  - ".join(failures))
+                prepared = await service.prepare(request)  # the moves, engines in place
+                moves = prepared.plan
             if report.units:
                 _write(path, *yamledits.set_node_key(path.read_text(), name, "drain", True),
                        f"nodes.yaml {name} draining (cordoned: nothing new lands there)")
