@@ -83,10 +83,16 @@ def fingerprint(pid: int) -> Fingerprint | None:
 def matches(recorded: Fingerprint) -> bool:
     """Whether the process recorded is still the one running under that pid.
 
-    A different start time, boot or command line means the pid was reused by
-    an unrelated process, which must never be adopted (or signalled).
+    A different start time or boot means the pid was reused by an unrelated
+    process, which must never be adopted (or signalled): within one boot, a
+    pid and its start tick name one process. The command line is not compared:
+    it changes when ``/usr/bin/env`` or a wrapper script execs the engine, or
+    when the engine retitles itself, and an agent killed in that moment left a
+    fingerprint of the first program, so its engine was orphaned.
     """
-    return fingerprint(recorded.pid) == recorded
+    current = fingerprint(recorded.pid)
+    return current is not None and (current.start_ticks, current.boot_id) == (
+        recorded.start_ticks, recorded.boot_id)
 
 
 def group_members(pgid: int) -> list[int]:
