@@ -208,8 +208,10 @@ def test_terminal_add_then_again_then_upgrade_in_place(
     (cluster / "nodes.yaml").write_text(placed)
     try:
         applied = subprocess.run(
+            # --force: the site's old-01 is unreachable and never reported, so a max-1
+            # model is otherwise held back lest it run twice (planning/unseen.py).
             [sys.executable, "-m", "llmgw", "apply", "--cluster", str(cluster),
-             "--auto-approve", "--ready-timeout", "60s"],
+             "--auto-approve", "--force", "--ready-timeout", "60s"],
             cwd=tmp_path, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
         assert applied.returncode == 0, applied.stdout + applied.stderr
         engine = running(records)["tiny"]["pid"]
