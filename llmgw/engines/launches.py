@@ -191,6 +191,8 @@ def build(launch: Launch) -> tuple[Command, list[Finding]]:
         argv += [*user.argv, *unchecked.argv]
     env = dict(parts.env)
     env.update(_devices(launch, selection))
+    if profile.engine == "vllm" and profile.cpu:
+        env[vllm.CPU_THREADS_BIND_ENV] = vllm.CPU_THREADS_BIND_DEFAULT  # env.* overrides it
     if launch.multi_node and launch.host_ip and adapter.HOST_IP_ENV:
         # Engines otherwise guess their own address from the default route, which on
         # a multi-homed GPU node is rarely the management network peers can reach.

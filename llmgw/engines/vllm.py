@@ -53,6 +53,15 @@ GPU_ONLY_FLAGS = {
 # explicit KV cache size skips that check. Either of these says one.
 CPU_KV_CACHE_FLAG = "kv-cache-memory-bytes"
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+# vLLM's CPU backend binds its worker's threads by default ("auto"): to the cores
+# of the first NUMA node it may use, less one reserved core, whatever else runs
+# there. Two replicas on one node (a replace starts the new one beside the old)
+# then share the same cores while the rest sit idle, and on this project's test
+# machines the second one's sched_setaffinity never returned. Until llmgw splits
+# a node's cores between replicas, a CPU profile leaves placement to the kernel;
+# a profile's own env.VLLM_CPU_OMP_THREADS_BIND (a core list) overrides it.
+CPU_THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+CPU_THREADS_BIND_DEFAULT = "nobind"
 
 RESERVED_FLAGS = {
     "host": "it binds each engine itself",

@@ -146,6 +146,21 @@ def test_cpu_profile_gets_no_gpu_even_when_given_some() -> None:
     assert dict(built.env)["CUDA_VISIBLE_DEVICES"] == ""
 
 
+def test_a_cpu_vllm_profile_leaves_thread_placement_to_the_kernel() -> None:
+    """vLLM's auto binding pins every CPU replica on a node to the same first cores (a
+    replace runs two at once); a profile's env, written to the unit's env file, which
+    systemd and the supervise backend read after Environment=, overrides it."""
+    cpu = {"engine": "vllm", "cpu": True, "min_memory_gb": 2,
+           "args": {"kv-cache-memory-bytes": 1 << 26}}
+    built = launches.command(launch(cpu, gpu_uuids=(), gpu_indices=()))
+    assert dict(built.env)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    gpu = launches.command(launch({"engine": "vllm", "gpu_class": "h100-80g"}))
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in dict(gpu.env)
+    pinned = launches.findings(Profile.model_validate(
+        {**cpu, "env": {"VLLM_CPU_OMP_THREADS_BIND": "0-15"}}))
+    assert pinned == []  # the operator's own core list is allowed
+
+
 def test_vllm_renders_quantization() -> None:
     built = launches.command(launch({"engine": "vllm", "gpu_class": "h100-80g",
                                      "quantization": "awq"}))
