@@ -79,9 +79,8 @@ async def _chat(pages: Pages, request: web.Request) -> web.StreamResponse:
             raise web.HTTPNotFound(text="no such conversation")
         history = await conversations.messages(pages.store, cid)
     return pages.render(request, "chat.html", models=pages.router.models(), projects=projects,
-                        kept=kept, conversations=listed, current=current, history=history,
-                        history_json=json.dumps([{"role": m.role, "content": m.content}
-                                                 for m in history]))
+                        kept=kept, conversations=listed, current=current,
+                        history=[{"role": m.role, "content": m.content} for m in history])
 
 
 async def _save(pages: Pages, request: web.Request) -> web.StreamResponse:

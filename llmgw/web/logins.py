@@ -9,10 +9,12 @@
   chat's fetch sends it as ``X-CSRF-Token``. The login form, before any
   session, uses a double-submit token: a ``llmgw_login`` cookie and the same
   value in the form. Compared in constant time.
-* **Login limits.** Failed logins are counted per client address and per
-  user name in a sliding window; past the limit the login answers 429 with
-  Retry-After, before checking the password (so guessing costs nothing
-  further and the Argon2 cost cannot be used to load the host).
+* **Login limits.** Failed logins back off per source address and raise an
+  alarm per account (:mod:`llmgw.web.throttles`); a held-back source gets 429
+  with Retry-After before its password is checked (so guessing costs nothing
+  further and the Argon2 cost cannot be used to load the host), while a source
+  without failures always has its password checked. The source is the peer's
+  address, or behind a trusted proxy the nearest untrusted X-Forwarded-For hop.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -31,6 +32,7 @@ from llmgw.store import sessions, users
 from llmgw.store.sessions import Session
 from llmgw.store.stores import Store
 from llmgw.store.users import User
+from llmgw.web import throttles
 
 SESSION_COOKIE = "llmgw_session"
 LOGIN_COOKIE = "llmgw_login"
@@ -54,7 +56,7 @@ class Gate:
         self.store = store
         self.settings = settings
         self.clock = clock
-        self.limiter = Limiter(clock=clock)
+        self.limiter = throttles.Limiter(clock=clock)
 
     # -- who ------------------------------------------------------------------------
 
@@ -103,16 +105,16 @@ class Gate:
 
     # -- proxies ----------------------------------------------------------------------
 
-    def _from_proxy(self, request: web.Request) -> bool:
-        peer = request.remote
-        if not peer:
-            return False
+    def _trusted(self, address: str) -> bool:
         try:
-            address = ipaddress.ip_address(peer)
+            parsed = ipaddress.ip_address(address)
         except ValueError:
             return False
-        return any(address in ipaddress.ip_network(n, strict=False)
+        return any(parsed in ipaddress.ip_network(n, strict=False)
                    for n in self.settings().trusted_proxies)
+
+    def _from_proxy(self, request: web.Request) -> bool:
+        return bool(request.remote) and self._trusted(request.remote or "")
 
     def is_secure(self, request: web.Request) -> bool:
         """Whether the client's connection is TLS (ours, or a trusted proxy's)."""
@@ -124,12 +126,24 @@ class Gate:
         return False
 
     def client(self, request: web.Request) -> str:
-        """The client's address: a trusted proxy's X-Forwarded-For last hop, or the peer."""
+        """The client's address, as the login limits count it (:func:`throttles.source_of`).
+
+        Straight from the peer; only when the peer is a trusted proxy, from its
+        X-Forwarded-For: the nearest hop that is not itself a trusted proxy (each
+        proxy appends the address it saw, so hops further left are the client's
+        own words). A hop that is not an IP address ends the walk: the last one
+        believed stands.
+        """
+        address = request.remote or "?"
         if self._from_proxy(request):
             hops = [h.strip() for h in request.headers.get("X-Forwarded-For", "").split(",")]
-            if hops and hops[-1]:
-                return hops[-1][:64]
-        return request.remote or "?"
+            for hop in reversed(hops[-16:]):
+                if throttles.source_of(hop) == "?":
+                    break
+                address = hop
+                if not self._trusted(hop):
+                    break
+        return throttles.source_of(address)
 
     def base_url(self, request: web.Request) -> str:
         """The router's address as the client sees it (for /account's instructions)."""
@@ -138,50 +152,3 @@ class Gate:
         if self._from_proxy(request):
             host = request.headers.get("X-Forwarded-Host", host).split(",")[0].strip()
         return f"{scheme}://{host}"
-
-
-class Limiter:
-    """Failed logins per key (client address, user name) in a sliding window; bounded."""
-
-    def __init__(self, *, window: float = 900.0, per_client: int = 20, per_user: int = 10,
-                 max_keys: int = 10_000, clock: Callable[[], float] = time.time) -> None:
-        self.window = window
-        self.limits = {"client": per_client, "user": per_user}
-        self.max_keys = max_keys
-        self.clock = clock
-        self._failures: dict[tuple[str, str], deque[float]] = {}
-
-    def retry_after(self, client: str, user: str) -> int:
-        """Seconds until another attempt is allowed; 0 when it is allowed now."""
-        now = self.clock()
-        wait = 0.0
-        for key in (("client", client), ("user", user)):
-            times = self._recent(key, now)
-            if len(times) >= self.limits[key[0]]:
-                wait = max(wait, times[0] + self.window - now)
-        return int(wait) + 1 if wait else 0
-
-    def failed(self, client: str, user: str) -> None:
-        now = self.clock()
-        if len(self._failures) >= self.max_keys:
-            self._prune(now)
-        for key in (("client", client), ("user", user)):
-            self._failures.setdefault(key, deque()).append(now)
-
-    def succeeded(self, user: str) -> None:
-        self._failures.pop(("user", user), None)
-
-    def _recent(self, key: tuple[str, str], now: float) -> Sequence[float]:
-        times = self._failures.get(key)
-        if not times:
-            return ()
-        while times and times[0] <= now - self.window:
-            times.popleft()
-        return times
-
-    def _prune(self, now: float) -> None:
-        for key in list(self._failures):
-            if not self._recent(key, now):
-                del self._failures[key]
-        while len(self._failures) >= self.max_keys:  # still full: forget the oldest
-            del self._failures[next(iter(self._failures))]

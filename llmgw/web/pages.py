@@ -17,6 +17,7 @@ Usage::
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
 from aiohttp import web
@@ -49,6 +51,7 @@ PAGE_PREFIXES = ("/login", "/logout", "/chat", "/account", "/admin", "/static/")
 STATIC = {"app.css": "text/css", "chat.js": "text/javascript",
           "refresh.js": "text/javascript", "favicon.svg": "image/svg+xml"}
 MAX_FORM = 64 * 1024
+audit = logging.getLogger("llmgw.audit")  # security events: failed logins
 VISITOR = web.RequestKey("visitor", Visitor)  # set by the middleware on page paths
 
 
@@ -147,7 +150,7 @@ class Pages:
         """The visitor, or a redirect to the login page (403 for a non-admin on /admin)."""
         visitor: Visitor | None = request.get(VISITOR)
         if visitor is None:
-            raise web.HTTPSeeOther(f"/login?next={request.path}")
+            raise web.HTTPSeeOther(f"/login?next={quote(request.path, safe='/')}")
         if admin and not visitor.user.admin:
             raise web.HTTPForbidden(text="this page is for admins")
         return visitor
@@ -215,18 +218,25 @@ class Pages:
             raise web.HTTPForbidden(text="the login form's CSRF token is missing or wrong: "
                                     "reload the login page and try again")
         name, password = data.get("name", "").strip(), data.get("password", "")
-        client = self.gate.client(request)
-        wait = self.gate.limiter.retry_after(client, name)
+        account = name if users.NAME.fullmatch(name) else "?"  # logged: a valid name or "?"
+        source = self.gate.client(request)
+        limiter = self.gate.limiter
+        wait = limiter.retry_after(source, account)
         if wait:
-            response = self._login_again(request, data, "too many failed logins: try again in "
-                                         f"{wait} s", status=429)
+            response = self._login_again(request, data, "too many failed logins from your "
+                                         f"address: try again in {wait} s", status=429)
             response.headers["Retry-After"] = str(wait)
             return response
         user = await users.authenticate(self.store, name, password)  # Argon2 off the loop
         if user is None:
-            self.gate.limiter.failed(client, name)
+            known = account != "?" and await users.get(self.store, account) is not None
+            limiter.failed(source, account, known=known)
+            audit.warning("login failed: account=%s known=%s source=%s source_failures=%d "
+                          "account_under_attack=%s next_wait=%ds", account,
+                          "yes" if known else "no", source, limiter.failures(source),
+                          "yes" if limiter.under_attack(account) else "no",
+                          limiter.retry_after(source, account))
             return self._login_again(request, data, "wrong user name or password", status=401)
-        self.gate.limiter.succeeded(name)
         response = redirect(_next(data.get("next")) or ("/admin" if user.admin else "/chat"))
         await self.gate.login(response, request, user)
         return response
@@ -266,8 +276,15 @@ async def _form(request: web.Request) -> dict[str, str]:
 
 
 def _next(target: str | None) -> str:
-    """A same-site path to go to after login; anything else (//evil, http:…) is dropped."""
+    """A same-site path to go to after login; anything else (//evil, http:…) is dropped.
+
+    Only printable ASCII passes: the result goes into a Location header, where
+    CR/LF would split the response (aiohttp refuses such a header and drops
+    the connection) and other bytes have no business.
+    """
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return ""
+    if not all("!" <= c <= "~" for c in target):
         return ""
     return target if target.split("?")[0] in ("/", "/chat", "/account", "/admin") else ""
 

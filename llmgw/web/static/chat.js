@@ -1,6 +1,8 @@
 // /chat: send the conversation to the router's /v1/chat/completions with the session
 // cookie and its CSRF token, and show the answer as it streams. Text is inserted with
-// textContent only, never as HTML.
+// textContent only, never as HTML. The saved history arrives as data, in a
+// <script type="application/json"> element, read through textContent and JSON.parse.
+// The form is only ever sent from here (fetch, POST); a native submit is always prevented.
 "use strict";
 (function () {
   const form = document.getElementById("chat");
@@ -11,7 +13,12 @@
   const send = document.getElementById("send");
   const stop = document.getElementById("stop");
   const message = document.getElementById("message");
-  const history = JSON.parse(document.getElementById("history").textContent || "[]");
+  let history = [];
+  try {
+    history = JSON.parse(document.getElementById("history").textContent || "[]");
+  } catch (e) {
+    status.textContent = "the saved conversation could not be read: reload the page";
+  }
   let conversation = form.dataset.conversation || "";
   let controller = null;
 
@@ -57,7 +64,7 @@
     const kept = projectField.selectedOptions[0] &&
                  projectField.selectedOptions[0].dataset.kept === "yes";
     if (!text || !model) return;
-    const system = form.system.value.trim();
+    const system = document.getElementById("system").value.trim();
     const messages = [];
     if (system) messages.push({role: "system", content: system});
     messages.push(...history.filter(function (m) { return m.role !== "system"; }));
