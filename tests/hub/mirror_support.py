@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from llmgw.cli import mirror_cmd
 from llmgw.hub import caches, mirrors
 
 ROOT = Path(__file__).parents[2]
@@ -53,18 +54,18 @@ class Mirror:
 
 
 @contextmanager
-def serving(root: Path, token: str = "", max_rate: float = 0.0) -> Iterator[Mirror]:
-    """`llmgw mirror serve`'s application over ``root`` (a hub cache), on a free port."""
+def serving(root: Path, token: str = "", max_rate: float = 0.0,
+            header_timeout: float = mirror_cmd.HEADER_TIMEOUT) -> Iterator[Mirror]:
+    """`llmgw mirror serve`'s application over ``root`` (a hub cache), on a free port,
+    on the connections `llmgw mirror serve` runs it on."""
     application = mirrors.app(root, token=token, max_rate=max_rate)
     loop = asyncio.new_event_loop()
     started = threading.Event()
     box: dict[str, object] = {}
 
     async def start() -> None:
-        runner = web.AppRunner(application)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
+        runner = await mirror_cmd.start(application, "127.0.0.1", 0,
+                                        header_timeout=header_timeout)
         box["runner"] = runner
         box["port"] = runner.addresses[0][1]
         started.set()
