@@ -26,7 +26,8 @@ path, and links are followed only when they stay in the tree, so a revision
 or file that points outside answers exactly as one that is not there.
 
 ``max_rate`` bounds bytes per second per response, so a mirror does not
-saturate a site's link. The server counts the body bytes
+saturate a site's link; a client that takes no bytes of a file for
+``send_stall`` seconds is dropped. The server counts the body bytes
 it sent (``app[SENT]``): benchmarks and tests measure transfers with it.
 """
 
@@ -63,6 +64,14 @@ SENT = web.AppKey("sent", Counter)
 ROOT = web.AppKey("root", Path)
 TOKEN = web.AppKey("token", str)
 RATE = web.AppKey("rate", float)
+STALL = web.AppKey("stall", float)
+# Seconds a client may take to accept one chunk (1 MiB) of a file before it is dropped:
+# one that stops reading would otherwise hold its connection, file and buffers for good.
+SEND_STALL = 60.0
+
+
+class _Stalled(Exception):
+    """The client took nothing for the stall bound."""
 
 
 def _error(status: int, code: str, message: str, commit: str | None = None) -> web.Response:
@@ -238,6 +247,11 @@ async def _resolve_file(request: web.Request) -> web.StreamResponse:
         await response.write_eof()
     except ConnectionResetError:  # it resumes with Range
         log.info("%s@%s %s: the client went away mid-file", repo, commit, found.path)
+    except _Stalled:
+        log.info("%s@%s %s: the client took no bytes for %g s; closing its connection",
+                 repo, commit, found.path, request.app[STALL])
+        if request.transport is not None:
+            request.transport.abort()
     return response
 
 
@@ -251,7 +265,11 @@ async def _send(request: web.Request, response: web.StreamResponse, blob: Path,
             chunk = handle.read(min(CHUNK, end - start - sent))
             if not chunk:
                 break
-            await response.write(chunk)
+            try:
+                async with asyncio.timeout(request.app[STALL]):
+                    await response.write(chunk)
+            except TimeoutError:
+                raise _Stalled from None
             sent += len(chunk)
             counter.bytes_sent += len(chunk)
             if rate:
@@ -260,13 +278,18 @@ async def _send(request: web.Request, response: web.StreamResponse, blob: Path,
                     await asyncio.sleep(ahead)
 
 
-def app(root: Path, token: str = "", max_rate: float = 0.0) -> web.Application:
-    """The mirror's aiohttp application over the hub cache at ``root``."""
+def app(root: Path, token: str = "", max_rate: float = 0.0,
+        send_stall: float = SEND_STALL) -> web.Application:
+    """The mirror's aiohttp application over the hub cache at ``root``.
+
+    ``send_stall``: seconds a client may take to accept each chunk of a file.
+    """
     application = web.Application(middlewares=[_guard])
     application[ROOT] = root
     application[SENT] = Counter()
     application[TOKEN] = token
     application[RATE] = max_rate
+    application[STALL] = send_stall
     api = "/api/models/{org}/{name}"
     application.router.add_get(api, _info)
     application.router.add_get(api + "/revision/{rev}", _info)

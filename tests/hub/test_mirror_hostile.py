@@ -10,8 +10,10 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -168,6 +170,30 @@ def test_ordinary_revision_names_still_resolve(site: Site, revision: str) -> Non
     with serving(site.root) as mirror:
         answer = get(mirror.url, f"/api/models/acme/tiny/revision/{revision}")
     assert answer.status == 200 and json.loads(answer.body)["sha"] == site.commit  # type: ignore[attr-defined]
+
+
+def test_a_client_that_stops_reading_a_file_is_dropped(site: Site, tmp_path: Path) -> None:
+    big = tmp_path / "files" / "model.safetensors"
+    with big.open("wb") as handle:
+        handle.truncate(32 * 2**20)  # far more than the socket buffers on both sides hold
+    caches.add(site.root, "acme/big", {"model.safetensors": big})
+    with serving(site.root, send_stall=0.5) as mirror:
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.settimeout(30)
+        client.connect(("127.0.0.1", int(mirror.url.rsplit(":", 1)[1])))
+        client.sendall(b"GET /acme/big/resolve/main/model.safetensors HTTP/1.1\r\n"
+                       b"Host: mirror\r\n\r\n")
+        assert client.recv(12) == b"HTTP/1.1 200"
+        # Then it reads nothing. (A bound on the test, not a timing assertion: without
+        # the stall bound the mirror holds the connection until the bound runs out.)
+        for _ in range(6000):
+            if mirror.connections == 0:
+                break
+            time.sleep(0.01)
+        assert mirror.connections == 0, "the mirror still holds the stalled connection"
+        assert mirror.sent < 32 * 2**20
+        client.close()
 
 
 # -- `llmgw mirror serve` itself: connections and the token ---------------------------
