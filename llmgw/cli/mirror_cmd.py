@@ -6,12 +6,18 @@ fetch a node runs (resumable, verified), ``serve`` answers the subset of the
 hub API that ``huggingface_hub`` uses, and a node's own weights directory can
 be served as a mirror as it is. Nodes use it when the cluster sets
 ``cluster.weights.endpoint``.
+
+``serve`` runs on the router's connections (:mod:`llmgw.router.connections`):
+headers within ``--header-timeout``, at most ``--max-connections`` open, no
+access log and no client bytes in any log line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,7 +26,12 @@ from aiohttp import web
 
 from llmgw.cli.errors import UserError
 from llmgw.hub import caches, fetches, mirrors
+from llmgw.router import connections
 from llmgw.spec import sources
+
+TOKEN_ENV = "LLMGW_MIRROR_TOKEN"
+HEADER_TIMEOUT = 15.0  # the router's default (router.apps.Settings)
+MAX_CONNECTIONS = 4096
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,11 +44,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve = commands.add_parser("serve", help="serve DIR as a hub endpoint")
     serve.add_argument("dir", type=Path, metavar="DIR")
     serve.add_argument("--listen", default="127.0.0.1:8090", metavar="HOST:PORT",
-                       help="where to listen (default 127.0.0.1:8090)")
+                       help="where to listen (default 127.0.0.1:8090; port 0: any free "
+                       "port, printed at start)")
     serve.add_argument("--token-file", type=Path, metavar="FILE",
-                       help="require `Authorization: Bearer <the file's token>` on every request")
+                       help="require `Authorization: Bearer <the file's token>` on every "
+                       f"request (else the token in ${TOKEN_ENV}, if set)")
     serve.add_argument("--max-rate", type=float, default=0.0, metavar="BYTES_PER_S",
                        help="bound each response's bytes per second (default: unbounded)")
+    serve.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT,
+                       metavar="SECONDS", help="close a connection whose request line and "
+                       f"headers are not in within this (default {HEADER_TIMEOUT:g})")
+    serve.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
+                       help="answer 503 to connections past N open (default "
+                       f"{MAX_CONNECTIONS}, and below the open-files limit)")
     serve.set_defaults(handler=run_serve)
     pull = commands.add_parser("pull", help="fetch a repo into DIR from an upstream hub")
     pull.add_argument("source", metavar="REPO",
@@ -58,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _host_port(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise UserError(f"--listen expects HOST:PORT; got {text!r}")
     return host.strip("[]"), int(port)
 
@@ -67,9 +86,58 @@ def _token(path: Path | None) -> str:
     if path is None:
         return ""
     try:
-        return path.read_text().strip()
+        token = path.read_text().strip()
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if not token:  # an empty file must not leave a mirror meant to be gated open
+        raise UserError(f"{path} is empty: it should hold the token clients send")
+    return token
+
+
+def _serve_token(path: Path | None) -> str:
+    """The token ``serve`` requires: the file's, else ``$LLMGW_MIRROR_TOKEN``, else none."""
+    if path is not None:
+        return _token(path)
+    return os.environ.get(TOKEN_ENV, "").strip()
+
+
+async def start(application: web.Application, host: str, port: int, *,
+                header_timeout: float = HEADER_TIMEOUT,
+                max_connections: int = MAX_CONNECTIONS) -> web.AppRunner:
+    """Serve the mirror's ``application`` on the router's bounded connections."""
+    if header_timeout <= 0 or max_connections < 1:
+        raise UserError("--header-timeout must be above 0 and --max-connections at least 1")
+    limit = connections.connection_limit(max_connections,
+                                         connections.raise_open_files_limit())
+    runner = connections.runner(application, header_timeout=header_timeout,
+                                max_connections=limit, service=connections.MIRROR)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return runner
+
+
+async def _serve(args: argparse.Namespace, root: Path, host: str, port: int) -> None:
+    application = mirrors.app(root, token=_serve_token(args.token_file),
+                              max_rate=args.max_rate)
+    runner = await start(application, host, port, header_timeout=args.header_timeout,
+                         max_connections=args.max_connections)
+    try:
+        repos = list(caches.repos(root))
+        bound = runner.addresses[0][1] if runner.addresses else port
+        gated = " (token required)" if application[mirrors.TOKEN] else ""
+        print(f"llmgw mirror serving {len(repos)} repo{'s' if len(repos) != 1 else ''} from "
+              f"{args.dir} on http://{host}:{bound}{gated}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -78,11 +146,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UserError(f"{args.dir} has no hub/ directory: fill it with `llmgw mirror pull` "
                         "or `llmgw mirror add`")
     host, port = _host_port(args.listen)
-    application = mirrors.app(root, token=_token(args.token_file), max_rate=args.max_rate)
-    repos = list(caches.repos(root))
-    print(f"llmgw mirror serving {len(repos)} repo{'s' if len(repos) != 1 else ''} from "
-          f"{args.dir} on http://{host}:{port}", flush=True)
-    web.run_app(application, host=host, port=port, print=None)
+    asyncio.run(_serve(args, root, host, port))
     return 0
 
 

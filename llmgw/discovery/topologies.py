@@ -12,8 +12,8 @@ argv, :func:`parse` reads the matrix:
 A cell ``NV#`` is a bonded set of # NVLinks; ``PIX``, ``PXB``, ``PHB``,
 ``NODE`` and ``SYS`` are PCIe paths of growing length, ``X`` is the GPU
 itself. Attached to a terminal, nvidia-smi underlines the header with ANSI
-escape codes; copied from a web page, the tabs may have become spaces. Both
-are read the same way.
+escape codes; copied from a web page, the tabs may have become spaces and
+the header's indent may be gone. All are read the same way.
 """
 
 from __future__ import annotations
@@ -52,8 +52,10 @@ def parse(stdout: str) -> dict[int, tuple[int, ...]] | None:
                 break  # the blank line before the legend
             continue
         if header is None:
-            # The header is indented (its first cell, above the row names, is empty).
-            if line[:1].isspace() and _GPU.match(cells[0]):
+            # The header names the columns, GPU0 first. nvidia-smi indents it (its first
+            # cell, above the row names, is empty), but a copy may have lost the indent;
+            # a row is told from it by its own cell, X, which no header has.
+            if _GPU.match(cells[0]) and "X" not in cells:
                 header = [_index(cell) for cell in cells]
             continue
         row = _GPU.match(cells[0])

@@ -34,8 +34,44 @@ LFS_THRESHOLD = 1024 * 1024
 LFS_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".onnx", ".msgpack", ".h5")
 
 
+# A branch or tag name as git allows it (git check-ref-format), narrowed to the characters
+# hub revisions use: "/"-separated components of letters, digits and ._+-, none starting
+# with "." or ending with ".lock" or ".", no "..". So no name can leave refs/.
+_REF_COMPONENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,99}$")
+MAX_REVISION = 255
+
+
 class CacheError(Exception):
     """A cache directory that does not hold what was asked for."""
+
+
+class NoRepo(CacheError):
+    """The repository is not in the cache."""
+
+
+class NoRevision(CacheError):
+    """The revision names no complete snapshot of the repository."""
+
+
+class BadRevision(CacheError):
+    """Not a revision name at all (a path, an encoded escape, a control character)."""
+
+
+def is_revision(text: str) -> bool:
+    """Whether ``text`` is a commit hash or a ref name a cache may hold under ``refs/``.
+
+    >>> [is_revision(t) for t in ("main", "refs/pr/1", "v1.0", "../x", "/etc/hostname")]
+    [True, True, True, False, False]
+    """
+    if not text or len(text) > MAX_REVISION or ".." in text:
+        return False
+    return all(_REF_COMPONENT.match(part) and not part.endswith((".lock", "."))
+               for part in text.split("/"))
+
+
+def _inside(root: Path, path: Path) -> bool:
+    """Whether ``path``, links followed, lies under ``root`` (links followed too)."""
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
 
 
 @dataclass(frozen=True)
@@ -68,24 +104,44 @@ def lfs_pointer(sha256: str, size: int) -> bytes:
 
 
 def resolve(root: Path, repo: str, revision: str) -> str:
-    """The commit ``revision`` names in the cache; raises CacheError."""
+    """The commit ``revision`` names in the cache; raises NoRepo, NoRevision, BadRevision.
+
+    Everything read lies under ``root`` once links are followed: a ref, snapshot or
+    repository directory that links outside counts as absent, so the answer says
+    nothing about what exists elsewhere.
+    """
+    if not is_revision(revision):
+        raise BadRevision("not a revision name (a commit hash, or a branch or tag name of "
+                          "letters, digits and ._+- in /-separated parts)")
     base = repo_dir(root, repo)
-    if not base.is_dir():
-        raise CacheError(f"repository {repo} is not in {root}")
-    if _SHA1.match(revision) and (base / "snapshots" / revision).is_dir():
+    if not (base.is_dir() and _inside(root, base)):
+        raise NoRepo(f"repository {repo} is not here")
+    if _SHA1.match(revision) and _snapshot_dir(root, repo, revision) is not None:
         return revision
     ref = base / "refs" / revision
-    if ".." in revision or not ref.is_file():
-        raise CacheError(f"{repo} has no revision {revision!r}")
-    commit = ref.read_text().strip()
-    if not _SHA1.match(commit) or not (base / "snapshots" / commit).is_dir():
-        raise CacheError(f"{repo}: refs/{revision} names a snapshot that is not here")
+    if not (ref.is_file() and _inside(base, ref)):
+        raise NoRevision(f"{repo} has no revision {revision!r}")
+    commit = ref.read_text(errors="replace").strip()
+    if not _SHA1.match(commit) or _snapshot_dir(root, repo, commit) is None:
+        raise NoRevision(f"{repo}: refs/{revision} names a snapshot that is not here")
     return commit
 
 
+def _snapshot_dir(root: Path, repo: str, commit: str) -> Path | None:
+    base = repo_dir(root, repo)
+    path = base / "snapshots" / commit
+    return path if path.is_dir() and _inside(base, path) else None
+
+
 def snapshot(root: Path, repo: str, commit: str) -> list[CachedFile]:
-    """Every complete file of a snapshot, by path."""
-    base = repo_dir(root, repo) / "snapshots" / commit
+    """Every complete file of a snapshot, by path.
+
+    A file is listed only if it resolves to a file under ``root``: a link that
+    points outside the cache (planted, or left by a copy) is not part of it.
+    """
+    base = _snapshot_dir(root, repo, commit)
+    if base is None or not _inside(root, base):
+        return []
     found = []
     for current, dirs, files in os.walk(base):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -95,6 +151,8 @@ def snapshot(root: Path, repo: str, commit: str) -> list[CachedFile]:
                 target = link.resolve(strict=True)
             except OSError:
                 continue  # a dangling link: its blob was removed
+            if not (_inside(root, target) and target.is_file()):
+                continue
             found.append(CachedFile(
                 path=str(link.relative_to(base)), size=target.stat().st_size,
                 etag=target.name, blob=target,

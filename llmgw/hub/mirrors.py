@@ -16,15 +16,25 @@ every node's fetch) uses, read from a cache laid out as in
 
 Errors carry ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``,
 ``EntryNotFound``, ``GatedRepo``) so the client raises its own typed errors.
-With a token file, every request needs ``Authorization: Bearer <token>``
-(a gated site mirror). ``max_rate`` bounds bytes per second per response, so
-a mirror does not saturate a site's link. The server counts the body bytes
+With a token, every request needs ``Authorization: Bearer <token>`` (a gated
+site mirror; compared in constant time).
+
+Nothing outside the served tree is read or hinted at: a revision must be a
+commit hash or a ref name (:func:`llmgw.hub.caches.is_revision`; anything else
+is 400 ``BadRequest``, whatever it names), a file path must be a plain relative
+path, and links are followed only when they stay in the tree, so a revision
+or file that points outside answers exactly as one that is not there.
+
+``max_rate`` bounds bytes per second per response, so a mirror does not
+saturate a site's link; a client that takes no bytes of a file for
+``send_stall`` seconds is dropped. The server counts the body bytes
 it sent (``app[SENT]``): benchmarks and tests measure transfers with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import re
@@ -54,6 +64,14 @@ SENT = web.AppKey("sent", Counter)
 ROOT = web.AppKey("root", Path)
 TOKEN = web.AppKey("token", str)
 RATE = web.AppKey("rate", float)
+STALL = web.AppKey("stall", float)
+# Seconds a client may take to accept one chunk (1 MiB) of a file before it is dropped:
+# one that stops reading would otherwise hold its connection, file and buffers for good.
+SEND_STALL = 60.0
+
+
+class _Stalled(Exception):
+    """The client took nothing for the stall bound."""
 
 
 def _error(status: int, code: str, message: str, commit: str | None = None) -> web.Response:
@@ -70,17 +88,38 @@ def _repo(request: web.Request) -> str | None:
     return f"{org}/{name}"
 
 
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()
+
+
+def authorized(header: str, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``token``, compared in constant time.
+
+    Both sides are hashed first, so the comparison takes as long for a wrong length as
+    for a wrong byte.
+
+    >>> authorized("Bearer s3cret", "s3cret"), authorized("Bearer s3cre", "s3cret")
+    (True, False)
+    """
+    return hmac.compare_digest(_digest(header), _digest(f"Bearer {token}"))
+
+
 @web.middleware
 async def _guard(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
 ) -> web.StreamResponse:
     request.app[SENT].requests += 1
     token = request.app[TOKEN]
-    if token:
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return _error(401, "GatedRepo", "this mirror needs a token (Authorization: Bearer)")
+    if token and not authorized(request.headers.get("Authorization", ""), token):
+        return _error(401, "GatedRepo", "this mirror needs a token (Authorization: Bearer)")
     return await handler(request)
+
+
+_NOT_FOUND: dict[type[caches.CacheError], tuple[int, str]] = {
+    caches.NoRepo: (404, "RepoNotFound"),
+    caches.NoRevision: (404, "RevisionNotFound"),
+    caches.BadRevision: (400, "BadRequest"),
+}
 
 
 def _locate(request: web.Request) -> tuple[str, str] | web.Response:
@@ -91,8 +130,19 @@ def _locate(request: web.Request) -> tuple[str, str] | web.Response:
     try:
         return repo, caches.resolve(request.app[ROOT], repo, revision)
     except caches.CacheError as exc:
-        code = "RepoNotFound" if "not in" in str(exc) else "RevisionNotFound"
-        return _error(404, code, str(exc))
+        status, code = _NOT_FOUND.get(type(exc), (404, "RevisionNotFound"))
+        return _error(status, code, str(exc))
+
+
+def is_file_path(path: str) -> bool:
+    """Whether ``path`` is a plain relative path of a file in a repository.
+
+    >>> [is_file_path(p) for p in ("a/b.json", "../x", "/etc/passwd", "a\\b", "a//b")]
+    [True, False, False, False, False]
+    """
+    parts = path.split("/")
+    return (0 < len(path) <= 1024 and all(part not in ("", ".", "..") for part in parts)
+            and "\\" not in path and path.isprintable())
 
 
 async def _info(request: web.Request) -> web.Response:
@@ -165,9 +215,11 @@ async def _resolve_file(request: web.Request) -> web.StreamResponse:
         return located
     repo, commit = located
     path = request.match_info["path"]
+    if not is_file_path(path):
+        return _error(400, "BadRequest", "not a file path inside a repository", commit)
     found = next((f for f in caches.snapshot(request.app[ROOT], repo, commit)
                   if f.path == path), None)
-    if found is None or ".." in path.split("/"):
+    if found is None:
         return _error(404, "EntryNotFound", f"{path} is not in {repo}@{commit}", commit)
     headers = {
         "ETag": f'"{found.etag}"', "X-Repo-Commit": commit, "Accept-Ranges": "bytes",
@@ -193,8 +245,13 @@ async def _resolve_file(request: web.Request) -> web.StreamResponse:
     try:
         await _send(request, response, found.blob, start, end)
         await response.write_eof()
-    except ConnectionResetError:
-        log.info("%s: the client went away mid-file", request.path)  # it resumes with Range
+    except ConnectionResetError:  # it resumes with Range
+        log.info("%s@%s %s: the client went away mid-file", repo, commit, found.path)
+    except _Stalled:
+        log.info("%s@%s %s: the client took no bytes for %g s; closing its connection",
+                 repo, commit, found.path, request.app[STALL])
+        if request.transport is not None:
+            request.transport.abort()
     return response
 
 
@@ -208,7 +265,11 @@ async def _send(request: web.Request, response: web.StreamResponse, blob: Path,
             chunk = handle.read(min(CHUNK, end - start - sent))
             if not chunk:
                 break
-            await response.write(chunk)
+            try:
+                async with asyncio.timeout(request.app[STALL]):
+                    await response.write(chunk)
+            except TimeoutError:
+                raise _Stalled from None
             sent += len(chunk)
             counter.bytes_sent += len(chunk)
             if rate:
@@ -217,13 +278,18 @@ async def _send(request: web.Request, response: web.StreamResponse, blob: Path,
                     await asyncio.sleep(ahead)
 
 
-def app(root: Path, token: str = "", max_rate: float = 0.0) -> web.Application:
-    """The mirror's aiohttp application over the hub cache at ``root``."""
+def app(root: Path, token: str = "", max_rate: float = 0.0,
+        send_stall: float = SEND_STALL) -> web.Application:
+    """The mirror's aiohttp application over the hub cache at ``root``.
+
+    ``send_stall``: seconds a client may take to accept each chunk of a file.
+    """
     application = web.Application(middlewares=[_guard])
     application[ROOT] = root
     application[SENT] = Counter()
     application[TOKEN] = token
     application[RATE] = max_rate
+    application[STALL] = send_stall
     api = "/api/models/{org}/{name}"
     application.router.add_get(api, _info)
     application.router.add_get(api + "/revision/{rev}", _info)

@@ -25,6 +25,9 @@ Usage::
 
     connections.raise_open_files_limit()
     runner = connections.runner(app, header_timeout=15, max_connections=4096)
+
+``llmgw mirror serve`` runs its own application on the same connections
+(``service=connections.MIRROR``): only the words of its refusals differ.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import json
 import logging
 import resource
 import traceback
+from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from aiohttp import web
@@ -44,12 +49,29 @@ from llmgw.router.errors import ApiError
 
 log = logging.getLogger("llmgw.router")
 
-_BUSY_BODY = json.dumps({"error": {
-    "message": "the router has too many open connections; retry in 1 s",
-    "type": "server_error", "param": None, "code": "too_many_connections"}}).encode()
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-         b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
-         + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY)
+
+@dataclass(frozen=True)
+class Service:
+    """Who answers on these connections: the name its refusals and log lines use."""
+
+    name: str
+    internal_error: str  # the message of a 500
+
+
+ROUTER = Service("router", "internal error in the router; nothing was charged")
+MIRROR = Service("mirror", "internal error in the mirror")
+
+
+@cache
+def _busy(service: Service) -> bytes:
+    body = json.dumps({"error": {
+        "message": f"the {service.name} has too many open connections; retry in 1 s",
+        "type": "server_error", "param": None, "code": "too_many_connections"}}).encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
 _LINGER = 1.0  # seconds a refused connection may still send before it is closed
 _DESCRIPTORS_KEPT = 256  # for upstream connections, the store, logs: not for clients
 
@@ -65,9 +87,11 @@ def _where(exc: BaseException | None) -> str:
 class _Handler(RequestHandler):
     """aiohttp's connection handler, with the limits and quiet errors above."""
 
-    def __init__(self, manager: web.Server, *, max_connections: int, **kwargs: Any) -> None:
+    def __init__(self, manager: web.Server, *, max_connections: int, service: Service,
+                 **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._max_connections = max_connections
+        self._service = service
         self._refused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -75,7 +99,7 @@ class _Handler(RequestHandler):
         if manager is not None and len(manager.connections) >= self._max_connections:
             self._refused = True
             assert isinstance(transport, asyncio.Transport)
-            transport.write(_BUSY)
+            transport.write(_busy(self._service))
             # Half-close and drop what the client still sends for a moment: closing at
             # once with its request unread would reset the connection, and the client
             # would see the reset instead of the 503.
@@ -96,8 +120,9 @@ class _Handler(RequestHandler):
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
         exc = exc if isinstance(exc, BaseException) else None
-        log.error("router connection failed: %s at %s (message withheld: it may quote the "
-                  "request)", type(exc).__name__ if exc else "error", _where(exc))
+        log.error("%s connection failed: %s at %s (message withheld: it may quote the "
+                  "request)", self._service.name, type(exc).__name__ if exc else "error",
+                  _where(exc))
 
     def handle_error(
         self,
@@ -115,8 +140,7 @@ class _Handler(RequestHandler):
         else:
             log.error("request failed: %s at %s (message withheld: it may quote the request)",
                       kind, _where(exc))
-            error = ApiError(status, "internal error in the router; nothing was charged",
-                             code="internal_error")
+            error = ApiError(status, self._service.internal_error, code="internal_error")
         if request.writer.output_size > 0:
             raise ConnectionError("an answer was under way; closing the connection")
         response = error.response()
@@ -136,10 +160,12 @@ class _Runner(web.AppRunner):
         return server
 
 
-def runner(app: web.Application, *, header_timeout: float, max_connections: int) -> web.AppRunner:
+def runner(app: web.Application, *, header_timeout: float, max_connections: int,
+           service: Service = ROUTER) -> web.AppRunner:
     """An AppRunner for ``app`` with the limits above; a client hanging up cancels its handler."""
     return _Runner(app, access_log=None, handler_cancellation=True,
-                   keepalive_timeout=header_timeout, max_connections=max_connections)
+                   keepalive_timeout=header_timeout, max_connections=max_connections,
+                   service=service)
 
 
 def raise_open_files_limit() -> int:

@@ -24,6 +24,10 @@ def test_the_command() -> None:
     ("topo-dgx-a100-spaces.txt", {i: tuple(j for j in range(8) if j != i) for i in range(4)}),
     # PCIe only: PIX, PHB and SYS are no NVLink; an mlx4_0 column.
     ("topo-8x-pcie-mlx4.txt", {0: (), 1: (), 2: (), 3: ()}),
+    # The same two matrices with the header's indent gone: still read, and PCIe only is
+    # still "no NVLink", not "unknown".
+    ("topo-3x-a6000-nv4-unindented.txt", {0: (1,), 1: (0,), 2: ()}),
+    ("topo-8x-pcie-mlx4-unindented.txt", {0: (), 1: (), 2: (), 3: ()}),
 ])
 def test_nvlink_peers_from_recorded_matrices(name: str, peers: dict[int, tuple[int, ...]]) -> None:
     assert topologies.parse((RECORDED / name).read_text()) == peers

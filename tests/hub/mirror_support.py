@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from llmgw.cli import mirror_cmd
 from llmgw.hub import caches, mirrors
 
 ROOT = Path(__file__).parents[2]
@@ -43,9 +44,17 @@ def tiny_model(directory: Path) -> dict[str, Path]:
 
 
 class Mirror:
-    def __init__(self, application: web.Application, port: int) -> None:
+    def __init__(self, application: web.Application, port: int,
+                 runner: web.AppRunner) -> None:
         self.app = application
         self.url = f"http://127.0.0.1:{port}"
+        self._runner = runner
+
+    @property
+    def connections(self) -> int:
+        """Client connections the server holds open now."""
+        server = self._runner.server
+        return len(server.connections) if server is not None else 0
 
     @property
     def sent(self) -> int:
@@ -53,18 +62,19 @@ class Mirror:
 
 
 @contextmanager
-def serving(root: Path, token: str = "", max_rate: float = 0.0) -> Iterator[Mirror]:
-    """`llmgw mirror serve`'s application over ``root`` (a hub cache), on a free port."""
-    application = mirrors.app(root, token=token, max_rate=max_rate)
+def serving(root: Path, token: str = "", max_rate: float = 0.0,
+            header_timeout: float = mirror_cmd.HEADER_TIMEOUT,
+            send_stall: float = mirrors.SEND_STALL) -> Iterator[Mirror]:
+    """`llmgw mirror serve`'s application over ``root`` (a hub cache), on a free port,
+    on the connections `llmgw mirror serve` runs it on."""
+    application = mirrors.app(root, token=token, max_rate=max_rate, send_stall=send_stall)
     loop = asyncio.new_event_loop()
     started = threading.Event()
     box: dict[str, object] = {}
 
     async def start() -> None:
-        runner = web.AppRunner(application)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
+        runner = await mirror_cmd.start(application, "127.0.0.1", 0,
+                                        header_timeout=header_timeout)
         box["runner"] = runner
         box["port"] = runner.addresses[0][1]
         started.set()
@@ -74,7 +84,7 @@ def serving(root: Path, token: str = "", max_rate: float = 0.0) -> Iterator[Mirr
     thread.start()
     started.wait(30)
     try:
-        yield Mirror(application, int(box["port"]))  # type: ignore[call-overload]
+        yield Mirror(application, int(box["port"]), box["runner"])  # type: ignore[call-overload, arg-type]
     finally:
         runner = box["runner"]
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)  # type: ignore[attr-defined]
