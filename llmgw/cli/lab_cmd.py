@@ -7,6 +7,7 @@ agent behind it, fixture hardware); see :mod:`llmgw.onboarding.labs`.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from llmgw.cli.errors import UserError
@@ -51,10 +52,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        "the agent itself) or `systemd` (each node's agent a systemd service "
                        "in a systemd-nspawn machine of its own, its engines systemd units; "
                        "needs root and systemd-container)")
-    start.add_argument("--account", metavar="USER",
-                       help="start the nodes bare and enrol each with `llmgw node add` as "
-                       "root, the daemon logging in as USER (made by node add, as `llmgw` "
-                       "on real nodes); needs root")
+    enrol = start.add_mutually_exclusive_group()
+    enrol.add_argument("--account", metavar="USER",
+                       help=f"the account node add makes on each node and the daemon logs in "
+                       f"as (default {labs.DEFAULT_ACCOUNT}, as `llmgw init` writes it)")
+    enrol.add_argument("--no-enrol", action="store_true",
+                       help="start each node's agent directly instead of enrolling the bare "
+                       "node with `llmgw node add` (seconds instead of minutes; what a lab "
+                       "not started as root does)")
     start.set_defaults(handler=run_up)
     stop = commands.add_parser("down", help="stop every process of the lab, engines included")
     _dir_flag(stop)
@@ -72,10 +77,22 @@ def _dir_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    account = args.account
+    if account is None and not args.no_enrol:
+        existing = labs.Lab(args.dir.resolve())
+        if existing.nodes():  # a lab keeps how it was started
+            account = existing.account()
+        elif args.backend == "systemd":
+            pass  # each node a systemd machine whose agent the lab starts as a service
+        elif os.geteuid() == 0:
+            account = labs.DEFAULT_ACCOUNT
+        else:
+            print(f"Not root: node add cannot make the {labs.DEFAULT_ACCOUNT} account, so each "
+                  "node's agent is started directly (as with --no-enrol).")
     try:
         lab = labs.up(args.dir, count=args.nodes, ssh_port_from=args.ssh_port,
                       engine_ports_from=args.engine_ports,
-                      model=args.model, engine=args.engine, account=args.account,
+                      model=args.model, engine=args.engine, account=account,
                       say=print, backend=args.backend)
     except labs.LabError as exc:
         raise UserError(str(exc)) from None

@@ -31,6 +31,7 @@ Every step is idempotent: a second run changes nothing.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import json
 import os
@@ -61,7 +62,9 @@ MIN_DISK = 2 << 30
 TARGET = re.compile(r"^(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?"
                     r"(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9a-fA-F:]+\])"
                     r"(?::(?P<port>\d{1,5}))?$")
-REPORT_TIMEOUT = 60.0
+# A first report waits on the agent importing grpc and reading its hardware: seconds on an
+# idle node, more than a minute on a loaded 2-core one (seen: 62 s in a lab of three).
+REPORT_TIMEOUT = 180.0
 
 
 class EnrolError(Exception):
@@ -457,6 +460,15 @@ def build_wheels(cache: Path) -> list[Path]:
     if not (source / "pyproject.toml").exists():
         raise EnrolError("llmgw does not run from a source checkout: put its wheels in "
                          f"{cache} (pip wheel llmgw=={__version__} -w {cache})")
+    cache.mkdir(parents=True, exist_ok=True)
+    # One build at a time: pip builds llmgw's wheel in the checkout itself, and two node
+    # adds (two labs started at once) failed each other's build.
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_wheels(source, cache)
+
+
+def _build_wheels(source: Path, cache: Path) -> list[Path]:
     project = (source / "pyproject.toml").read_bytes()
     wanted = "\n".join(sorted(tomllib.loads(project.decode())["project"]["dependencies"]))
     deps = cache / f"deps-{hashlib.sha256(wanted.encode()).hexdigest()[:12]}"

@@ -370,6 +370,9 @@ def _create_runtime(lab: Lab) -> None:
     shutil.copy(lab.client_key.with_suffix(".pub"), lab.authorized_keys)
 
 
+DEFAULT_ACCOUNT = "llmgw"  # what `llmgw init` writes as cluster.ssh.user
+
+
 def _check_account(lab: Lab, account: str) -> None:
     """The account can be made, and can reach its agents' sockets under the lab."""
     if not accounts.USER_NAME.match(account):
@@ -382,7 +385,8 @@ def _check_account(lab: Lab, account: str) -> None:
         if not mode & 0o001:
             raise LabError(f"{parent} is closed to other accounts (mode {mode & 0o777:04o}), "
                            f"and {account} reaches its agents' sockets through it: start the "
-                           "lab elsewhere (--dir), or `chmod o+x` it")
+                           "lab elsewhere (--dir), `chmod o+x` it, or start it with "
+                           "--no-enrol")
 
 
 def _enrol(lab: Lab, sims: list[SimNode], account: str, say: Say) -> None:
@@ -397,8 +401,13 @@ def _enrol(lab: Lab, sims: list[SimNode], account: str, say: Say) -> None:
         raise LabError(str(exc)) from None
     for sim in sims:
         say(f"  {sim.name}: llmgw node add root@127.0.0.1:{sim.port} --name {sim.name}")
+        # Its checklist; the nodes.yaml diff it shows is the lab's own, already written.
         for line in outputs[sim.name].splitlines():
-            say(f"    {line}" if line else "")
+            if line.startswith("nodes.yaml"):
+                say(f"    {line.removesuffix('; commit this:')}")
+                break
+            if line:
+                say(f"    {line}")
 
 
 def _start(lab: Lab, nodes: list[LabNode], engine_dir: str | None, say: Say,

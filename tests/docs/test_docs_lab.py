@@ -37,7 +37,7 @@ def test_matching_keeps_to_the_stable_parts() -> None:
 @needs_engine
 @needs_sshd
 @pytest.mark.docs_session
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)  # lab up enrols three nodes by node add: minutes
 def test_the_lab_session_of_the_docs(tmp_path: Path) -> None:
     commands = sessions.commands(sessions.LAB_PAGES, "lab")
     assert commands[0].text.startswith("mkdir lab")

@@ -65,9 +65,9 @@ def test_up_serves_a_model_and_down_leaves_nothing_running(tmp_path: Path) -> No
     model.write_bytes(b"GGUF" + bytes(60))
     ssh = free_ports(3)
     engine_port = nodes.free_ports(300) + 200  # cpu-01 is the third node
-    up = llmgw("lab", "up", "--dir", "lab", "--model", str(model), "--engine", str(STUB_ENGINE),
-               "--ssh-port", str(ssh[0]), "--engine-ports", str(engine_port - 200),
-               cwd=tmp_path)
+    up = llmgw("lab", "up", "--dir", "lab", "--no-enrol", "--model", str(model),
+               "--engine", str(STUB_ENGINE), "--ssh-port", str(ssh[0]),
+               "--engine-ports", str(engine_port - 200), cwd=tmp_path)
     assert up.returncode == 0, up.stderr
     assert "gpu-01" in up.stdout and "cpu-01" in up.stdout and "llmgw plan" in up.stdout
     # The command has exited; the nodes keep running.
@@ -125,7 +125,8 @@ def test_a_port_given_that_is_in_use_is_refused_before_anything_starts(tmp_path:
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         taken.bind(("127.0.0.1", second))
         taken.listen(1)
-        result = llmgw("lab", "up", "--nodes", "2", "--ssh-port", str(first), cwd=tmp_path)
+        result = llmgw("lab", "up", "--no-enrol", "--nodes", "2", "--ssh-port", str(first),
+                       cwd=tmp_path)
     assert result.returncode == 1
     assert f"127.0.0.1:{second} (ssh of gpu-02) is in use" in result.stderr
     assert "Traceback" not in result.stderr
@@ -167,8 +168,8 @@ def test_up_with_the_default_ports_held_takes_free_ones(
     model = tmp_path / "tiny.gguf"
     model.write_bytes(b"GGUF" + bytes(60))
     try:
-        up = llmgw("lab", "up", "--model", str(model), "--engine", str(STUB_ENGINE),
-                   cwd=tmp_path)
+        up = llmgw("lab", "up", "--no-enrol", "--model", str(model), "--engine",
+                   str(STUB_ENGINE), cwd=tmp_path)
         assert up.returncode == 0, up.stderr
         assert f"SSH ports {labs.SSH_PORT_FROM}-{labs.SSH_PORT_FROM + 2} are in use" in up.stdout
         assert f"engine ports from {labs.ENGINE_PORTS_FROM} are in use" in up.stdout
