@@ -124,7 +124,7 @@ class Accounts:
         self.router_id = router_id or f"router-{secrets.token_hex(6)}"
         self.spent: dict[str, float] = {}
         self._rows: list[UsageRow] = []
-        self._settled: list[str] = []  # reservations whose rows are in _rows
+        self._settled: list[str | None] = []  # _settled[i]: the reservation of _rows[i]
         self._flusher: asyncio.Task[None] | None = None
         # What each request in flight with a reservation has produced so far, by id.
         self._live: dict[str, Callable[[], tuple[int, int, float]]] = {}
@@ -221,8 +221,7 @@ class Accounts:
             self.spent[row.project] = self.spent.get(row.project, 0.0) + row.cost_usd
         if self.store is not None:
             self._rows.append(row)
-            if reservation is not None and reservation.id is not None:
-                self._settled.append(reservation.id)
+            self._settled.append(reservation.id if reservation is not None else None)
 
     async def settle(self, reservation: Reservation, cost: float) -> None:
         """Shrink ``reservation`` to what its request cost, at once: the next request of

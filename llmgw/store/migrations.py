@@ -393,8 +393,9 @@ CREATE TABLE holds (
     Migration(
         9, "reservations owned by live routers (heartbeats) and billed from their progress",
         # A reservation names its router and what to bill if that router dies; the router
-        # records what its request produced as it goes, and renews its heartbeat row.
-        # See llmgw.store.reservations.
+        # records what its request produced as it goes, and renews its heartbeat row. A
+        # released row stays (amount 0, released_at set) until its request's own usage row
+        # arrives, which then bills only the rest. See llmgw.store.reservations.
         sqlite="""
 ALTER TABLE reservations ADD COLUMN router TEXT;
 ALTER TABLE reservations ADD COLUMN key_id TEXT;
@@ -406,6 +407,7 @@ ALTER TABLE reservations ADD COLUMN created_at REAL;
 ALTER TABLE reservations ADD COLUMN prompt_tokens INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE reservations ADD COLUMN completion_tokens INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE reservations ADD COLUMN used REAL NOT NULL DEFAULT 0;
+ALTER TABLE reservations ADD COLUMN released_at REAL;
 CREATE INDEX IF NOT EXISTS reservations_router ON reservations (router);
 CREATE TABLE IF NOT EXISTS router_heartbeats (
     router      TEXT PRIMARY KEY,
@@ -423,6 +425,7 @@ ALTER TABLE reservations ADD COLUMN created_at TIMESTAMPTZ NOT NULL DEFAULT now(
 ALTER TABLE reservations ADD COLUMN prompt_tokens BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE reservations ADD COLUMN completion_tokens BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE reservations ADD COLUMN used DOUBLE PRECISION NOT NULL DEFAULT 0;
+ALTER TABLE reservations ADD COLUMN released_at TIMESTAMPTZ;
 CREATE INDEX reservations_router ON reservations (router);
 CREATE TABLE router_heartbeats (
     router      TEXT PRIMARY KEY,

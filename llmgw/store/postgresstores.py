@@ -39,11 +39,10 @@ _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
 _INSERT_USAGE = (f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES "
                  f"({', '.join(f'${i + 1}' for i in range(len(COLUMNS)))})")
 _INSERT_KEY = f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
-# Budget reservations: admission (llmgw_reserve, migrations 5 and 9), settling, dropping.
+# Budget reservations: admission (llmgw_reserve, migrations 5 and 9) and settling.
 _RESERVE = ("SELECT spent, reserved, admitted FROM "
             "llmgw_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
 _SETTLE = "UPDATE reservations SET amount = $2 WHERE id = $1"
-_DROP_RESERVATIONS = "DELETE FROM reservations WHERE id = ANY($1::text[])"
 _MIGRATION_LOCK = 0x6C6C6D6777  # "llmgw": one advisory lock id for schema changes
 _POOL_SIZE = 8
 _ACQUIRE = """
@@ -152,13 +151,15 @@ class PostgresStore(PostgresPages, Store):
         return KeyRow(*found) if found else None
 
     # -- usage --------------------------------------------------------------------------
-    async def insert_usage(self, rows: Sequence[UsageRow], settled: Sequence[str] = ()) -> None:
+    async def insert_usage(self, rows: Sequence[UsageRow],
+                           settled: Sequence[str | None] = ()) -> None:
         if not rows and not settled:
             return
+        ids = [i for i in settled if i is not None]
         async with self._conn() as conn, conn.transaction():
-            await _append_usage(conn, [to_record(r) for r in rows])
-            if settled:
-                await conn.execute(_DROP_RESERVATIONS, list(settled))
+            released = await reservations.postgres_settle(conn, ids) if ids else {}
+            billed = reservations.deduct(rows, settled, released) if released else rows
+            await _append_usage(conn, [to_record(r) for r in billed])
 
     async def spend_by_project(self) -> dict[str, float]:
         async with self._conn() as conn:

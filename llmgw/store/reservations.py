@@ -9,8 +9,13 @@ itself (three heartbeat intervals ahead). A reservation whose router's
 heartbeat expired, or whose own backstop ``expires_at`` passed, is *stale*:
 any router releases it (:meth:`ReservationMethods.release_stale`) by writing
 a usage row for what was recorded (status :data:`RELEASED_STATUS`) and
-deleting the reservation, in one transaction, so the cost moves from
-reserved to spent exactly once even when two routers sweep together.
+zeroing the reservation, in one transaction, so the cost moves from reserved
+to spent exactly once even when two routers sweep together.
+
+A released row stays, marked, for a day: a router that was only frozen or cut
+off from the store (not dead) writes its request's own usage row later, and
+that row then bills only what the release did not (:func:`deduct`), in the
+transaction that drops the reservation.
 
 This module holds the :class:`ReservationMethods` part of the store interface
 and the SQL of both databases.
@@ -19,6 +24,7 @@ and the SQL of both databases.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -98,6 +104,25 @@ class ReservationMethods(abc.ABC):
         """Release the reservations ``ids`` (None: all), billing what each recorded."""
 
 
+def deduct(rows: Sequence[UsageRow], settled: Sequence[str | None],
+           released: dict[str, tuple[int, int, float]]) -> list[UsageRow]:
+    """``rows`` less what a release already billed: ``settled[i]`` is ``rows[i]``'s
+    reservation, and ``released`` maps a released one to the (prompt tokens, completion
+    tokens, USD) its release billed. This is a purely computational function."""
+    out = list(rows)
+    for i, rid in enumerate(settled[:len(out)]):
+        if rid is None or rid not in released:
+            continue
+        prompt, completion, used = released[rid]
+        row = out[i]
+        out[i] = dataclasses.replace(
+            row, cost_usd=max(row.cost_usd - used, 0.0),
+            prompt_tokens=None if row.prompt_tokens is None else max(row.prompt_tokens - prompt, 0),
+            completion_tokens=None if row.completion_tokens is None
+            else max(row.completion_tokens - completion, 0))
+    return out
+
+
 _HELD = ("r.id, r.project, r.amount, r.used, r.router, r.key_id, r.model, r.created_at, "
          "h.router IS NOT NULL")
 _BILL = ("r.project, r.key_id, r.model, r.endpoint, r.prompt_tokens, r.completion_tokens, "
@@ -123,10 +148,14 @@ def _bill(row: Sequence[Any], now: float) -> UsageRow | None:
                     cost_usd=float(used or 0.0), stream=bool(stream), user_name=user)
 
 
+_KEPT = 86400.0  # seconds a released row (and a dead router's heartbeat) is kept
+
+
 # -- SQLite (runs on the store's own thread, times are this machine's Unix time) ----------
 _SQLITE_ALIVE = "LEFT JOIN router_heartbeats h ON h.router = r.router AND h.expires_at > ?"
-_SQLITE_STALE = f"""SELECT r.id, {_BILL} FROM reservations r {_SQLITE_ALIVE}
-    WHERE (r.router IS NOT NULL AND h.router IS NULL) OR r.expires_at <= ?"""
+_SQLITE_STALE = f"""SELECT r.id FROM reservations r {_SQLITE_ALIVE} WHERE r.released_at IS NULL
+    AND ((r.router IS NOT NULL AND h.router IS NULL) OR r.expires_at <= ?)"""
+_RELEASED = "prompt_tokens, completion_tokens, used"
 
 
 def sqlite_insert(conn: sqlite3.Connection, rid: str, project: str, amount: float,
@@ -147,7 +176,7 @@ def sqlite_beat(conn: sqlite3.Connection, router: str, ttl: float,
                      "UPDATE SET expires_at = excluded.expires_at", (router, time.time() + ttl))
         conn.executemany(
             "UPDATE reservations SET prompt_tokens = ?, completion_tokens = ?, used = ? "
-            "WHERE id = ? AND router = ?",
+            "WHERE id = ? AND router = ? AND released_at IS NULL",
             [(p.prompt_tokens, p.completion_tokens, p.used, p.id, router) for p in progress])
 
 
@@ -158,7 +187,8 @@ def sqlite_drop_heartbeat(conn: sqlite3.Connection, router: str) -> None:
 
 def sqlite_list(conn: sqlite3.Connection) -> list[Held]:
     rows = conn.execute(f"SELECT {_HELD} FROM reservations r {_SQLITE_ALIVE} "
-                        "ORDER BY r.created_at, r.id", (time.time(),)).fetchall()
+                        "WHERE r.released_at IS NULL ORDER BY r.created_at, r.id",
+                        (time.time(),)).fetchall()
     return [_held(r) for r in rows]
 
 
@@ -185,24 +215,46 @@ def sqlite_release(conn: sqlite3.Connection, ids: Chosen,
             if found is not None and (row := _bill(found, now)) is not None:
                 billed.append(row)
         append(conn, billed)
-        conn.executemany("DELETE FROM reservations WHERE id = ?", [(i,) for i in chosen])
-        conn.execute("DELETE FROM router_heartbeats WHERE expires_at <= ?", (now - 86400,))
+        conn.executemany("UPDATE reservations SET amount = 0, released_at = ? WHERE id = ?",
+                         [(now, i) for i in chosen])
+        conn.execute("DELETE FROM reservations WHERE released_at <= ?", (now - _KEPT,))
+        conn.execute("DELETE FROM router_heartbeats WHERE expires_at <= ?", (now - _KEPT,))
     return [everything[i] for i in chosen if i in everything]
+
+
+def sqlite_settle(conn: sqlite3.Connection,
+                  ids: Sequence[str]) -> dict[str, tuple[int, int, float]]:
+    """Drop the reservations ``ids`` (inside the caller's transaction); what the released
+    ones among them billed."""
+    released = {}
+    for rid in ids:
+        found = conn.execute(f"SELECT {_RELEASED} FROM reservations WHERE id = ? AND "
+                             "released_at IS NOT NULL", (rid,)).fetchone()
+        if found is not None:
+            released[rid] = (int(found[0]), int(found[1]), float(found[2]))
+    conn.executemany("DELETE FROM reservations WHERE id = ?", [(i,) for i in ids])
+    return released
 
 
 # -- PostgreSQL (times are the database's now()) --------------------------------------------
 _PG_HELD = (f"SELECT {_HELD.replace('r.created_at', 'EXTRACT(EPOCH FROM r.created_at)')} "
             "FROM reservations r LEFT JOIN router_heartbeats h ON h.router = r.router "
-            "AND h.expires_at > now()")
+            "AND h.expires_at > now() WHERE r.released_at IS NULL")
 _PG_RETURNING = ("id, project, key_id, model, endpoint, prompt_tokens, completion_tokens, "
                  "used, stream, user_name, EXTRACT(EPOCH FROM created_at), "
                  "EXTRACT(EPOCH FROM now())")
-_PG_RELEASE_STALE = f"""DELETE FROM reservations r WHERE r.expires_at <= now() OR (
-    r.router IS NOT NULL AND NOT EXISTS (SELECT 1 FROM router_heartbeats h
-        WHERE h.router = r.router AND h.expires_at > now()))
+# UPDATE … WHERE released_at IS NULL: a second sweeper blocked on the same row re-checks
+# the condition after the first commits, and skips it.
+_PG_RELEASE_STALE = f"""UPDATE reservations r SET amount = 0, released_at = now()
+    WHERE r.released_at IS NULL AND (r.expires_at <= now() OR (
+        r.router IS NOT NULL AND NOT EXISTS (SELECT 1 FROM router_heartbeats h
+            WHERE h.router = r.router AND h.expires_at > now())))
     RETURNING {_PG_RETURNING}"""
-_PG_RELEASE = f"""DELETE FROM reservations WHERE $1::text[] IS NULL OR id = ANY($1)
+_PG_RELEASE = f"""UPDATE reservations SET amount = 0, released_at = now()
+    WHERE released_at IS NULL AND ($1::text[] IS NULL OR id = ANY($1))
     RETURNING {_PG_RETURNING}"""
+_PG_SETTLE = f"""DELETE FROM reservations WHERE id = ANY($1::text[])
+    RETURNING id, released_at IS NOT NULL, {_RELEASED}"""
 
 
 async def postgres_beat(conn: asyncpg.pool.PoolConnectionProxy, router: str, ttl: float,
@@ -215,7 +267,7 @@ async def postgres_beat(conn: asyncpg.pool.PoolConnectionProxy, router: str, ttl
         if progress:
             await conn.executemany(
                 "UPDATE reservations SET prompt_tokens = $1, completion_tokens = $2, used = $3 "
-                "WHERE id = $4 AND router = $5",
+                "WHERE id = $4 AND router = $5 AND released_at IS NULL",
                 [(p.prompt_tokens, p.completion_tokens, p.used, p.id, router) for p in progress])
 
 
@@ -243,7 +295,16 @@ async def postgres_release(
             if row is not None:
                 billed.append(row)
         await append(conn, billed)
+        await conn.execute("DELETE FROM reservations WHERE released_at <= now() - "
+                           "make_interval(secs => $1)", _KEPT)
         await conn.execute("DELETE FROM router_heartbeats WHERE expires_at <= now() - "
-                           "interval '1 day'")
-    released = [before[r[0]] for r in rows if r[0] in before]
-    return released
+                           "make_interval(secs => $1)", _KEPT)
+    return [before[r[0]] for r in rows if r[0] in before]
+
+
+async def postgres_settle(conn: asyncpg.pool.PoolConnectionProxy,
+                          ids: Sequence[str]) -> dict[str, tuple[int, int, float]]:
+    """Drop the reservations ``ids`` (inside the caller's transaction); what the released
+    ones among them billed."""
+    rows = await conn.fetch(_PG_SETTLE, list(ids))
+    return {r[0]: (int(r[2]), int(r[3]), float(r[4])) for r in rows if r[1]}

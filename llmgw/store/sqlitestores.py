@@ -53,7 +53,6 @@ _SPENT = "SELECT spent FROM project_spend WHERE project = ?"
 _RESERVED = ("SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = ? "
              "AND expires_at > ?")
 _SETTLE = "UPDATE reservations SET amount = ? WHERE id = ?"
-_DROP_RESERVATION = "DELETE FROM reservations WHERE id = ?"
 
 
 class SQLiteStore(SQLitePages, Store):
@@ -142,16 +141,18 @@ class SQLiteStore(SQLitePages, Store):
         return await self._run(revoke)
 
     # -- usage --------------------------------------------------------------------------
-    async def insert_usage(self, rows: Sequence[UsageRow], settled: Sequence[str] = ()) -> None:
+    async def insert_usage(self, rows: Sequence[UsageRow],
+                           settled: Sequence[str | None] = ()) -> None:
         if not rows and not settled:
             return
-        records = [to_record(r) for r in rows]
+        ids = [i for i in settled if i is not None]
 
         def insert(conn: sqlite3.Connection) -> None:
             with conn:
                 conn.execute("BEGIN")
-                _append_usage(conn, records)
-                conn.executemany(_DROP_RESERVATION, [(i,) for i in settled])
+                released = reservations.sqlite_settle(conn, ids) if ids else {}
+                billed = reservations.deduct(rows, settled, released) if released else rows
+                _append_usage(conn, [to_record(r) for r in billed])
         await self._run(insert)
 
     async def spend_by_project(self) -> dict[str, float]:

@@ -125,10 +125,13 @@ class Store(JournalMethods, HoldMethods, ReservationMethods, abc.ABC):
 
     # -- usage --------------------------------------------------------------------------
     @abc.abstractmethod
-    async def insert_usage(self, rows: Sequence[UsageRow], settled: Sequence[str] = ()) -> None:
+    async def insert_usage(self, rows: Sequence[UsageRow],
+                           settled: Sequence[str | None] = ()) -> None:
         """Append ``rows`` and add their cost to the projects' spend, and drop the
-        reservations ``settled`` (their requests' rows are among ``rows``): one transaction,
-        so a request's cost is always counted once, as reserved or as spent."""
+        reservations ``settled`` (``settled[i]`` is ``rows[i]``'s, None for none): one
+        transaction, so a request's cost is always counted once, as reserved or as spent.
+        A row whose reservation was released meanwhile (its router stopped beating, then
+        came back) bills only what the release did not."""
 
     @abc.abstractmethod
     async def spend_by_project(self) -> dict[str, float]: ...

@@ -15,6 +15,7 @@ from llmgw.spec.models import StoreSettings
 from llmgw.store import reservations, stores
 from llmgw.store.reservations import Owner, Progress
 from llmgw.store.stores import Store
+from llmgw.store.usages import UsageRow
 
 OWNER = Owner("router-a", "key000000001", "chat", "/v1/chat/completions", stream=True)
 
@@ -114,3 +115,53 @@ async def test_release_by_id_and_all(store_settings: dict[str, str]) -> None:
         assert (await store.spend_by_project()).get("research", 0.0) == 0  # nothing recorded
     finally:
         await store.close()
+
+
+async def test_a_router_that_comes_back_bills_only_the_rest(
+        store_settings: dict[str, str]) -> None:
+    """Frozen (SIGSTOP, or cut off from the store) past the bound, not dead: its
+    reservation was released and billed what it recorded; its request's own row, written
+    later, bills only the rest, so the request is charged once in all."""
+    frozen, other = await open_(store_settings), await open_(store_settings)
+    try:
+        await frozen.beat("router-a", 0.5)
+        held = await frozen.reserve("research", 3.0, 1.0, 86400, OWNER)
+        assert held.id is not None
+        await frozen.beat("router-a", 0.5, [Progress(held.id, 12, 40, 0.02)])
+        await until_released(other)
+        await frozen.beat("router-a", 600, [Progress(held.id, 12, 90, 0.9)])  # it wakes up
+        assert await other.release_stale() == []
+        full = UsageRow(ts=2000.0, project="research", key_id="key000000001", model="chat",
+                        endpoint="/v1/chat/completions", status=200, prompt_tokens=12,
+                        completion_tokens=100, latency_ms=9.0, cost_usd=0.05, stream=True)
+        await frozen.insert_usage([full], [held.id])
+        assert (await other.spend_by_project())["research"] == pytest.approx(0.05)
+        rows = sorted(await other.recent_usage(5), key=lambda r: r.status)
+        assert [(r.status, r.prompt_tokens, r.completion_tokens, round(r.cost_usd, 6))
+                for r in rows] == [(200, 0, 60, 0.03), (reservations.RELEASED_STATUS, 12, 40, 0.02)]
+        assert await other.list_reservations() == []
+    finally:
+        await frozen.close()
+        await other.close()
+
+
+@pytest.mark.parametrize("settled, expected", [
+    pytest.param([None], [(10, 100, 0.5)], id="no reservation: as is"),
+    pytest.param(["a"], [(10, 100, 0.5)], id="not released: as is"),
+    pytest.param(["r"], [(6, 70, 0.4)], id="released: the rest"),
+    pytest.param([], [(10, 100, 0.5)], id="nothing settled"),
+])
+def test_deduct(settled: list[str | None], expected: list[tuple[int, int, float]]) -> None:
+    row = UsageRow(ts=1.0, project="p", key_id=None, model="m", endpoint="/v1/completions",
+                   status=200, prompt_tokens=10, completion_tokens=100, latency_ms=1.0,
+                   cost_usd=0.5)
+    out = reservations.deduct([row], settled, {"r": (4, 30, 0.1)})
+    assert [(r.prompt_tokens, r.completion_tokens, round(r.cost_usd, 6)) for r in out] == expected
+
+
+def test_deduct_never_goes_below_zero() -> None:
+    row = UsageRow(ts=1.0, project="p", key_id=None, model="m", endpoint="/v1/completions",
+                   status=499, prompt_tokens=None, completion_tokens=3, latency_ms=1.0,
+                   cost_usd=0.01)
+    (out,) = reservations.deduct([row], ["r"], {"r": (4, 30, 0.1)})
+    assert (out.prompt_tokens, out.completion_tokens, out.cost_usd) == (None, 0, 0.0)
