@@ -42,7 +42,7 @@ _INSERT_KEY = f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6
 # Budget reservations: admission (llmgw_reserve, migrations 5 and 9) and settling.
 _RESERVE = ("SELECT spent, reserved, admitted FROM "
             "llmgw_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
-_SETTLE = "UPDATE reservations SET amount = $2 WHERE id = $1"
+_SETTLE = "UPDATE reservations SET amount = $2 WHERE id = $1 AND released_at IS NULL"
 _MIGRATION_LOCK = 0x6C6C6D6777  # "llmgw": one advisory lock id for schema changes
 _POOL_SIZE = 8
 _ACQUIRE = """

@@ -52,7 +52,7 @@ _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
 _SPENT = "SELECT spent FROM project_spend WHERE project = ?"
 _RESERVED = ("SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = ? "
              "AND expires_at > ?")
-_SETTLE = "UPDATE reservations SET amount = ? WHERE id = ?"
+_SETTLE = "UPDATE reservations SET amount = ? WHERE id = ? AND released_at IS NULL"
 
 
 class SQLiteStore(SQLitePages, Store):

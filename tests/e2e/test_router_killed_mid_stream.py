@@ -116,12 +116,17 @@ def test_a_killed_router_releases_its_reservation_and_bills_what_it_streamed(
                 assert response.status_code == 200
                 lines = response.iter_lines()
 
-                def recorded() -> list[reservations.Held]:
-                    next(lines)  # keep reading: the stream runs while we wait
-                    held = run(with_store(store_settings, lambda s: s.list_reservations()))
-                    return [h for h in held if h.used > 0]
+                def recorded(above: float) -> Any:
+                    def check() -> list[reservations.Held]:
+                        next(lines)  # keep reading: the stream runs while we wait
+                        held = run(with_store(store_settings, lambda s: s.list_reservations()))
+                        return [h for h in held if h.used > above]
+                    return check
 
-                (held,) = first.until(recorded, "the stream's progress recorded")
+                (prompt,) = first.until(recorded(0), "the prompt recorded")
+                # Then five completion tokens more ($2/Mtok): the stream's progress.
+                (held,) = first.until(recorded(prompt.used + 5 * 2e-6 - 1e-9),
+                                      "the stream's progress recorded")
                 # The budget is held: another request of the project gets 429 meanwhile.
                 refused = httpx.post(first.router + "/v1/chat/completions", headers=headers,
                                      json={**body, "stream": False, "max_tokens": 5}, timeout=30)
@@ -139,7 +144,7 @@ def test_a_killed_router_releases_its_reservation_and_bills_what_it_streamed(
         rows = run(with_store(store_settings, lambda s: s.recent_usage(10)))
         (billed,) = [r for r in rows if r.status == reservations.RELEASED_STATUS]
         assert billed.project == "research" and billed.model == "chat" and billed.stream
-        assert billed.completion_tokens is not None and billed.completion_tokens >= 1
+        assert billed.completion_tokens is not None and billed.completion_tokens >= 5
         assert billed.cost_usd == pytest.approx(still.used)
         again = httpx.post(second.router + "/v1/chat/completions", headers=headers,
                            json={**body, "stream": False, "max_tokens": 5}, timeout=30)
