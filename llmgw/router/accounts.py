@@ -126,6 +126,7 @@ class Accounts:
         self._rows: list[UsageRow] = []
         self._settled: list[str | None] = []  # _settled[i]: the reservation of _rows[i]
         self._flusher: asyncio.Task[None] | None = None
+        self._flushing = asyncio.Lock()
         # What each request in flight with a reservation has produced so far, by id.
         self._live: dict[str, Callable[[], tuple[int, int, float]]] = {}
         self.heartbeat = (heartbeats.Heartbeat(store, self.router_id, heartbeat_interval,
@@ -234,7 +235,14 @@ class Accounts:
             log.warning("could not settle a reservation: %s", exc)
 
     async def flush(self) -> None:
-        """Write buffered rows (one transaction), then reload spend from the store."""
+        """Write buffered rows (one transaction), then reload spend from the store. One
+        flush at a time: when it returns, every row recorded before it was called is
+        written (or kept for the next, on a store error), even if the periodic flush was
+        writing some of them meanwhile."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         if self.store is None:
             return
         rows, self._rows = self._rows, []
