@@ -1,4 +1,5 @@
-"""``llmgw keys``: create, list and revoke API keys in the cluster's store.
+"""``llmgw keys``: create, list and revoke API keys in the cluster's store, and list or
+free the budget reservations of requests in flight (``llmgw keys reservations``).
 
 The store is the one ``cluster.store`` names (the SQLite file at ``path``,
 relative to the cluster directory, or the PostgreSQL database at ``url``), the
@@ -11,9 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,6 +23,7 @@ from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.spec.models import Cluster
 from llmgw.store import keys, stores
+from llmgw.store.reservations import Held
 from llmgw.store.stores import Store, StoreError
 
 T = TypeVar("T")
@@ -49,6 +52,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     clusters.add_cluster_flag(revoke)
     revoke.add_argument("key_id", metavar="ID", help="key id as `keys list` shows it (or the key)")
     revoke.set_defaults(handler=run_revoke)
+
+    held = commands.add_parser(
+        "reservations", help="list the budget reservations of requests in flight, or free them",
+        description="Every request of a project with a budget holds a reservation until its "
+        "usage row is written. A router that dies leaves its reservations to its heartbeat's "
+        "expiry; --release frees them now, billing what their routers recorded.")
+    clusters.add_cluster_flag(held)
+    freeing = held.add_mutually_exclusive_group()
+    freeing.add_argument("--release", metavar="ID", action="append", default=[],
+                         help="free this reservation (repeatable)")
+    freeing.add_argument("--all", action="store_true", help="free every reservation")
+    held.add_argument("--json", action="store_true", help="machine-readable output")
+    held.set_defaults(handler=run_reservations)
 
 
 def store_path(cluster: Cluster, directory: Path) -> str:
@@ -104,10 +120,7 @@ def run_list(args: argparse.Namespace) -> int:
         rows.append((k.id, k.project, k.name or "-", _when(k.created_at),
                      _when(k.last_used_at) if k.last_used_at else "never",
                      f"revoked {_when(k.revoked_at)}" if k.revoked_at else "active"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-              .rstrip())
+    _table(rows)
     return 0
 
 
@@ -129,6 +142,69 @@ def run_revoke(args: argparse.Namespace) -> int:
     else:
         print(f"revoked key {key_id} ({info.project}); the router refuses it from now on")
     return 0
+
+
+def run_reservations(args: argparse.Namespace) -> int:
+    cluster = clusters.load(args.cluster)
+    for rid in args.release:
+        if not _RESERVATION_ID.fullmatch(rid):
+            raise UserError(f"--release {rid[:40]!r}: a reservation id is 16 hex digits, as "
+                            "`llmgw keys reservations` lists them")
+    if args.release or args.all:
+        return _release(cluster, args)
+    listed = with_store(cluster, lambda store: store.list_reservations())
+    if args.json:
+        print(json.dumps([_held_json(h) for h in listed], indent=2))
+        return 0
+    if not listed:
+        print("no reservations: no request of a project with a budget is in flight",
+              file=sys.stderr)
+        return 0
+    rows = [("ID", "PROJECT", "KEY", "MODEL", "HOLDS", "RECORDED", "SINCE", "ROUTER")]
+    for h in listed:
+        rows.append((h.id, h.project, h.key_id or "-", h.model or "-", _usd(h.amount),
+                     _usd(h.used), _when(h.created_at),
+                     f"{h.router or '-'} ({'alive' if h.router_alive else 'not beating'})"))
+    _table(rows)
+    return 0
+
+
+def _release(cluster: Cluster, args: argparse.Namespace) -> int:
+    ids = None if args.all else list(dict.fromkeys(args.release))
+    released = with_store(cluster, lambda store: store.release_reservations(ids))
+    if args.json:
+        print(json.dumps([_held_json(h) for h in released], indent=2))
+    for h in released:
+        print(f"released {h.id} ({h.project}, held {_usd(h.amount)}); billed the "
+              f"{_usd(h.used)} its router recorded", file=sys.stderr if args.json else None)
+    missing = sorted(set(ids or ()) - {h.id for h in released})
+    if missing:
+        raise UserError(f"no reservation {', '.join(missing)} in "
+                        f"{store_path(cluster, args.cluster)} (settled already, or never "
+                        "taken); `llmgw keys reservations` lists them")
+    if not released:
+        print("no reservations to release", file=sys.stderr)
+    return 0
+
+
+def _held_json(h: Held) -> dict[str, object]:
+    return {"id": h.id, "project": h.project, "key_id": h.key_id, "model": h.model,
+            "amount_usd": h.amount, "recorded_usd": h.used, "created_at": h.created_at,
+            "router": h.router, "router_alive": h.router_alive}
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+              .rstrip())
+
+
+def _usd(amount: float) -> str:
+    return f"${amount:,.2f}" if amount >= 0.01 or amount == 0 else f"${amount:.6f}"
+
+
+_RESERVATION_ID = re.compile(r"[0-9a-f]{16}")
 
 
 def _when(ts: float | None) -> str:

@@ -252,11 +252,12 @@ class _Process:
         leadership = Leadership(store, cluster.cluster.lease_ttl, holder=holder) \
             if reconciling else None
         if routing_here:
-            settings = Settings(wait_timeout=options.wait_timeout)
+            settings = Settings(wait_timeout=options.wait_timeout,
+                                heartbeat_interval=cluster.cluster.router_heartbeat)
             settings = dataclasses.replace(settings, max_connections=connections.connection_limit(
                 settings.max_connections, open_files))
             router = Router(catalogs.from_cluster(cluster), store=store, registry=registry,
-                            settings=settings)
+                            settings=settings, router_id=holder)
             stack.push_async_callback(router.close)
             pages = _pages(store, router, cluster, lambda: daemon)
             runner = await self.listen("router", router.start(

@@ -11,14 +11,19 @@ seconds (and on close), so a request never waits on a write. Every store call
 is async (:mod:`llmgw.store.stores`): none blocks the event loop.
 
 Budgets: a request for a project with a budget reserves its estimated cost
-(:func:`estimate`) in the store before it is sent — atomically across every
+(:func:`estimate`, capped by the model's context length; a project's
+``max_request_usd`` refuses a request whose estimate is above it) in the store
+before it is sent — atomically across every
 router sharing the store — and the reservation is settled, in the transaction
 that writes the request's usage row, at the next flush; at the request's end
 it already shrinks to the real cost. A project is refused
 once what it spent plus what requests in flight reserved reaches its budget,
 so spend stays under budget + one reservation, however many routers and
 requests, as long as answers cost no more than their reservation (always, when
-a client sets an output limit).
+a client sets an output limit). A reservation belongs to this router while its
+heartbeat beats (:mod:`llmgw.router.heartbeats`), which also records what each
+request has produced so far: a router that dies mid-stream has its reservations
+released, and what it recorded billed, by the next router that beats.
 
 What an answer without the engine's usage costs is decided by the router
 (:meth:`llmgw.router.apps.Router`): a client that hung up mid-stream pays what
@@ -31,12 +36,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw.router import heartbeats
 from llmgw.router.catalogs import Catalog
 from llmgw.router.errors import ApiError
 from llmgw.store import keys, usages
+from llmgw.store.reservations import Owner, Progress
 from llmgw.store.stores import Store, StoreError
 from llmgw.store.usages import UsageRow
 
@@ -61,24 +70,33 @@ class Reservation:
 
 
 NOTHING = Reservation(None)
-# How long a reservation holds if its router dies before settling it: longer than any
-# request runs, so a live request's reservation never lapses under it.
-RESERVATION_HOLD = 3600.0
+# A backstop only: a reservation is kept by its router's heartbeat (llmgw.router.heartbeats)
+# and released within seconds of that router's death; past this, it is stale regardless.
+RESERVATION_HOLD = 86400.0
 DEFAULT_OUTPUT_TOKENS = 1024  # reserved for a request that sets no output limit
+# What a model can read and produce when its profiles state no context length
+# (max-model-len, ctx-size, context-length): the largest context common models serve.
+DEFAULT_CONTEXT_TOKENS = 131072
+MAX_CHOICES = 128  # `n` above this is refused (OpenAI's own limit)
 _OUTPUT_LIMITS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
-def estimate(body_bytes: int, payload: dict[str, Any], embeddings: bool) -> tuple[int, int]:
+def estimate(body_bytes: int, payload: dict[str, Any], embeddings: bool,
+             context: int | None = None) -> tuple[int, int]:
     """Tokens to reserve: the body's bytes bound its prompt tokens (a token of a byte-level
-    tokenizer covers at least one byte), plus its output limit times ``n`` choices."""
+    tokenizer covers at least one byte), plus its output limit times ``n`` choices. Each is
+    capped by what the model can read or produce: its ``context`` length in tokens
+    (:data:`DEFAULT_CONTEXT_TOKENS` when unknown), so ``max_tokens: 1000000000`` reserves
+    one context, not a billion tokens."""
+    window = context or DEFAULT_CONTEXT_TOKENS
     if embeddings:
-        return body_bytes, 0
+        return min(body_bytes, window), 0
     limit = next((v for v in (payload.get(k) for k in _OUTPUT_LIMITS)
                   if isinstance(v, int) and not isinstance(v, bool) and v >= 0),
                  DEFAULT_OUTPUT_TOKENS)
     n = payload.get("n")
     choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
-    return body_bytes, limit * choices
+    return min(body_bytes, window), min(limit, window) * min(choices, MAX_CHOICES)
 
 
 def unreported(body_bytes: int, relayed_events: int) -> tuple[int, int]:
@@ -94,17 +112,26 @@ _HOW_TO = "send `Authorization: Bearer <key>`; an operator creates keys with `ll
 
 class Accounts:
     def __init__(
-        self, store: Store | None, catalog: Catalog, flush_interval: float = 1.0
+        self, store: Store | None, catalog: Catalog, flush_interval: float = 1.0,
+        router_id: str | None = None,
+        heartbeat_interval: float = heartbeats.DEFAULT_INTERVAL,
     ) -> None:
         if store is None and catalog.auth != "none":
             raise ValueError("auth: keys needs a store to check keys against")
         self.store = store
         self.catalog = catalog
         self.flush_interval = flush_interval
+        self.router_id = router_id or f"router-{secrets.token_hex(6)}"
         self.spent: dict[str, float] = {}
         self._rows: list[UsageRow] = []
-        self._settled: list[str] = []  # reservations whose rows are in _rows
+        self._settled: list[str | None] = []  # _settled[i]: the reservation of _rows[i]
         self._flusher: asyncio.Task[None] | None = None
+        self._flushing = asyncio.Lock()
+        # What each request in flight with a reservation has produced so far, by id.
+        self._live: dict[str, Callable[[], tuple[int, int, float]]] = {}
+        self.heartbeat = (heartbeats.Heartbeat(store, self.router_id, heartbeat_interval,
+                                               self.progress)
+                          if store is not None else None)
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The caller's project and key, or ApiError 401/403."""
@@ -134,16 +161,28 @@ class Accounts:
                            "cluster's projects", code="unknown_project")
         return Principal(info.project, info.id)
 
-    async def reserve(self, principal: Principal, cost: float) -> Reservation:
+    async def reserve(self, principal: Principal, cost: float, model: str = "",
+                      endpoint: str = "", stream: bool = False) -> Reservation:
         """Hold ``cost`` USD of the caller's budget until :meth:`record`; ApiError 429 when
         what the project has spent and requests in flight on every router sharing the
-        store have reserved already reaches its budget."""
+        store have reserved already reaches its budget. The reservation is this router's
+        (its heartbeat keeps it); ``model``, ``endpoint`` and ``stream`` say what to bill
+        if this router dies before settling it."""
         project = principal.project
+        cap = self.catalog.request_caps.get(project) if project is not None else None
+        if cap is not None and cost > cap:
+            raise ApiError(
+                400, f"this request may cost up to {_usd(cost)} (its prompt's bytes and "
+                f"max_tokens, capped by the model's context), more than project {project!r} "
+                f"allows one request (max_request_usd {_usd(cap)}); lower max_tokens or n",
+                code="request_over_cap", param="max_tokens")
         budget = self.catalog.budgets.get(project) if project is not None else None
         if project is None or budget is None or self.store is None:
             return NOTHING
+        owner = Owner(self.router_id, principal.key_id, model, endpoint, stream, principal.user)
         try:
-            admission = await self.store.reserve(project, budget, cost, RESERVATION_HOLD)
+            admission = await self.store.reserve(project, budget, cost, RESERVATION_HOLD,
+                                                 owner)
         except StoreError as exc:
             log.error("cannot reserve budget: %s", exc)
             raise ApiError(503, "the budget store is unreachable; retry shortly",
@@ -161,6 +200,21 @@ class Accounts:
             )
         return Reservation(project, cost, admission.id)
 
+    def track(self, reservation: Reservation,
+              produced: Callable[[], tuple[int, int, float]]) -> None:
+        """While its request runs, ``produced()`` says what it has produced (prompt and
+        completion tokens, USD): the heartbeat records it into the reservation."""
+        if reservation.id is not None:
+            self._live[reservation.id] = produced
+
+    def untrack(self, reservation: Reservation) -> None:
+        if reservation.id is not None:
+            self._live.pop(reservation.id, None)
+
+    def progress(self) -> list[Progress]:
+        """What every tracked request has produced so far (the heartbeat's record)."""
+        return [Progress(rid, *produced()) for rid, produced in list(self._live.items())]
+
     def record(self, row: UsageRow, reservation: Reservation | None = None) -> None:
         """Charge ``row`` to its project now; write it, and settle ``reservation``, at the
         next flush (in one transaction: see :meth:`Store.insert_usage`)."""
@@ -168,8 +222,7 @@ class Accounts:
             self.spent[row.project] = self.spent.get(row.project, 0.0) + row.cost_usd
         if self.store is not None:
             self._rows.append(row)
-            if reservation is not None and reservation.id is not None:
-                self._settled.append(reservation.id)
+            self._settled.append(reservation.id if reservation is not None else None)
 
     async def settle(self, reservation: Reservation, cost: float) -> None:
         """Shrink ``reservation`` to what its request cost, at once: the next request of
@@ -182,7 +235,14 @@ class Accounts:
             log.warning("could not settle a reservation: %s", exc)
 
     async def flush(self) -> None:
-        """Write buffered rows (one transaction), then reload spend from the store."""
+        """Write buffered rows (one transaction), then reload spend from the store. One
+        flush at a time: when it returns, every row recorded before it was called is
+        written (or kept for the next, on a store error), even if the periodic flush was
+        writing some of them meanwhile."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         if self.store is None:
             return
         rows, self._rows = self._rows, []
@@ -207,8 +267,11 @@ class Accounts:
             self.spent[project] = stored.get(project, 0.0) + pending.get(project, 0.0)
 
     async def start(self) -> None:
-        """Load spend so far, then flush every ``flush_interval`` seconds."""
+        """Beat (releasing what dead routers left), load spend so far, then flush every
+        ``flush_interval`` seconds."""
         if self._flusher is None and self.store is not None:
+            if self.heartbeat is not None:
+                await self.heartbeat.start()
             try:
                 self.spent = await usages.spend_by_project(self.store)
             except StoreError as exc:
@@ -222,6 +285,8 @@ class Accounts:
                 await self._flusher
             self._flusher = None
         await self.flush()
+        if self.heartbeat is not None:
+            await self.heartbeat.close()
 
     async def _flush_forever(self) -> None:
         while True:

@@ -66,6 +66,9 @@ class Settings:
     header_timeout: float = 15.0  # a connection's request line and headers; idle keep-alive too
     body_timeout: float = 60.0  # a request's whole body, once its headers arrived
     max_connections: int = 4096  # open client connections; more get 503 and are closed
+    # Seconds between heartbeats: this router's reservations are released, and what its
+    # requests recorded billed, (3 + 1) intervals after it stops beating (llmgw.router.heartbeats).
+    heartbeat_interval: float = 5.0
 
 
 class Router:
@@ -76,12 +79,14 @@ class Router:
         store: Store | None = None,
         registry: CollectorRegistry | None = None,
         settings: Settings | None = None,
+        router_id: str | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self.catalog = catalog
         self.routes = Routes()
         self.demands = Demands(watched_since=time.time())
-        self.accounts = Accounts(store, catalog, self.settings.flush_interval)
+        self.accounts = Accounts(store, catalog, self.settings.flush_interval, router_id,
+                                 self.settings.heartbeat_interval)
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
         self.proxy = Proxy(self.routes, self.settings.connect_timeout)
         self.store = store
@@ -193,13 +198,17 @@ class Router:
             self.metrics.started(label)
             try:
                 self.demands.touch(entry_key, time.time())
+                stream = payload.get("stream") is True
                 if entry is not None:
+                    _check_choices(payload)
                     prompt, output = accounts.estimate(body_bytes, payload,
-                                                       request.path == "/v1/embeddings")
+                                                       request.path == "/v1/embeddings",
+                                                       entry.context_tokens)
                     estimated = entry.cost(prompt, output)
                     if principal.project is not None:
-                        reservation = await self.accounts.reserve(principal, estimated)
-                stream = payload.get("stream") is True
+                        reservation = await self.accounts.reserve(
+                            principal, estimated, entry_key, request.path, stream)
+                        self.accounts.track(reservation, _produced(outcome, body_bytes, entry))
                 strip = False
                 if stream and request.path in _ASK_FOR_USAGE:
                     body, asked = streams.ask_for_usage(body, payload)
@@ -231,6 +240,7 @@ class Router:
             outcome.status = CLIENT_CLOSED
             return web.Response(status=CLIENT_CLOSED)
         finally:
+            self.accounts.untrack(reservation)
             cost = self._account(request.path, label, entry_key, principal, stream, outcome,
                                  started, body_bytes, estimated, reservation)
             await self.accounts.settle(reservation, cost)
@@ -417,3 +427,28 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
         if exc.status < 400 or not request.path.startswith("/v1/"):
             raise  # redirects, and the pages' own errors (llmgw.web renders those)
         return errors.from_http(exc).response()
+
+
+def _check_choices(payload: dict[str, Any]) -> None:
+    """``n`` above OpenAI's own limit is refused: each choice is a whole answer to pay for."""
+    n = payload.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n > accounts.MAX_CHOICES:
+        raise ApiError(400, f"n must be at most {accounts.MAX_CHOICES}; got {n}",
+                       code="invalid_value", param="n")
+
+
+def _produced(outcome: Outcome, body_bytes: int,
+              entry: ModelEntry) -> Callable[[], tuple[int, int, float]]:
+    """What a request has produced so far, for its reservation's record (the heartbeat
+    reads it): nothing before it reached an engine; then its prompt and one token per
+    stream event relayed, as :func:`accounts.unreported` charges a cut stream."""
+    def produced() -> tuple[int, int, float]:
+        if not outcome.sent:
+            return 0, 0, 0.0
+        events = outcome.relay.events if outcome.relay is not None else outcome.relayed
+        if outcome.usage is not None:
+            prompt, completion = outcome.usage[0] or 0, outcome.usage[1] or 0
+        else:
+            prompt, completion = accounts.unreported(body_bytes, events)
+        return prompt, completion, entry.cost(prompt, completion)
+    return produced

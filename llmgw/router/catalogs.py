@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmgw.spec.models import Cluster
+from llmgw.spec.models import Cluster, Model
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class ModelEntry:
     min_prefix_chars: int = 0
     load_factor: float = 1.25
     first_byte_timeout: float = 600.0  # seconds to the engine\'s first byte
+    context_tokens: int | None = None  # what it can read and produce; None: not stated
 
     def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float:
         """USD for one request at this model's prices."""
@@ -41,6 +42,7 @@ class ModelEntry:
 class Catalog:
     models: dict[str, ModelEntry] = field(default_factory=dict)  # by served name
     budgets: dict[str, float | None] = field(default_factory=dict)  # project → USD or None
+    request_caps: dict[str, float | None] = field(default_factory=dict)  # max_request_usd
     auth: str = "keys"  # "keys" | "none"
 
     _by_key: dict[str, ModelEntry] = field(init=False, repr=False, compare=False)
@@ -68,6 +70,23 @@ def from_cluster(cluster: Cluster) -> Catalog:
             min_prefix_chars=model.routing.min_prefix_chars,
             load_factor=model.routing.load_factor,
             first_byte_timeout=model.routing.first_byte_timeout,
+            context_tokens=context_tokens(model),
         )
     budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
-    return Catalog(models=models, budgets=budgets, auth=cluster.cluster.auth)
+    caps = {name: project.max_request_usd for name, project in cluster.projects.items()}
+    return Catalog(models=models, budgets=budgets, request_caps=caps, auth=cluster.cluster.auth)
+
+
+# The engines' flags that set the context length: vLLM, llama.cpp, SGLang.
+CONTEXT_FLAGS = ("max-model-len", "ctx-size", "c", "context-length")
+
+
+def context_tokens(model: Model) -> int | None:
+    """The longest context any of ``model``'s profiles states in its engine args, in
+    tokens; None when none states one (the engine then takes the model's own)."""
+    found = [int(value) for profile in model.profiles
+             for args in (profile.args, profile.unchecked_args)
+             for flag in CONTEXT_FLAGS
+             if isinstance(value := args.get(flag), int | str) and not isinstance(value, bool)
+             and str(value).isdigit() and int(value) > 0]
+    return max(found) if found else None

@@ -60,6 +60,7 @@ class Outcome:
     retries: int = 0
     sent: bool = False  # the request reached an engine
     relayed: int = 0  # stream events relayed to the client
+    relay: streams.Relay | None = None  # the stream's relay while it runs (live counts)
 
 
 class _Retry(Exception):
@@ -240,6 +241,7 @@ class Proxy:
         try:
             outcome.sent = True
             relay = streams.Relay(strip_usage_chunk)
+            outcome.relay = relay
             try:
                 async with asyncio.timeout_at(deadline):
                     conn, head = await self._open(base, message)

@@ -192,6 +192,13 @@ class ClusterSettings(Strict):
         description="How long a reconciler's leadership lasts without renewal: a standby "
         "takes over within this long after the leader dies.",
     )
+    router_heartbeat: Duration = Field(
+        5.0, ge=0.1, le=60.0,
+        description="How often each router renews its heartbeat in the store and records "
+        "what its requests in flight have produced: a router that stops beating for 3 of "
+        "these has its budget reservations released, billing what it recorded, by another "
+        "router within 4 of them (20 s at the default).",
+    )
     auth: Literal["keys", "none"] = Field(
         "keys",
         description="`keys`: every request needs an API key (`llmgw keys create`). `none`: "
@@ -551,6 +558,13 @@ class Project(Strict):
     )
     budget_usd: float | None = Field(
         None, ge=0, description="Spend limit in USD; requests past it get 429. None: unlimited."
+    )
+    max_request_usd: float | None = Field(
+        None, gt=0, le=1_000_000,
+        description="The most one request may reserve, in USD: a request whose estimate "
+        "(its prompt's bytes as tokens plus max_tokens × n, each capped by the model's "
+        "context length, at its prices) is above it gets 400. None: no cap beyond the "
+        "context length.",
     )
     description: str = Field("", description="Free text for people.")
 

@@ -390,6 +390,71 @@ CREATE TABLE holds (
 );
 """,
     ),
+    Migration(
+        9, "reservations owned by live routers (heartbeats) and billed from their progress",
+        # A reservation names its router and what to bill if that router dies; the router
+        # records what its request produced as it goes, and renews its heartbeat row. A
+        # released row stays (amount 0, released_at set) until its request's own usage row
+        # arrives, which then bills only the rest. See llmgw.store.reservations.
+        sqlite="""
+ALTER TABLE reservations ADD COLUMN router TEXT;
+ALTER TABLE reservations ADD COLUMN key_id TEXT;
+ALTER TABLE reservations ADD COLUMN model TEXT;
+ALTER TABLE reservations ADD COLUMN endpoint TEXT;
+ALTER TABLE reservations ADD COLUMN stream BOOLEAN NOT NULL DEFAULT 0;
+ALTER TABLE reservations ADD COLUMN user_name TEXT;
+ALTER TABLE reservations ADD COLUMN created_at REAL;
+ALTER TABLE reservations ADD COLUMN prompt_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE reservations ADD COLUMN completion_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE reservations ADD COLUMN used REAL NOT NULL DEFAULT 0;
+ALTER TABLE reservations ADD COLUMN released_at REAL;
+CREATE INDEX IF NOT EXISTS reservations_router ON reservations (router);
+CREATE TABLE IF NOT EXISTS router_heartbeats (
+    router      TEXT PRIMARY KEY,
+    expires_at  REAL NOT NULL        -- Unix time, as the router states it (3 intervals ahead)
+);
+""",
+        postgres="""
+ALTER TABLE reservations ADD COLUMN router TEXT;
+ALTER TABLE reservations ADD COLUMN key_id TEXT;
+ALTER TABLE reservations ADD COLUMN model TEXT;
+ALTER TABLE reservations ADD COLUMN endpoint TEXT;
+ALTER TABLE reservations ADD COLUMN stream BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE reservations ADD COLUMN user_name TEXT;
+ALTER TABLE reservations ADD COLUMN created_at TIMESTAMPTZ NOT NULL DEFAULT now();
+ALTER TABLE reservations ADD COLUMN prompt_tokens BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE reservations ADD COLUMN completion_tokens BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE reservations ADD COLUMN used DOUBLE PRECISION NOT NULL DEFAULT 0;
+ALTER TABLE reservations ADD COLUMN released_at TIMESTAMPTZ;
+CREATE INDEX reservations_router ON reservations (router);
+CREATE TABLE router_heartbeats (
+    router      TEXT PRIMARY KEY,
+    expires_at  TIMESTAMPTZ NOT NULL -- by the database clock, 3 intervals ahead
+);
+DROP FUNCTION llmgw_reserve(TEXT, DOUBLE PRECISION, DOUBLE PRECISION, DOUBLE PRECISION, TEXT);
+CREATE FUNCTION llmgw_reserve(p_project TEXT, p_budget DOUBLE PRECISION,
+                              p_amount DOUBLE PRECISION, p_hold DOUBLE PRECISION,
+                              p_id TEXT, p_router TEXT, p_key TEXT, p_model TEXT,
+                              p_endpoint TEXT, p_stream BOOLEAN, p_user TEXT,
+                              OUT spent DOUBLE PRECISION,
+                              OUT reserved DOUBLE PRECISION, OUT admitted BOOLEAN)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    INSERT INTO project_spend VALUES (p_project, 0) ON CONFLICT (project) DO NOTHING;
+    SELECT s.spent INTO spent FROM project_spend s WHERE s.project = p_project FOR UPDATE;
+    SELECT COALESCE(SUM(amount), 0) INTO reserved FROM reservations
+        WHERE project = p_project AND expires_at > now();
+    admitted := spent + reserved < p_budget;
+    IF admitted THEN
+        INSERT INTO reservations (id, project, amount, expires_at, router, key_id, model,
+                                  endpoint, stream, user_name)
+            VALUES (p_id, p_project, p_amount, now() + make_interval(secs => p_hold),
+                    p_router, p_key, p_model, p_endpoint, p_stream, p_user);
+    END IF;
+END;
+$$;
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

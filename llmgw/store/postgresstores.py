@@ -29,8 +29,9 @@ from typing import Literal
 import asyncpg
 
 from llmgw.spec.rollouts import Hold
-from llmgw.store import holds, journals, migrations
+from llmgw.store import holds, journals, migrations, reservations
 from llmgw.store.postgrespages import PostgresPages
+from llmgw.store.reservations import Chosen, Held, Owner, Progress
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
 from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 
@@ -38,10 +39,10 @@ _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
 _INSERT_USAGE = (f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES "
                  f"({', '.join(f'${i + 1}' for i in range(len(COLUMNS)))})")
 _INSERT_KEY = f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
-# Budget reservations: admission (llmgw_reserve, migration 5), settling, dropping settled ones.
-_RESERVE = "SELECT spent, reserved, admitted FROM llmgw_reserve($1, $2, $3, $4, $5)"
-_SETTLE = "UPDATE reservations SET amount = $2 WHERE id = $1"
-_DROP_RESERVATIONS = "DELETE FROM reservations WHERE id = ANY($1::text[])"
+# Budget reservations: admission (llmgw_reserve, migrations 5 and 9) and settling.
+_RESERVE = ("SELECT spent, reserved, admitted FROM "
+            "llmgw_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+_SETTLE = "UPDATE reservations SET amount = $2 WHERE id = $1 AND released_at IS NULL"
 _MIGRATION_LOCK = 0x6C6C6D6777  # "llmgw": one advisory lock id for schema changes
 _POOL_SIZE = 8
 _ACQUIRE = """
@@ -150,13 +151,15 @@ class PostgresStore(PostgresPages, Store):
         return KeyRow(*found) if found else None
 
     # -- usage --------------------------------------------------------------------------
-    async def insert_usage(self, rows: Sequence[UsageRow], settled: Sequence[str] = ()) -> None:
+    async def insert_usage(self, rows: Sequence[UsageRow],
+                           settled: Sequence[str | None] = ()) -> None:
         if not rows and not settled:
             return
+        ids = [i for i in settled if i is not None]
         async with self._conn() as conn, conn.transaction():
-            await _append_usage(conn, [to_record(r) for r in rows])
-            if settled:
-                await conn.execute(_DROP_RESERVATIONS, list(settled))
+            released = await reservations.postgres_settle(conn, ids) if ids else {}
+            billed = reservations.deduct(rows, settled, released) if released else rows
+            await _append_usage(conn, [to_record(r) for r in billed])
 
     async def spend_by_project(self) -> dict[str, float]:
         async with self._conn() as conn:
@@ -164,14 +167,17 @@ class PostgresStore(PostgresPages, Store):
         return {r[0]: float(r[1]) for r in rows}
 
     async def reserve(self, project: str, budget: float, amount: float,
-                      hold: float) -> Admission:
+                      hold: float, owner: Owner | None = None) -> Admission:
         # One round trip: llmgw_reserve (migration 5) locks the project's spend row, so
         # every router's admission for this project waits its turn and none can see room
         # for a request another has just taken.
         reservation = secrets.token_hex(8)
         async with self._conn() as conn:
-            found = await conn.fetchrow(_RESERVE, project,
-                                        float(budget), float(amount), float(hold), reservation)
+            o = owner
+            found = await conn.fetchrow(
+                _RESERVE, project, float(budget), float(amount), float(hold), reservation,
+                o and o.router, o and o.key_id, o and o.model, o and o.endpoint,
+                bool(o and o.stream), o and o.user_name)
         assert found is not None
         spent, reserved = float(found[0]), float(found[1])
         if not found[2]:
@@ -181,6 +187,31 @@ class PostgresStore(PostgresPages, Store):
     async def settle_reservation(self, reservation: str, cost: float) -> None:
         async with self._conn() as conn:
             await conn.execute(_SETTLE, reservation, cost)
+
+    # -- reservations' owners (SQL in llmgw.store.reservations) -----------------------------
+    async def beat(self, router: str, ttl: float, progress: Sequence[Progress] = ()) -> None:
+        async with self._conn() as conn:
+            await reservations.postgres_beat(conn, router, ttl, progress)
+
+    async def drop_heartbeat(self, router: str) -> None:
+        async with self._conn() as conn:
+            await conn.execute("DELETE FROM router_heartbeats WHERE router = $1", router)
+
+    async def release_stale(self) -> list[Held]:
+        return await self._release(...)
+
+    async def list_reservations(self) -> list[Held]:
+        async with self._conn() as conn:
+            return await reservations.postgres_list(conn)
+
+    async def release_reservations(self, ids: Sequence[str] | None) -> list[Held]:
+        return await self._release(ids)
+
+    async def _release(self, ids: Chosen) -> list[Held]:
+        async def bill(conn: asyncpg.pool.PoolConnectionProxy, rows: list[UsageRow]) -> None:
+            await _append_usage(conn, [to_record(r) for r in rows])
+        async with self._conn() as conn:
+            return await reservations.postgres_release(conn, ids, bill)
 
     async def last_use_by_model(self) -> dict[str, float]:
         async with self._conn() as conn:

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from llmgw.spec.rollouts import Hold
-from llmgw.store import databases, holds, journals
+from llmgw.store import databases, holds, journals, reservations
+from llmgw.store.reservations import Chosen, Held, Owner, Progress
 from llmgw.store.sqlitepages import SQLitePages
 from llmgw.store.stores import (
     Admission,
@@ -51,9 +52,7 @@ _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
 _SPENT = "SELECT spent FROM project_spend WHERE project = ?"
 _RESERVED = ("SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = ? "
              "AND expires_at > ?")
-_RESERVE = "INSERT INTO reservations VALUES (?, ?, ?, ?)"
-_SETTLE = "UPDATE reservations SET amount = ? WHERE id = ?"
-_DROP_RESERVATION = "DELETE FROM reservations WHERE id = ?"
+_SETTLE = "UPDATE reservations SET amount = ? WHERE id = ? AND released_at IS NULL"
 
 
 class SQLiteStore(SQLitePages, Store):
@@ -142,16 +141,18 @@ class SQLiteStore(SQLitePages, Store):
         return await self._run(revoke)
 
     # -- usage --------------------------------------------------------------------------
-    async def insert_usage(self, rows: Sequence[UsageRow], settled: Sequence[str] = ()) -> None:
+    async def insert_usage(self, rows: Sequence[UsageRow],
+                           settled: Sequence[str | None] = ()) -> None:
         if not rows and not settled:
             return
-        records = [to_record(r) for r in rows]
+        ids = [i for i in settled if i is not None]
 
         def insert(conn: sqlite3.Connection) -> None:
             with conn:
                 conn.execute("BEGIN")
-                _append_usage(conn, records)
-                conn.executemany(_DROP_RESERVATION, [(i,) for i in settled])
+                released = reservations.sqlite_settle(conn, ids) if ids else {}
+                billed = reservations.deduct(rows, settled, released) if released else rows
+                _append_usage(conn, [to_record(r) for r in billed])
         await self._run(insert)
 
     async def spend_by_project(self) -> dict[str, float]:
@@ -167,7 +168,7 @@ class SQLiteStore(SQLitePages, Store):
         return await self._run(select)
 
     async def reserve(self, project: str, budget: float, amount: float,
-                      hold: float) -> Admission:
+                      hold: float, owner: Owner | None = None) -> Admission:
         def reserve(conn: sqlite3.Connection) -> Admission:
             now = time.time()
             with conn:
@@ -178,12 +179,34 @@ class SQLiteStore(SQLitePages, Store):
                 if spent_usd + reserved >= budget:
                     return Admission(None, spent_usd, float(reserved))
                 reservation = secrets.token_hex(8)
-                conn.execute(_RESERVE, (reservation, project, amount, now + hold))
+                reservations.sqlite_insert(conn, reservation, project, amount, now + hold,
+                                           owner, now)
             return Admission(reservation, spent_usd, float(reserved))
         return await self._run(reserve)
 
     async def settle_reservation(self, reservation: str, cost: float) -> None:
         await self._run(lambda conn: conn.execute(_SETTLE, (cost, reservation)))
+
+    # -- reservations' owners (SQL in llmgw.store.reservations) -----------------------------
+    async def beat(self, router: str, ttl: float, progress: Sequence[Progress] = ()) -> None:
+        await self._run(lambda conn: reservations.sqlite_beat(conn, router, ttl, progress))
+
+    async def drop_heartbeat(self, router: str) -> None:
+        await self._run(lambda conn: reservations.sqlite_drop_heartbeat(conn, router))
+
+    async def release_stale(self) -> list[Held]:
+        return await self._release(...)
+
+    async def list_reservations(self) -> list[Held]:
+        return await self._run(reservations.sqlite_list)
+
+    async def release_reservations(self, ids: Sequence[str] | None) -> list[Held]:
+        return await self._release(ids)
+
+    async def _release(self, ids: Chosen) -> list[Held]:
+        def bill(conn: sqlite3.Connection, rows: list[UsageRow]) -> None:
+            _append_usage(conn, [to_record(r) for r in rows])
+        return await self._run(lambda conn: reservations.sqlite_release(conn, ids, bill))
 
     async def recent_usage(self, limit: int) -> list[UsageRow]:
         def select(conn: sqlite3.Connection) -> list[UsageRow]:

@@ -34,6 +34,7 @@ from urllib.parse import quote, urlsplit
 
 from llmgw.store.holds import HoldMethods
 from llmgw.store.journals import JournalMethods
+from llmgw.store.reservations import Owner, ReservationMethods
 
 if TYPE_CHECKING:
     from llmgw.spec.models import StoreSettings
@@ -98,9 +99,10 @@ class Published:
     doc: str
 
 
-class Store(JournalMethods, HoldMethods, abc.ABC):
+class Store(JournalMethods, HoldMethods, ReservationMethods, abc.ABC):
     """The storage interface; the apply journal's methods are in :class:`JournalMethods`,
-    held revisions' in :class:`HoldMethods`."""
+    held revisions' in :class:`HoldMethods`, reservations' owners in
+    :class:`ReservationMethods`."""
 
     kind: Literal["sqlite", "postgresql"]
     where: str  # for messages: a path, or the URL without a password
@@ -123,10 +125,13 @@ class Store(JournalMethods, HoldMethods, abc.ABC):
 
     # -- usage --------------------------------------------------------------------------
     @abc.abstractmethod
-    async def insert_usage(self, rows: Sequence[UsageRow], settled: Sequence[str] = ()) -> None:
+    async def insert_usage(self, rows: Sequence[UsageRow],
+                           settled: Sequence[str | None] = ()) -> None:
         """Append ``rows`` and add their cost to the projects' spend, and drop the
-        reservations ``settled`` (their requests' rows are among ``rows``): one transaction,
-        so a request's cost is always counted once, as reserved or as spent."""
+        reservations ``settled`` (``settled[i]`` is ``rows[i]``'s, None for none): one
+        transaction, so a request's cost is always counted once, as reserved or as spent.
+        A row whose reservation was released meanwhile (its router stopped beating, then
+        came back) bills only what the release did not."""
 
     @abc.abstractmethod
     async def spend_by_project(self) -> dict[str, float]: ...
@@ -134,11 +139,13 @@ class Store(JournalMethods, HoldMethods, abc.ABC):
     # -- budgets ------------------------------------------------------------------------
     @abc.abstractmethod
     async def reserve(self, project: str, budget: float, amount: float,
-                      hold: float) -> Admission:
+                      hold: float, owner: Owner | None = None) -> Admission:
         """Reserve ``amount`` USD for a request of ``project`` unless what it has spent
         plus what requests in flight on every router have reserved reaches ``budget``.
-        Atomic across routers. The reservation lapses after ``hold`` seconds if never
-        settled (its router died)."""
+        Atomic across routers. ``owner``: the router that holds it, whose heartbeat keeps
+        it (see :mod:`llmgw.store.reservations`); a released reservation bills what its
+        owner recorded. ``hold`` seconds is a backstop: past it, the reservation is
+        stale whatever its router."""
 
     @abc.abstractmethod
     async def last_use_by_model(self) -> dict[str, float]:

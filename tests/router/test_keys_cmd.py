@@ -94,3 +94,44 @@ def test_a_broken_cluster_is_reported_not_a_traceback(
     with pytest.raises(UserError, match="1 error"):
         llmgw_keys("list", "--cluster", str(tmp_path))
     assert "c.yaml:3:" in capsys.readouterr().err
+
+
+def test_reservations_list_and_release(cluster_dir: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from llmgw.store.reservations import Owner, Progress
+    d = str(cluster_dir)
+    assert llmgw_keys("reservations", "--cluster", d) == 0
+    assert "no reservations" in capsys.readouterr().err
+    db = cluster_dir / "state" / "llmgw.db"
+
+    async def take() -> list[str]:
+        store = await stores.open_store(StoreSettings(path=str(db)))
+        try:
+            owner = Owner("host:99:ab12", "k1", "qwen-coder", "/v1/chat/completions")
+            await store.beat("host:99:ab12", 600)
+            ids = [(await store.reserve("research", 500, 3.18, 86400, owner)).id or ""
+                   for _ in range(3)]
+            await store.beat("host:99:ab12", 600, [Progress(ids[0], 10, 20, 0.02)])
+            return ids
+        finally:
+            await store.close()
+
+    first, second, third = asyncio.run(take())
+    assert llmgw_keys("reservations", "--cluster", d) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["ID", "PROJECT", "KEY", "MODEL", "HOLDS",
+                                           "RECORDED", "SINCE", "ROUTER"]
+    assert f"{first}  research" in out and "$3.18  $0.02" in out and "(alive)" in out
+    assert llmgw_keys("reservations", "--cluster", d, "--release", first) == 0
+    assert f"released {first} (research, held $3.18); billed the $0.02" in capsys.readouterr().out
+    with pytest.raises(UserError, match=f"no reservation {first}"):
+        llmgw_keys("reservations", "--cluster", d, "--release", first)
+    with pytest.raises(UserError, match="16 hex digits"):
+        llmgw_keys("reservations", "--cluster", d, "--release", "../../etc\n")
+    assert llmgw_keys("reservations", "--cluster", d, "--json") == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {h["id"] for h in listed} == {second, third}
+    assert llmgw_keys("reservations", "--cluster", d, "--all") == 0
+    assert capsys.readouterr().out.count("released ") == 2
+    assert llmgw_keys("reservations", "--cluster", d) == 0
+    assert "no reservations" in capsys.readouterr().err

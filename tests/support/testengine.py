@@ -16,6 +16,8 @@ process that listens, loads, serves and dies like an engine:
   ``--worker-ignores-sigterm`` only SIGKILL ends it;
 * ``--record FILE`` writes the argv, selected environment, pid and process
   group as JSON, so tests check what a rendered unit really ran;
+* ``--chunk-delay S`` sleeps S seconds after each stream event (a slow stream, to be
+  cut mid-way);
 * ``--exit-after S --exit-code N`` ends the engine on its own (restart tests);
 * ``--stop-delay S`` (or ``TESTENGINE_STOP_DELAY``): on SIGTERM it serves S
   more seconds before it exits, as an engine draining its requests does.
@@ -57,6 +59,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--start-delay", type=float, default=0.0)
     parser.add_argument("--load-delay", type=float, default=0.0)
     parser.add_argument("--response-delay", type=float, default=0.0)
+    parser.add_argument("--chunk-delay", type=float, default=0.0)
     parser.add_argument("--fork-worker", action="store_true")
     parser.add_argument("--worker-pid-file")
     parser.add_argument("--worker-ignores-sigterm", action="store_true")
@@ -116,6 +119,7 @@ class Engine:
         self.port = port
         self.loaded_at = time.monotonic() + load_delay
         self.response_delay = response_delay
+        self.chunk_delay = 0.0
         self.created = int(time.time())
 
     @property
@@ -222,6 +226,8 @@ class Handler(BaseHTTPRequestHandler):
             chunk = self._base(chat, ".chunk" if chat else "") | {"choices": [choice]}
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.flush()
+            if self.engine.chunk_delay:
+                time.sleep(self.engine.chunk_delay)
         final: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
         final |= {"delta": {}} if chat else {"text": ""}
         last = self._base(chat, ".chunk" if chat else "") | {"choices": [final]}
@@ -265,6 +271,7 @@ def main(argv: list[str]) -> int:
         log(f"starting; listening in {args.start_delay}s")
         time.sleep(args.start_delay)
     Handler.engine = Engine(model, args.port, args.load_delay, args.response_delay)
+    Handler.engine.chunk_delay = args.chunk_delay
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     log(f"listening on http://{args.host}:{args.port}; loading {model} for {args.load_delay}s")
