@@ -28,7 +28,7 @@ PAGE = sessions.ROOT / "docs" / "engines.md"
                     reason="needs the engine and model: make engine model")
 @pytest.mark.skipif(not shutil.which("/usr/sbin/sshd"), reason="sshd not installed")
 @pytest.mark.docs_session
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)  # lab up enrols three nodes by node add: minutes
 def test_the_engine_install_session_of_engines_md(tmp_path: Path) -> None:
     commands = sessions.commands([PAGE], "engines")
     assert commands[0].text.startswith("mkdir lab")
