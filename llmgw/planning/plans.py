@@ -30,6 +30,7 @@ from typing import Any, Literal
 from llmgw.engines import launches
 from llmgw.fleet.types import Demand, Fleet, NodeReport
 from llmgw.planning import (
+    adoptions,
     diffs,
     drifts,
     fingerprints,
@@ -118,6 +119,7 @@ class _Planner:
         self.holds: dict[Key, list[_Hold]] = {}
         self.released: dict[Key, list[_Hold]] = {}
         self.transitional: list[Key] = []
+        self.adopted_new: set[Key] = set()  # replacements left loading, adopted (_adopt)
         self.orphan_holds: list[_Hold] = []
         self.created: Counter[str] = Counter()
         self.wants: dict[str, Want] = {}
@@ -243,6 +245,10 @@ class _Planner:
             want = scaling.want(name, model, self.demand, len(alive))
             self.wants[name] = want
             known = [r for r in alive if (name, r.replica) not in self.unknown_keys]
+            if len(alive) > model.scaling.max:
+                self._adopt(known, len(alive) - model.scaling.max)
+                alive[:] = [r for r in alive if (name, r.replica) not in self.adopted_new]
+                known = [r for r in known if (name, r.replica) not in self.adopted_new]
             victims: list[tuple[ObservedReplica, str]] = []
             if len(alive) > model.scaling.max:
                 extra = len(alive) - model.scaling.max
@@ -264,6 +270,27 @@ class _Planner:
             for replica, reason in victims:
                 self._destroy(replica, (reason,))
                 alive.remove(replica)
+
+    def _adopt(self, known: list[ObservedReplica], surplus: int) -> None:
+        """Replacements a stopped daemon left loading replace their old replicas now
+        (:mod:`.adoptions`), instead of being destroyed as over ``max``."""
+        current = {r.replica: built for r in known if (built := adoptions.as_running(
+            self.cluster, self.reports, self.capacity, r)) is not None}
+        for old, new, built in adoptions.pairs(known, current, surplus):
+            states = sorted({m.unit.state for m in new.members.values()})
+            reasons = [*self._explain(old, built, placement=False),
+                       f"r{new.replica} was started as its replacement and is "
+                       f"{'/'.join(states)}: adopted, not started again"]
+            key, new_key = (old.model, old.replica), (new.model, new.replica)
+            self.touched.update((key, new_key))
+            self.adopted_new.add(new_key)
+            self.replaces.append(Change(
+                "replace", old.model, old.replica, tuple(dict.fromkeys(reasons)),
+                shards=tuple(shards.with_files(s) for s in built),
+                removes=self._observed_shards(old), strategy="create-before-destroy",
+                new_replica=new.replica,
+            ))
+            self.transitional.append(key)
 
     def _reconcile(self, replica: ObservedReplica) -> None:
         name = replica.model
