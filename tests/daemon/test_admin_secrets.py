@@ -43,7 +43,9 @@ def _fleet() -> Fleet:
                 log_tail=["main: loading", f"OSError: 401 for url: token {HF} is invalid"],
                 last_exit=f"Authorization: Bearer {GITHUB}",
                 labels={"X-Llmgw-Digest": "d" * 16, "X-Llmgw-Spec": SPEC})
-    return Fleet(nodes={"cpu-01": NodeReport(node="cpu-01", reachable=True, units=[unit])})
+    return Fleet(nodes={"cpu-01": NodeReport(node="cpu-01", reachable=True, units=[unit]),
+                        "cpu-02": NodeReport(node="cpu-02", reachable=False,
+                                             error=f"ssh: auth token={HF} refused")})
 
 
 @pytest.fixture

@@ -64,7 +64,7 @@ def test_an_engine_error_line_never_carries_a_token_into_a_plan(secret: str, fmt
 
 
 def test_a_token_cut_by_the_length_limit_leaves_no_part_behind() -> None:
-    line = "error: " + "x" * 280 + " " + HF  # the reason is cut at 300 characters
+    line = "error: " + "x" * 275 + " " + HF  # the reason is cut at 300 characters
     plan = _plan({"state": "failed", "log_tail": [line]})
     for render in FORMATS.values():
         assert HF[:12] not in render(plan)

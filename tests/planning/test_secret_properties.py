@@ -106,18 +106,21 @@ def _leaks(rendered: str, secrets: list[str]) -> list[str]:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(planted=plantings(), where=st.sampled_from(["log", "detail", "last_exit"]))
+@given(planted=plantings(), where=st.sampled_from(["log", "detail", "last_exit"]),
+       pad=st.integers(0, 300))
 def test_no_planted_secret_reaches_a_plan_or_the_fleet_snapshot(
-    planted: list[tuple[str, str]], where: str,
+    planted: list[tuple[str, str]], where: str, pad: int,
 ) -> None:
     lines = [line for line, _ in planted]
     secrets = [secret for _, secret in planted]
     cluster = cluster_from(CLUSTER)
     running: list[dict[str, Any]] = [
         {"model": "gemma", "replica": 0, "on": {"cpu-01": []}, "state": "failed",
-         "log_tail": ["main: loading", *(f"error: {line}" for line in lines)]
+         # `pad` moves where the 300-character cut of a quoted reason falls.
+         "log_tail": ["main: loading", *(f"error: {'x' * pad} {line}" for line in lines)]
          if where == "log" else ["main: loading"],
-         "detail": " ".join(lines) if where == "detail" else "exited with status 1",
+         "detail": "x" * pad + " " + " ".join(lines) if where == "detail"
+         else "exited with status 1",
          **({"last_exit": " ".join(lines), "restarts": 2} if where == "last_exit" else {}),
          "port_holder": "pid 7 (" + " ".join(lines) + ")"},
         # Started from an older cluster that had the secrets in its args and env.
