@@ -181,8 +181,8 @@ def _profile_problems(
 _SECRET_ENV = {("api-key", "vllm"): "VLLM_API_KEY", ("api-key", "llama.cpp"): "LLAMA_API_KEY",
                ("hf-token", "vllm"): "HF_TOKEN", ("hf-token", "llama.cpp"): "HF_TOKEN",
                ("hf-token", "sglang"): "HF_TOKEN"}
-_PUBLIC = ("a profile's {what} are public (the unit file, every plan, the pull request comment "
-           "and the fleet snapshot show them); ")
+_PUBLIC = ("a profile's {what} public (the unit file, every plan, the pull request comment "
+           "and the fleet snapshot show it); ")
 
 
 def _secret_values(base: Path, where: str, profile: Profile) -> Iterator[Problem]:
@@ -199,7 +199,7 @@ def _secret_values(base: Path, where: str, profile: Profile) -> Iterator[Problem
                     "secret_env (a variable the engine reads it from, its value a file on the node)"
                 yield Problem((*base, section, flag),
                               f"{where}.{section}.{flag}: `--{flag}` takes a secret, and "
-                              + _PUBLIC.format(what=section)
+                              + _PUBLIC.format(what=f"{section} are")
                               + f"give the engine its value through {via} instead (see "
                               "docs/security.md, Secrets)")
                 continue
@@ -207,7 +207,7 @@ def _secret_values(base: Path, where: str, profile: Profile) -> Iterator[Problem
             if found:
                 yield Problem((*base, section, flag),
                               f"{where}.{section}.{flag}: the value looks like {found} "
-                              "(not shown here); " + _PUBLIC.format(what=section)
+                              "(not shown here); " + _PUBLIC.format(what=f"{section} are")
                               + "put a secret in a file on the node and name it under "
                               "secret_env (see docs/security.md, Secrets)")
     for variable, value in profile.env.items():
@@ -215,7 +215,7 @@ def _secret_values(base: Path, where: str, profile: Profile) -> Iterator[Problem
         if found:
             yield Problem((*base, "env", variable),
                           f"{where}.env.{variable}: the value looks like {found} (not shown "
-                          "here); " + _PUBLIC.format(what="env")
+                          "here); " + _PUBLIC.format(what="env is")
                           + f"put it in a file on the node and name that file under "
                           f"secret_env instead: `secret_env: {{{variable}: /path/on/the/node}}` "
                           "(see docs/security.md, Secrets)")

@@ -31,7 +31,8 @@ contain"):
 
 :func:`scrub` also hides the value of ``key=value``, ``key: value`` and
 ``--flag value`` pairs whose key names a secret (``token``, ``api_key``,
-``password``, ``secret``…), except numbers and absolute paths.
+``password``, ``secret``… as its last word), except numbers, booleans, absolute
+paths and a tokenizer's special tokens (``bos_token``, ``eos_token``…).
 
 A purely computational module with no side effects.
 """
@@ -107,6 +108,8 @@ _PAIRS = (
 )
 _FLAG = re.compile(r"(?:^|-)(?:api-key|apikey|token|secret|secret-key|password|passwd"
                    r"|access-key|private-key|credentials?)$")
+# A tokenizer's special tokens are no secrets: `add_bos_token=bool:false`, `eos_token: </s>`.
+_TOKENIZER_KEY = re.compile(r"(?i)(?:bos|eos|pad|unk|sep|cls|mask|eot|eom|eog|special)[_.-]?token$")
 _PLAIN_VALUE = re.compile(r"[\d.]+|true|false|none|null|\*+|\[redacted.*", re.IGNORECASE)
 
 
@@ -153,6 +156,7 @@ def _hide(candidate: Shape, match: re.Match[str]) -> str:
 
 def _hide_value(match: re.Match[str]) -> str:
     value = match.group("value")
-    if value.startswith("/") or _PLAIN_VALUE.fullmatch(value):
+    if value.startswith("/") or _PLAIN_VALUE.fullmatch(value) or \
+            _TOKENIZER_KEY.search(match.group("key")):
         return match.group(0)
     return match.group("key") + match.group("sep") + REDACTED
