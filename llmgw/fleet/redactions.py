@@ -16,7 +16,6 @@ A purely computational module with no side effects.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from llmgw.fleet.types import Fleet
@@ -24,8 +23,10 @@ from llmgw.spec import secrets
 
 
 def public_json(fleet: Fleet) -> str:
-    """The snapshot as JSON (``llmgw plan --observed`` reads it), every string scrubbed."""
-    return json.dumps(_scrubbed(fleet.model_dump(mode="json")), indent=2, ensure_ascii=False)
+    """The snapshot as JSON (``llmgw plan --observed`` reads it), every string scrubbed;
+    laid out as ``model_dump_json(indent=2)`` lays it out (and as fast)."""
+    return Fleet.model_validate(_scrubbed(fleet.model_dump(mode="json"))).model_dump_json(
+        indent=2)
 
 
 def _scrubbed(value: Any) -> Any:

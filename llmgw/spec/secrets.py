@@ -54,6 +54,7 @@ class Shape:
     name: str  # what it is, for a person: "a Hugging Face token"
     pattern: re.Pattern[str]
     accept: Callable[[re.Match[str]], bool] = lambda match: True
+    hints: tuple[str, ...] = ()  # lower-case text one of which a match holds; () any text
 
 
 def _mixed(text: str, digits: int = 1) -> bool:
@@ -77,9 +78,10 @@ def random_looking(text: str) -> bool:
 
 SHAPES: tuple[Shape, ...] = (
     Shape("a private key", re.compile(
-        r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----)?")),
+        r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----)?"),
+        hints=("private key",)),
     Shape("a JSON Web Token", re.compile(
-        r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
+        r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), hints=("eyj",)),
     Shape("a Hugging Face token", re.compile(r"hf_[A-Za-z0-9]{30,}")),
     Shape("a GitHub token", re.compile(r"gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}")),
     Shape("an OpenAI-style key (sk-…)",
@@ -88,24 +90,27 @@ SHAPES: tuple[Shape, ...] = (
     Shape("an AWS access key id", re.compile(r"(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")),
     Shape("an Authorization header", re.compile(
         r"(?i:authorization\s*[:=]\s*(?:(?:bearer|basic|token)[ \t]+)?)"
-        r"(?P<secret>(?!\[redacted\]|(?i:bearer|basic|token)(?:[ \t]|$))[^\s\"',;]+)"
-        r"|(?i:\bbearer[ \t]+)(?P<bearer>(?!\[redacted\])[A-Za-z0-9._~+/-]{8,}=*)")),
-    Shape("a password in a URL", re.compile(r"(?<=://)[^\s/:@]+:(?P<secret>[^\s/@]+)(?=@)"),
-          lambda m: m.group("secret") != REDACTED),
+        r"(?P<secret>(?!\[redacted\]|(?i:bearer|basic|token)(?:[ \t]|$))[^\s\"',;\\]+)"
+        r"|(?i:\bbearer[ \t]+)(?P<bearer>(?!\[redacted\])[A-Za-z0-9._~+/-]{8,}=*)"),
+          hints=("authorization", "bearer")),
+    Shape("a password in a URL", re.compile(r"(?<=://)[^\s/:@\"'\\]+:(?P<secret>[^\s/@\"'\\]+)(?=@)"),
+          lambda m: m.group("secret") != REDACTED, hints=("://",)),
     Shape("a long random string", re.compile(r"[A-Za-z0-9+=]{20,}"),
           lambda m: random_looking(m.group(0))),
 )
 
-# Keys that name a secret, as a key's last word: `hf_token`, `--api-key`,
+# A key names a secret when its last word is one of these: `hf_token`, `--api-key`,
 # `AWS_SECRET_ACCESS_KEY`, `password`; not `max_tokens`, `tokenizer` or
-# `--long-prefill-token-threshold`.
-_KEY = (r"(?:[A-Za-z0-9]+[_.-])*(?:token|secret|secret[_-]?key|password|passwd|pwd|api[_-]?key"
-        r"|apikey|access[_-]?key|private[_-]?key|credentials?)")
-_VALUE = r"(?P<value>[^\s\"'`,;&)}\]]+)"
-_PAIRS = (
-    re.compile(rf"(?i)(?<![A-Za-z0-9])(?P<key>{_KEY})(?P<sep>[\"']?\s*[=:]\s*[\"']?){_VALUE}"),
-    re.compile(rf"(?i)(?<![A-Za-z0-9-])(?P<key>--?{_KEY})(?P<sep>[ \t]+[\"']?){_VALUE}"),
+# `--long-prefill-token-threshold` (the word must be followed by the separator).
+_NOUN = (r"(?:token|secret|secret[_-]?key|password|passwd|pwd|api[_-]?key|apikey"
+         r"|access[_-]?key|private[_-]?key|credentials?)")
+_VALUE = r"(?P<value>[^\s\"'`,;&)}\]\\]+)"
+_PAIRS = (  # key=value and key: value; --flag value (the key must start with a dash)
+    re.compile(rf"(?i)(?<![A-Za-z0-9/])(?P<key>{_NOUN})(?P<sep>[\"']?\s*[=:]\s*[\"']?){_VALUE}"),
+    re.compile(rf"(?i)(?<=[_.-])(?P<key>{_NOUN})(?P<sep>[ \t]+[\"']?){_VALUE}"),
 )
+_PAIR_HINTS = ("token", "secret", "passw", "pwd", "key", "credential")
+_WORD = re.compile(r"[A-Za-z0-9_.-]*$")
 _FLAG = re.compile(r"(?:^|-)(?:api-key|apikey|token|secret|secret-key|password|passwd"
                    r"|access-key|private-key|credentials?)$")
 # A tokenizer's special tokens are no secrets: `add_bos_token=bool:false`, `eos_token: </s>`.
@@ -120,7 +125,7 @@ def shape(text: str) -> str | None:
         for match in candidate.pattern.finditer(text):
             if candidate.accept(match):
                 return candidate.name
-    if any(pair.sub(_hide_value, text) != text for pair in _PAIRS):
+    if _pairs(text) != text:
         return "a value under a secret's name (token=…, --api-key …)"
     return None
 
@@ -131,14 +136,38 @@ def secret_flag(flag: str) -> bool:
     return bool(_FLAG.search(flag.lower().lstrip("-").replace("_", "-")))
 
 
+# What every shape and pair starts with or needs: text without any of it is left as it is
+# without running the rest (a fleet snapshot holds a hundred thousand short strings).
+_ANY = re.compile(r"hf_|sk-|gh[pousr]_|github_pat_|AKIA|ASIA|eyJ|PRIVATE KEY|://[^\s/]*@"
+                  r"|[A-Za-z0-9+=]{20}|(?i:authorization|bearer|token|secret|passw|pwd|api_?-?key"
+                  r"|access.?key|private.?key|credential)")
+
+
+@functools.lru_cache(maxsize=32768)
 def scrub(text: str) -> str:
     """``text`` with every secret shape and every secret-named value replaced by
     ``[redacted]``; idempotent. What names a secret stays: ``Authorization: Bearer
     [redacted]``, ``hf_token=[redacted]``, ``https://user:[redacted]@host``."""
+    if not _ANY.search(text):
+        return text
     for candidate in SHAPES:
-        text = candidate.pattern.sub(functools.partial(_hide, candidate), text)
-    for pair in _PAIRS:
-        text = pair.sub(_hide_value, text)
+        if _hinted(candidate.hints, text):
+            text = candidate.pattern.sub(functools.partial(_hide, candidate), text)
+    return _pairs(text)
+
+
+def _hinted(hints: tuple[str, ...], text: str) -> bool:
+    """Whether a pattern can match: a cheap test before the regex (most text has no hint)."""
+    if not hints:
+        return True
+    lowered = text.lower()
+    return any(hint in lowered for hint in hints)
+
+
+def _pairs(text: str) -> str:
+    if _hinted(_PAIR_HINTS, text):
+        for pair in _PAIRS:
+            text = pair.sub(_hide_value, text)
     return text
 
 
@@ -156,7 +185,10 @@ def _hide(candidate: Shape, match: re.Match[str]) -> str:
 
 def _hide_value(match: re.Match[str]) -> str:
     value = match.group("value")
+    before = _WORD.search(match.string, max(0, match.start() - 64), match.start())
+    word = (before.group(0) if before else "") + match.group("key")
+    flag_form = match.group("sep").lstrip("\"'").lstrip()[:1] not in ("=", ":")
     if value.startswith("/") or _PLAIN_VALUE.fullmatch(value) or \
-            _TOKENIZER_KEY.search(match.group("key")):
+            _TOKENIZER_KEY.search(word) or (flag_form and not word.startswith("-")):
         return match.group(0)
     return match.group("key") + match.group("sep") + REDACTED

@@ -162,3 +162,17 @@ def test_scrub_hides_secrets_and_keeps_the_rest(text: str, hidden: str, kept: st
 ])
 def test_scrub_leaves_ordinary_engine_output_alone(text: str) -> None:
     assert secrets.scrub(text) == text
+
+
+def test_an_error_that_quotes_a_value_back_scrubs_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A failed plan's errors become the pull request comment (the plan workflow)."""
+    (tmp_path / "c.yaml").write_text(PROFILE.format(engine="vllm", section="args", key="x",
+                                                    value="1").replace("cpu: true",
+                                                                       f"gpu_class: {HF}"))
+    assert main(["validate", "--cluster", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "invalid name '[redacted]'" in out, out
+    assert HF not in out
