@@ -16,6 +16,7 @@ from aiohttp import web
 
 from llmgw.daemon import admin
 from llmgw.daemon.reconcilers import Daemon
+from llmgw.fleet import redactions
 from llmgw.fleet.types import Fleet, NodeReport, Unit
 from llmgw.planning import plans
 from llmgw.spec.models import Cluster
@@ -92,3 +93,11 @@ async def test_status_and_plans_carry_no_token_either(
     base, _ = served
     body = await _get(f"{base}{path}")
     assert HF not in body and GITHUB not in body
+
+
+def test_a_snapshot_without_secrets_comes_through_unchanged() -> None:
+    """The example's snapshot (GPU UUIDs, digests, spec labels, paths, cpu flags, NCCL
+    environments): nothing in it looks like a secret, so scrubbing changes nothing."""
+    example = Path(__file__).parents[2] / "cluster.example" / "fleet-snapshot.json"
+    fleet = Fleet.model_validate_json(example.read_text())
+    assert Fleet.model_validate_json(redactions.public_json(fleet)) == fleet
