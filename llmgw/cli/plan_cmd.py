@@ -59,6 +59,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--format", choices=sorted(FORMATS), default="text",
                         help="output format (default: text)")
+    parser.add_argument("--engine-output", action="store_true",
+                        help="markdown: quote what a crashed engine printed (scrubbed of "
+                        "secrets, as in every format); without it a crash says which unit "
+                        "failed and how, not the engine's lines")
     parser.add_argument("--out", metavar="FILE", type=Path,
                         help="write the plan to FILE instead of standard output")
     parser.add_argument("--force", action="store_true",
@@ -83,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     result = plans.plan(cluster, fleet, now, revision=revision_of(args.cluster),
                         policy=Policy(place_unseen=args.force))
     result, _ = holds.apply(result, dict(cluster.models), read_holds(cluster))
-    rendered = FORMATS[args.format](result)
+    rendered = (outputs.markdown(result, engine_output=args.engine_output)
+                if args.format == "markdown" else FORMATS[args.format](result))
     if args.out is not None:
         try:
             args.out.write_text(rendered)

@@ -10,7 +10,8 @@ on the pages.
                         what it waits for (``waiting``), a refused edit's errors,
                         nodes and replicas.
 ``GET /api/v1/fleet``   the observed fleet snapshot (``llmgw plan --observed``
-                        reads it; CI fetches it from here).
+                        reads it; CI fetches it from here), scrubbed of secrets
+                        (:mod:`llmgw.fleet.redactions`).
 ``GET /api/v1/plan``    the last plan: ``?format=json`` (default), ``markdown``
                         or ``text``.
 ``GET /api/v1/history`` the apply journal, newest first: ``?model=M&limit=N``
@@ -22,13 +23,14 @@ on the pages.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
 import re
-import secrets
+import secrets as tokens
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +40,10 @@ from aiohttp.typedefs import Middleware
 from llmgw import __version__
 from llmgw.applying import records
 from llmgw.daemon.reconcilers import Daemon
+from llmgw.fleet import redactions
 from llmgw.fleet.types import Fleet
 from llmgw.planning import outputs, summaries
+from llmgw.spec import secrets
 from llmgw.spec.models import NAME_PATTERN
 from llmgw.store import journals
 from llmgw.store.stores import StoreError
@@ -59,7 +63,7 @@ def ensure_token(directory: Path) -> str:
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_urlsafe(32) + "\n")
+            out.write(tokens.token_urlsafe(32) + "\n")
     return path.read_text().strip()
 
 
@@ -150,18 +154,19 @@ def status(daemon: Daemon) -> dict[str, Any]:
                        "unplaceable": sum(len(u.replicas) for u in state.plan.unplaceable),
                        "at": state.planned_at,
                        "drift": [{"model": c.model, "replica": c.replica, "action": c.action,
-                                  "drift": c.drift, "evidence": list(c.evidence)}
+                                  "drift": c.drift, "evidence": _scrubbed(c.evidence)}
                                  for c in state.plan.changes],
                        "held": [{"model": h.model, "replica": h.replica, "drift": h.drift,
-                                 "nodes": list(h.nodes), "reasons": list(h.reasons),
-                                 "evidence": list(h.evidence)} for h in state.plan.held]}
+                                 "nodes": list(h.nodes), "reasons": _scrubbed(h.reasons),
+                                 "evidence": _scrubbed(h.evidence)} for h in state.plan.held]}
     if state.outcome is not None:
         doc["last_apply"] = {"summary": state.outcome.summary(), "ok": state.outcome.ok,
                              "at": state.applied_at}
     if state.fleet is not None:
         doc["summary"] = _summary_doc(summarize(daemon))
         for name, report in sorted(state.fleet.nodes.items()):
-            doc["nodes"][name] = {"reachable": report.reachable, "error": report.error,
+            error = secrets.scrub(report.error) if report.error else report.error
+            doc["nodes"][name] = {"reachable": report.reachable, "error": error,
                                   "gpus": len(report.gpus)}
             for unit in report.units:
                 doc["replicas"].append({"model": unit.model, "replica": unit.replica,
@@ -170,12 +175,16 @@ def status(daemon: Daemon) -> dict[str, Any]:
     return doc
 
 
+def _scrubbed(lines: Iterable[str]) -> list[str]:
+    return [secrets.scrub(line) for line in lines]
+
+
 def waiting(daemon: Daemon) -> list[dict[str, Any]]:
     """The replicas the daemon waits for now, each with its deadline and a line for people
     (``gemma r3: loading 3m12s of 15m``)."""
     now = daemon.converging.now()
     return [{"model": w.change.model, "replica": w.replica, "action": w.change.action,
-             "node": w.node, "state": w.state, "detail": w.detail,
+             "node": w.node, "state": w.state, "detail": secrets.scrub(w.detail),
              "elapsed": round(now - w.started, 1), "timeout": w.timeout, "line": w.line(now)}
             for w in daemon.waiting()]
 
@@ -221,7 +230,9 @@ async def _fleet(daemon: Daemon) -> web.Response:
     if fleet is None:
         raise web.HTTPServiceUnavailable(text='{"error": "no observation yet"}',
                                          content_type="application/json")
-    return web.Response(text=fleet.model_dump_json(indent=2), content_type="application/json")
+    # Scrubbing a thousand nodes' reports takes a while: off the event loop.
+    text = await asyncio.to_thread(redactions.public_json, fleet)
+    return web.Response(text=text, content_type="application/json")
 
 
 async def _plan(daemon: Daemon, request: web.Request) -> web.Response:

@@ -10,13 +10,19 @@
 * :func:`json_text` — everything, versioned by ``format_version``.
 
 Nothing here reads a secret: plans hold paths of secret files, never values.
+What nodes and engines said, and what pull requests wrote, is free text that
+may hold one anyway; every format passes each such text (reasons, evidence,
+notes, warnings, holds) through :func:`llmgw.spec.secrets.scrub` first
+(:func:`public`). The Markdown comment, posted where anyone may read it, also
+leaves engine output out unless asked and breaks ``@mentions``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +36,7 @@ from llmgw.planning.types import (
     Shard,
     Unplaceable,
 )
+from llmgw.spec import secrets
 from llmgw.spec.quantities import count
 
 MARKDOWN_LIMIT = 60_000
@@ -109,11 +116,54 @@ def group_reasons(reasons: Sequence[tuple[str, str]]) -> list[str]:
     return lines
 
 
+# -- what a plan may show -----------------------------------------------------------
+
+
+def public(plan: Plan, engine_output: bool = True) -> Plan:
+    """``plan`` with every free text scrubbed of secrets (:mod:`llmgw.spec.secrets`);
+    without ``engine_output``, the reasons that quote an engine say only that it failed
+    (``Plan.quotes``). The shards' specs and unit files are the cluster's, which
+    ``llmgw validate`` keeps free of secret values, and stay as they are: ``apply`` runs them.
+    """
+    quotes = {} if engine_output else dict(plan.quotes)
+
+    def said(line: str) -> str:
+        for quoted, plain in quotes.items():
+            if quoted in line:
+                line = line.replace(quoted, plain)
+        return secrets.scrub(line)
+
+    return _texts(plan, said)
+
+
+def _texts(plan: Plan, said: Callable[[str], str]) -> Plan:
+    def each(lines: Iterable[str]) -> tuple[str, ...]:
+        return tuple(said(line) for line in lines)
+
+    return replace(
+        plan,
+        changes=tuple(replace(c, reasons=each(c.reasons), evidence=each(c.evidence),
+                              shards=tuple(replace(s, weights=said(s.weights))
+                                           for s in c.shards))
+                      for c in plan.changes),
+        unplaceable=tuple(replace(u, wanted=said(u.wanted), note=said(u.note), attempts=tuple(
+            replace(a, reasons=tuple((node, said(reason)) for node, reason in a.reasons))
+            for a in u.attempts)) for u in plan.unplaceable),
+        unknown=tuple(replace(u, reasons=each(u.reasons)) for u in plan.unknown),
+        held=tuple(replace(h, reasons=each(h.reasons), evidence=each(h.evidence))
+                   for h in plan.held),
+        holds=tuple(replace(h, reason=said(h.reason)) for h in plan.holds),
+        warnings=each(plan.warnings),
+        quotes={},
+    )
+
+
 # -- text ---------------------------------------------------------------------
 
 
 def text(plan: Plan) -> str:
     """The plan as a terminal shows it."""
+    plan = public(plan)
     out = [_title(plan), ""]
     if not plan.changes:
         out += [_no_changes(plan), ""]
@@ -249,8 +299,14 @@ def _text_attempt(attempt: Attempt) -> list[str]:
 # -- markdown -------------------------------------------------------------------
 
 
-def markdown(plan: Plan, limit: int = MARKDOWN_LIMIT) -> str:
-    """The plan as a pull request comment, at most ``limit`` characters."""
+def markdown(plan: Plan, limit: int = MARKDOWN_LIMIT, engine_output: bool = False) -> str:
+    """The plan as a pull request comment, at most ``limit`` characters.
+
+    An engine's output is quoted only with ``engine_output``; otherwise a crash's reason
+    says which unit failed and how, not what the engine printed. No ``@mention`` in
+    it pings anyone (:func:`_unmentioned`).
+    """
+    plan = public(plan, engine_output)
     head = [f"### llmgw plan for `{plan.cluster}`", ""]
     head += [f"**{plan.summary()}**", ""]
     rows = _markdown_rows(plan)
@@ -282,7 +338,16 @@ def markdown(plan: Plan, limit: int = MARKDOWN_LIMIT) -> str:
         warnings = ["", "**Warnings**", ""] + [f"- {_cell(w)}" for w in plan.warnings]
         if len("\n".join(body + warnings + footer)) < limit:
             body += warnings
-    return _lines(body + footer)
+    return _lines([_unmentioned(line) for line in body + footer])
+
+
+_MENTION = re.compile(r"@(?=[A-Za-z0-9_-])")
+
+
+def _unmentioned(line: str) -> str:
+    """``@someone`` with a zero-width space after the ``@``: GitHub links and notifies
+    nobody (notes, engine output and error lines are free text; names cannot hold ``@``)."""
+    return _MENTION.sub("@\u200b", line)
 
 
 def _markdown_rows(plan: Plan) -> list[str]:
@@ -371,8 +436,9 @@ def _markdown_details(plan: Plan, budget: int) -> tuple[list[str], int]:
 
 
 def json_text(plan: Plan) -> str:
-    """The whole plan as JSON (``format_version`` first), unit texts included."""
-    return json.dumps(to_dict(plan), indent=2, ensure_ascii=False) + "\n"
+    """The whole plan as JSON (``format_version`` first), unit texts included; free texts
+    scrubbed of secrets (:func:`public`)."""
+    return json.dumps(to_dict(public(plan)), indent=2, ensure_ascii=False) + "\n"
 
 
 def to_dict(plan: Plan) -> dict[str, Any]:

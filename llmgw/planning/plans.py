@@ -155,6 +155,7 @@ class _Planner:
             nodes=tuple(fingerprints.node(name, self.reports.get(name))
                         for name in sorted({*self.cluster.nodes, *self.reports})),
             warnings=tuple(self.warnings),
+            quotes=replicas.quotes(self.fleet),
         )
 
     def _destroy_orphans(self) -> None:

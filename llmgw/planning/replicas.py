@@ -20,6 +20,7 @@ from typing import Any
 
 from llmgw.fleet.types import Fleet, Unit
 from llmgw.planning import shards
+from llmgw.spec import secrets
 from llmgw.spec.models import Cluster
 
 HEALTHY_STATES = frozenset({"fetching", "starting", "loading", "ready", "unknown"})
@@ -197,6 +198,8 @@ def collect(cluster: Cluster, fleet: Fleet) -> Observation:
 
 
 _ERROR_LINE = re.compile(r"error|exception|fatal|killed|denied", re.IGNORECASE)
+_DETAIL_MAX = 300
+LEFT_OUT = "the engine's output is left out (llmgw plan --engine-output quotes it)"
 
 
 def failure(member: Member) -> str:
@@ -204,13 +207,36 @@ def failure(member: Member) -> str:
 
     The last log line is often a generic "exiting", and the agent's detail
     often "exited with status 1"; the last log lines naming an error (the
-    cause and its consequence) say more.
+    cause and its consequence) say more. Secrets in them are scrubbed
+    (:func:`llmgw.spec.secrets.scrub`) before the line is cut to length, so no
+    part of one survives the cut.
     """
-    unit = member.unit
+    return _failure(member.node, member.unit, quote=True)
+
+
+def quotes(fleet: Fleet) -> dict[str, str]:
+    """Each failure line that quotes an engine's output → the same line without it
+    (``…failed: its output is left out …``): what a public comment shows by default."""
+    out = {}
+    for node, unit in fleet.units():
+        quoted, plain = _failure(node, unit, quote=True), _failure(node, unit, quote=False)
+        if quoted != plain:
+            out[quoted] = plain
+    return out
+
+
+def _failure(node: str, unit: Unit, quote: bool) -> str:
     lines = [line.strip() for line in unit.log_tail if line.strip()]
     errors = [line for line in lines if _ERROR_LINE.search(line)]
-    detail = (" | ".join(errors[-2:]) if errors
-              else unit.detail or (lines[-1] if lines else "")).strip()
-    if len(detail) > 300:
-        detail = detail[:297] + "..."
-    return f"{member.node}: {unit.name} {unit.state}" + (f": {detail}" if detail else "")
+    said = ""  # what the engine said, when it says more than the agent
+    if errors:
+        said = " | ".join(errors[-2:])
+    elif not unit.detail and lines:
+        said = lines[-1]
+    if said and not quote:
+        detail = "; ".join(part for part in (secrets.scrub(unit.detail).strip(), LEFT_OUT) if part)
+    else:
+        detail = secrets.scrub(said or unit.detail).strip()
+    if len(detail) > _DETAIL_MAX:
+        detail = detail[:_DETAIL_MAX - 3] + "..."
+    return f"{node}: {unit.name} {unit.state}" + (f": {detail}" if detail else "")

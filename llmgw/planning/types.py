@@ -184,6 +184,9 @@ class Plan:
     # Replaces held until their engine version is installed (planning.installs);
     # in memory only: a saved plan keeps their warnings.
     awaiting_install: tuple[Change, ...] = field(default=(), compare=False)
+    # Reasons that quote an engine's output (replicas.quotes), each → the same reason
+    # without it: a Markdown comment shows the second unless asked. In memory only.
+    quotes: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def count(self, action: Action) -> int:
         return sum(1 for change in self.changes if change.action == action)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from llmgw.spec import gpus
+from llmgw.spec import gpus, secrets
 from llmgw.spec.models import Cluster, Profile
 from llmgw.spec.quantities import count
 
@@ -149,6 +149,7 @@ def _profile_problems(
     for name in unknown:
         yield Problem((*base, "gpu_class"),
                       f"{where}: unknown GPU class '{name}'" + _class_hint(name, classes))
+    yield from _secret_values(base, where, profile)
     known = [classes[c] for c in profile.gpu_classes if c in classes]
     arithmetic = list(_arithmetic(base, where, profile))
     yield from arithmetic
@@ -174,6 +175,50 @@ def _profile_problems(
         yield from _fabric_for(cluster, base, where, profile)
     if not profile.cpu:
         yield from _declared_capacity(cluster, base, where, profile)
+
+
+# Where an engine reads the value of a secret flag from its environment, for the hint.
+_SECRET_ENV = {("api-key", "vllm"): "VLLM_API_KEY", ("api-key", "llama.cpp"): "LLAMA_API_KEY",
+               ("hf-token", "vllm"): "HF_TOKEN", ("hf-token", "llama.cpp"): "HF_TOKEN",
+               ("hf-token", "sglang"): "HF_TOKEN"}
+_PUBLIC = ("a profile's {what} public (the unit file, every plan, the pull request comment "
+           "and the fleet snapshot show it); ")
+
+
+def _secret_values(base: Path, where: str, profile: Profile) -> Iterator[Problem]:
+    """Secrets written as values where everything is public: a flag that takes one
+    (``api-key``) with a literal value, or any value of ``args`` or ``env`` shaped like a
+    credential (:mod:`llmgw.spec.secrets`). The value is never quoted."""
+    for section in ("args", "unchecked_args"):
+        for flag, value in getattr(profile, section).items():
+            if value is None or isinstance(value, bool):
+                continue
+            variable = _SECRET_ENV.get((flag, profile.engine))
+            if secrets.secret_flag(flag):
+                via = f"secret_env: {{{variable}: /path/on/the/node}}" if variable else \
+                    "secret_env (a variable the engine reads it from, its value a file on the node)"
+                yield Problem((*base, section, flag),
+                              f"{where}.{section}.{flag}: `--{flag}` takes a secret, and "
+                              + _PUBLIC.format(what=f"{section} are")
+                              + f"give the engine its value through {via} instead (see "
+                              "docs/security.md, Secrets)")
+                continue
+            found = secrets.shape(str(value))
+            if found:
+                yield Problem((*base, section, flag),
+                              f"{where}.{section}.{flag}: the value looks like {found} "
+                              "(not shown here); " + _PUBLIC.format(what=f"{section} are")
+                              + "put a secret in a file on the node and name it under "
+                              "secret_env (see docs/security.md, Secrets)")
+    for variable, value in profile.env.items():
+        found = secrets.shape(value)
+        if found:
+            yield Problem((*base, "env", variable),
+                          f"{where}.env.{variable}: the value looks like {found} (not shown "
+                          "here); " + _PUBLIC.format(what="env is")
+                          + f"put it in a file on the node and name that file under "
+                          f"secret_env instead: `secret_env: {{{variable}: /path/on/the/node}}` "
+                          "(see docs/security.md, Secrets)")
 
 
 def _arithmetic(base: Path, where: str, profile: Profile) -> Iterator[Problem]:

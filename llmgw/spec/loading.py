@@ -33,7 +33,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError, YAMLWarning
 
-from llmgw.spec import bounds, checks, identifiers, partials
+from llmgw.spec import bounds, checks, identifiers, partials, secrets
 from llmgw.spec.models import SECTIONS, Cluster
 
 DataPath = tuple[str | int, ...]
@@ -57,7 +57,10 @@ class SpecError:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.location}: {self.message}" if self.location else self.message
+        # CI posts a failed plan's errors as the pull request comment: a value quoted back
+        # (`unknown GPU class '…'`) is scrubbed like every other public text.
+        message = secrets.scrub(self.message)
+        return f"{self.location}: {message}" if self.location else message
 
 
 class SpecErrors(Exception):
