@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from llmgw.spec import identifiers, sources
+from llmgw.spec import hosts, identifiers, sources
 from llmgw.spec.bases import Strict
 from llmgw.spec.identifiers import (
     Adapter,
@@ -123,6 +123,14 @@ class WeightsSettings(Strict):
         description="Free space kept beyond a fetch's size, as a fraction of it (at least "
         "1 GiB): a node with less is not chosen, and says why.",
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="Hosts (names or IP addresses, no port) URL sources may name although "
+        "they are not public: a site's own file server. Any other URL source must resolve "
+        "to public addresses only (not loopback, private, link-local or the cloud metadata "
+        "address), checked by `validate` and again when `plan` asks its size and the node "
+        "downloads it. The `endpoint`'s host is always allowed.",
+    )
 
     @field_validator("endpoint")
     @classmethod
@@ -132,6 +140,11 @@ class WeightsSettings(Strict):
                 f"expected an http(s) URL such as http://mirror.lab:8090; got {value!r}"
             )
         return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        return [hosts.check_entry(entry) for entry in value]
 
     @field_validator("token_file")
     @classmethod
