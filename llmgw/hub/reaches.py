@@ -73,9 +73,9 @@ class Reach:
             raise OSError(f"cannot resolve {host}: no address")
         if not hosts.listed(host, self.allowed):
             for item in found:
-                bad = hosts.refusal(hosts.address(item))
+                bad = hosts.kind(hosts.address(item))
                 if bad is not None:
-                    raise Refused(self._advice(host, f"{host} resolves to {bad}"))
+                    raise Refused(self._advice(host, f"{host} resolves to {item}, {bad}"))
         return found[0]
 
     def connection(self, url: str, timeout: float,

@@ -12,7 +12,7 @@ are all 127.0.0.1 to ``inet_aton``. :func:`address` reads every one of them,
 and IPv6 forms that carry an IPv4 address (``::ffff:127.0.0.1``, 6to4,
 Teredo, NAT64) are judged by the address they carry.
 
->>> refusal(address("0x7f.1"))
+>>> literal_refusal("0x7f.1")
 '0x7f.1 (that is 127.0.0.1) is a loopback address'
 
 A purely computational module with no side effects: names are resolved at
@@ -97,30 +97,39 @@ def carried(found: IPAddress) -> IPAddress:
 
 def refusal(found: IPAddress | None, written: str | None = None) -> str | None:
     """Why a fetch may not connect to ``found`` (spelt ``written``); None if it is public."""
-    if found is None:
+    what = kind(found)
+    if found is None or what is None:
         return None
     inner = carried(found)
     shown = written or str(found)
     if shown != str(inner):
         shown = f"{shown} (that is {inner})"
+    return f"{shown} is {what}"
+
+
+def kind(found: IPAddress | None) -> str | None:
+    """What sort of address ``found`` is when it is not public (``a loopback address``)."""
+    if found is None:
+        return None
+    inner = carried(found)
     if inner.is_loopback:
-        return f"{shown} is a loopback address"
+        return "a loopback address"
     if inner == _METADATA:
-        return f"{shown} is the cloud metadata address"
+        return "the cloud metadata address"
     if inner.is_link_local:
-        return f"{shown} is a link-local address"
+        return "a link-local address"
     if inner.is_unspecified:
-        return f"{shown} is the unspecified address"
+        return "the unspecified address"
     if inner.is_multicast:
-        return f"{shown} is a multicast address"
+        return "a multicast address"
     if isinstance(inner, ipaddress.IPv4Address) and inner in _SHARED:
-        return f"{shown} is a shared (carrier-grade NAT) address"
+        return "a shared (carrier-grade NAT) address"
     if inner.is_reserved:
-        return f"{shown} is a reserved address"
+        return "a reserved address"
     if inner.is_private:
-        return f"{shown} is a private address"
+        return "a private address"
     if not inner.is_global:
-        return f"{shown} is a reserved address"
+        return "a reserved address"
     return None
 
 
