@@ -38,12 +38,14 @@ _NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 
 def canonical(host: str) -> str:
     """``host`` as compared: lower case, no brackets, no trailing dot; an address in its
-    standard form (``0x7f.1`` → ``127.0.0.1``)."""
+    standard form (``0x7f.1`` and ``::ffff:127.0.0.1`` → ``127.0.0.1``)."""
     text = host.strip().lower()
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
     text = text.rstrip(".") if text != "." else text
     found = address(text)
+    if isinstance(found, ipaddress.IPv6Address) and found.ipv4_mapped is not None:
+        found = found.ipv4_mapped  # the same host: listing 10.0.0.5 covers ::ffff:10.0.0.5
     return str(found) if found is not None else text
 
 
