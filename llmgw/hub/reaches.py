@@ -60,8 +60,9 @@ class Reach:
         why = hosts.literal_refusal(host)
         return None if why is None else self._advice(host, why)
 
-    def dial(self, host: str, port: int, resolve: Resolve | None = None) -> str:
-        """The address to connect to for ``host``: resolved once and checked; or Refused."""
+    def dial(self, host: str, port: int, resolve: Resolve | None = None) -> list[str]:
+        """The addresses to try, in order, for ``host``: resolved once and checked; or
+        Refused (when any of them is not public: a name is refused whole)."""
         why = self.refusal(host)
         if why is not None:
             raise Refused(why)
@@ -76,7 +77,7 @@ class Reach:
                 bad = hosts.kind(hosts.address(item))
                 if bad is not None:
                     raise Refused(self._advice(host, f"{host} resolves to {item}, {bad}"))
-        return found[0]
+        return list(dict.fromkeys(found))
 
     def connection(self, url: str, timeout: float,
                    resolve: Resolve | None = None) -> http.client.HTTPConnection:
@@ -92,7 +93,16 @@ class Reach:
 
         def create(address: tuple[str, int], timeout: float | None = None,
                    source: tuple[str, int] | None = None) -> socket.socket:
-            return socket.create_connection((dialled, address[1]), timeout, source)
+            # As socket.create_connection tries each address of a name, but only
+            # those checked: each is a literal, so nothing is resolved again.
+            failure: OSError | None = None
+            for item in dialled:
+                try:
+                    return socket.create_connection((item, address[1]), timeout, source)
+                except OSError as exc:
+                    failure = exc
+            assert failure is not None
+            raise failure
 
         connection._create_connection = create  # type: ignore[attr-defined]
         return connection
