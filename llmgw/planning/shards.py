@@ -143,8 +143,9 @@ def build(
             # profile already hands its engine as HF_TOKEN. A path, never a value.
             token_file = settings.token_file or profile.secret_env.get("HF_TOKEN")
             spec["fetch"] = {"endpoint": settings.endpoint, "token_file": token_file,
-                             "disk_margin": settings.disk_margin,
-                             "allowed_hosts": list(settings.allowed_hosts)}
+                             "disk_margin": settings.disk_margin}
+            if settings.allowed_hosts:  # what the node may fetch from beyond public hosts
+                spec["fetch"]["allowed_hosts"] = list(settings.allowed_hosts)
         shard = Shard(
             model=model_name, replica=replica, rank=rank, ranks=len(placement.slots),
             node=slot.node, unit=unit_name(model_name, replica, rank), engine=profile.engine,
