@@ -55,6 +55,7 @@ class Need:
     endpoint: str | None = None
     token_file: str | None = None
     margin: float = 0.05
+    allowed_hosts: tuple[str, ...] = ()  # beyond public addresses and the endpoint's host
 
     @property
     def key(self) -> tuple[str, str]:
@@ -94,11 +95,14 @@ def need(change: UnitChange) -> Need | None:
         return None
     endpoint, token_file = settings.get("endpoint"), settings.get("token_file")
     margin = settings.get("disk_margin", 0.05)
+    allowed = settings.get("allowed_hosts") or []
     return Need(
         source=source, weights_dir=directory,
         endpoint=endpoint if isinstance(endpoint, str) else None,
         token_file=token_file if isinstance(token_file, str) else None,
         margin=float(margin) if isinstance(margin, int | float) else 0.05,
+        allowed_hosts=tuple(h for h in allowed if isinstance(h, str))
+        if isinstance(allowed, list) else (),
     )
 
 
@@ -241,6 +245,7 @@ class Fetcher:
                 done = await asyncio.to_thread(
                     fetches.fetch, wanted.source, wanted.weights_dir, endpoint=wanted.endpoint,
                     token=token, progress=progress, margin=wanted.margin,
+                    allowed_hosts=wanted.allowed_hosts,
                 )
                 break
             except fetches.FetchError as exc:

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from llmgw.fleet.types import SourceFacts
 from llmgw.hub import fetches
+from llmgw.hub.reaches import Reach
 from llmgw.spec import sources
 from llmgw.spec.models import Cluster
 
@@ -32,9 +33,12 @@ def fetched_sources(cluster: Cluster) -> list[str]:
     return sorted(found)
 
 
-def ask(text: str, endpoint: str | None, timeout: float = TIMEOUT) -> SourceFacts:
+def ask(text: str, endpoint: str | None, timeout: float = TIMEOUT,
+        reach: Reach | None = None) -> SourceFacts:
+    """What the hub (or an URL's server) says of ``text``; a host ``reach`` refuses is not
+    asked at all, and the answer says why."""
     try:
-        remote = fetches.describe(sources.parse(text), endpoint, None, timeout)
+        remote = fetches.describe(sources.parse(text), endpoint, None, timeout, reach)
     except fetches.FetchError as exc:
         return SourceFacts(error=str(exc))
     return SourceFacts(size_bytes=remote.size, commit=remote.commit or None,
@@ -45,19 +49,22 @@ class Catalog:
     """Answers kept for a while, so a daemon's drift loop does not ask every minute."""
 
     def __init__(self) -> None:
-        self._known: dict[tuple[str, str | None], tuple[float, SourceFacts]] = {}
+        self._known: dict[tuple[str, str | None, Reach], tuple[float, SourceFacts]] = {}
 
-    def lookup(self, texts: Iterable[str], endpoint: str | None) -> dict[str, SourceFacts]:
+    def lookup(self, texts: Iterable[str], endpoint: str | None,
+               allowed_hosts: Iterable[str] = ()) -> dict[str, SourceFacts]:
         now = time.monotonic()
-        wanted = [t for t in texts if not self._fresh((t, endpoint), now)]
+        reach = Reach.of(allowed_hosts, endpoint)
+        wanted = [t for t in texts if not self._fresh((t, endpoint, reach), now)]
         if wanted:
             with ThreadPoolExecutor(max_workers=min(8, len(wanted))) as pool:
-                for text, facts in zip(wanted, pool.map(lambda t: ask(t, endpoint), wanted),
-                                       strict=True):
-                    self._known[(text, endpoint)] = (now, facts)
-        return {t: self._known[(t, endpoint)][1] for t in texts if (t, endpoint) in self._known}
+                answers = pool.map(lambda t: ask(t, endpoint, reach=reach), wanted)
+                for text, facts in zip(wanted, answers, strict=True):
+                    self._known[(text, endpoint, reach)] = (now, facts)
+        return {t: self._known[(t, endpoint, reach)][1] for t in texts
+                if (t, endpoint, reach) in self._known}
 
-    def _fresh(self, key: tuple[str, str | None], now: float) -> bool:
+    def _fresh(self, key: tuple[str, str | None, Reach], now: float) -> bool:
         known = self._known.get(key)
         if known is None:
             return False

@@ -46,6 +46,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from llmgw.hub import caches
+from llmgw.hub.reaches import Reach, Refused
 from llmgw.spec.sources import Source
 
 CHUNK = 1024 * 1024
@@ -137,10 +138,14 @@ def _records(weights_dir: str | Path) -> Path:
 
 
 def describe(source: Source, endpoint: str | None, token: str | None,
-             timeout: float = TIMEOUT) -> Remote:
-    """What fetching ``source`` means: the commit and the selected files with their hashes."""
+             timeout: float = TIMEOUT, reach: Reach | None = None) -> Remote:
+    """What fetching ``source`` means: the commit and the selected files with their hashes.
+
+    An URL is asked with HEAD through ``reach`` (default: public addresses and the
+    endpoint's host): a host it refuses gets no request at all.
+    """
     if source.kind == "url":
-        return _describe_url(source, token, timeout)
+        return _describe_url(source, token, timeout, reach or Reach.of((), endpoint))
     from huggingface_hub import HfApi, hf_hub_url
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -178,19 +183,20 @@ def describe(source: Source, endpoint: str | None, token: str | None,
     return Remote(commit=info.sha, files=tuple(files))
 
 
-def _describe_url(source: Source, token: str | None, timeout: float) -> Remote:
-    from huggingface_hub import get_session
-
+def _describe_url(source: Source, token: str | None, timeout: float, reach: Reach) -> Remote:
     assert source.url is not None
+    headers = {**_auth(token), "Accept-Encoding": "identity", "User-Agent": "llmgw"}
     try:
-        response = get_session().head(source.url, follow_redirects=True, timeout=timeout,
-                                      headers=_auth(token))
-    except Exception as exc:
+        response, connection = _open(source.url, headers, timeout, reach, method="HEAD")
+        connection.close()
+    except FetchError:
+        raise
+    except (OSError, http.client.HTTPException) as exc:
         raise FetchError(f"{source.url}: cannot reach it: {_first_line(exc)}") from None
-    if response.status_code != 200:
-        raise FetchError(f"{source.url}: HEAD answered {response.status_code}",
-                         retry=response.status_code >= 500)
-    size = response.headers.get("Content-Length")
+    if response.status != 200:
+        raise FetchError(f"{source.url}: HEAD answered {response.status}",
+                         retry=response.status >= 500)
+    size = response.getheader("Content-Length")
     if size is None or not size.isdigit():
         raise FetchError(f"{source.url}: the server does not say its size", retry=False)
     etag = source.sha256 or hashlib.sha256(source.url.encode()).hexdigest()
@@ -262,10 +268,15 @@ def check_space(directory: Path, missing: int, margin: float) -> None:
 def fetch(
     source: Source, weights_dir: str | Path, *, endpoint: str | None = None,
     token: str | None = None, progress: Progress | None = None, margin: float = 0.05,
-    timeout: float = TIMEOUT,
+    timeout: float = TIMEOUT, allowed_hosts: tuple[str, ...] = (),
 ) -> Fetched:
-    """Fetch ``source`` unless it is already complete; returns what the engine gets."""
+    """Fetch ``source`` unless it is already complete; returns what the engine gets.
+
+    Every connection dials a public address, or a host of ``allowed_hosts`` or
+    the endpoint's (:mod:`llmgw.hub.reaches`), redirects included.
+    """
     progress = progress or Progress("weights", source.text)
+    reach = Reach.of(allowed_hosts, endpoint)
     with _locked(weights_dir, source):
         done = present(source, weights_dir)
         if done is not None:
@@ -273,7 +284,7 @@ def fetch(
             progress.bytes_total = done.size_bytes
             return done
         progress.state = "running"
-        remote = describe(source, endpoint, token, timeout)
+        remote = describe(source, endpoint, token, timeout, reach)
         if source.kind == "url":
             base = Path(weights_dir) / "urls" / record_id(source)
             def target(item: RemoteFile) -> Path:
@@ -288,14 +299,14 @@ def fetch(
         progress.started_at = progress.updated_at = time.time()
         check_space(base, needed_bytes(remote, target), margin)
         for item in remote.files:
-            _one_file(item, target(item), token, progress, timeout)
+            _one_file(item, target(item), token, progress, timeout, reach)
         fetched = _finish(source, weights_dir, remote, target)
         progress.state = "done"
         return fetched
 
 
 def _one_file(item: RemoteFile, blob: Path, token: str | None, progress: Progress,
-              timeout: float) -> None:
+              timeout: float, reach: Reach) -> None:
     if blob.is_file():
         return
     blob.parent.mkdir(parents=True, exist_ok=True)
@@ -307,7 +318,7 @@ def _one_file(item: RemoteFile, blob: Path, token: str | None, progress: Progres
             partial.unlink()
             have, digest = 0, _hasher(item)
         if have < item.size:
-            _transfer(item, partial, have, digest, token, progress, timeout)
+            _transfer(item, partial, have, digest, token, progress, timeout, reach)
         got = digest.hexdigest() if digest is not None else None
         want = item.sha256 or item.sha1
         if want is None or got == want:
@@ -346,7 +357,7 @@ def _hash_prefix(partial: Path, digest: Any) -> int:
 
 
 def _transfer(item: RemoteFile, partial: Path, have: int, digest: Any, token: str | None,
-              progress: Progress, timeout: float) -> None:
+              progress: Progress, timeout: float, reach: Reach) -> None:
     """Append the missing bytes of ``item`` to ``partial``, hashing them as they land.
 
     The bytes are read with the standard library's ``http.client`` into one
@@ -358,7 +369,7 @@ def _transfer(item: RemoteFile, partial: Path, have: int, digest: Any, token: st
     if have:
         headers["Range"] = f"bytes={have}-"
     try:
-        response, connection = _open(item.url, headers, timeout)
+        response, connection = _open(item.url, headers, timeout, reach)
         try:
             if response.status == 200 and have:
                 raise FetchError(f"{item.path}: the server ignored the range request")
@@ -424,16 +435,22 @@ class _Hashing:
             self.free.put(view)
 
 
-def _open(url: str, headers: dict[str, str], timeout: float,
+def _open(url: str, headers: dict[str, str], timeout: float, reach: Reach,
+          method: str = "GET",
           ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
-    """GET ``url``, following up to 5 redirects (the hub sends LFS files to a CDN)."""
+    """``method`` ``url``, following up to 5 redirects (the hub sends LFS files to a CDN).
+
+    Each hop dials an address ``reach`` checked; a refused one raises FetchError
+    before a byte is sent.
+    """
     for _ in range(6):
         parts = urlsplit(url)
-        kind = http.client.HTTPSConnection if parts.scheme == "https" else \
-            http.client.HTTPConnection
-        connection = kind(parts.hostname or "", parts.port, timeout=timeout)
+        try:
+            connection = reach.connection(url, timeout)
+        except Refused as exc:
+            raise FetchError(f"{url}: refused: {exc}", retry=False) from None
         path = parts.path + (f"?{parts.query}" if parts.query else "")
-        connection.request("GET", path, headers=headers)
+        connection.request(method, path or "/", headers=headers)
         response = connection.getresponse()
         if response.status not in (301, 302, 303, 307, 308):
             return response, connection

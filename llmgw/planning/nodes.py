@@ -179,7 +179,8 @@ class Capacity:
     # -- queries ----------------------------------------------------------
 
     def weights_room(self, node: NodeState, source: str) -> str | None:
-        """Why ``node`` cannot fetch ``source`` (too little disk); else None.
+        """Why ``node`` cannot fetch ``source`` (too little disk, or nowhere to put an URL's
+        file); else None.
 
         A node that has the weights needs no room; a size the source did not say
         cannot be judged here (the agent checks again before fetching).
@@ -188,6 +189,9 @@ class Capacity:
         if not parsed.fetched or node.name in self.with_weights(source):
             return None
         dirs = node.spec.weights_dirs
+        if not dirs and parsed.kind == "url":
+            # Only the agent fetches an URL; no engine downloads one itself.
+            return "no weights_dirs to fetch an URL source into"
         if not dirs:
             return None  # nothing to fetch into: the engine downloads, as it always could
         facts = self.sources.get(source)

@@ -144,6 +144,8 @@ def build(
             token_file = settings.token_file or profile.secret_env.get("HF_TOKEN")
             spec["fetch"] = {"endpoint": settings.endpoint, "token_file": token_file,
                              "disk_margin": settings.disk_margin}
+            if settings.allowed_hosts:  # what the node may fetch from beyond public hosts
+                spec["fetch"]["allowed_hosts"] = list(settings.allowed_hosts)
         shard = Shard(
             model=model_name, replica=replica, rank=rank, ranks=len(placement.slots),
             node=slot.node, unit=unit_name(model_name, replica, rank), engine=profile.engine,

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-from llmgw.spec import gpus, secrets
+from llmgw.spec import gpus, hosts, secrets, sources
 from llmgw.spec.models import Cluster, Profile
 from llmgw.spec.quantities import count
 
@@ -137,8 +138,33 @@ def _model_problems(cluster: Cluster, classes: dict[str, gpus.GpuClass]) -> Iter
         if model.source is None and any(p.source is None for p in model.profiles):
             yield Problem(base, f"models.{name}: no `source` for the model or its profiles "
                           "(a Hugging Face repo id or a path on the node)", at_key=True)
+        yield from _source_problems(cluster, (*base, "source"), f"models.{name}.source",
+                                    model.source)
         for index, profile in enumerate(model.profiles):
+            yield from _source_problems(cluster, (*base, "profiles", index, "source"),
+                                        f"models.{name}.profiles[{index}].source",
+                                        profile.source)
             yield from _profile_problems(cluster, classes, (*base, "profiles", index), profile)
+
+
+def _source_problems(cluster: Cluster, path: Path, where: str,
+                     text: str | None) -> Iterator[Problem]:
+    """An URL source whose host is never public, unless the site lists it."""
+    if text is None:
+        return
+    source = sources.parse(text)  # the shape check already passed
+    if source.kind != "url":
+        return
+    host = urlsplit(source.url or "").hostname or ""
+    settings = cluster.cluster.weights
+    mirror = urlsplit(settings.endpoint).hostname if settings.endpoint else None
+    if hosts.listed(host, [*settings.allowed_hosts, *([mirror] if mirror else [])]):
+        return
+    why = hosts.literal_refusal(host)
+    if why is not None:
+        yield Problem(path, f"{where}: {why}: weights are fetched from public addresses "
+                      f"only; list {hosts.canonical(host)} under cluster.weights.allowed_hosts "
+                      "if the site means it")
 
 
 def _profile_problems(

@@ -12,9 +12,9 @@ import ipaddress
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from llmgw.spec import identifiers, sources
+from llmgw.spec import hosts, identifiers, sources
 from llmgw.spec.bases import Strict
 from llmgw.spec.identifiers import (
     Adapter,
@@ -32,6 +32,7 @@ from llmgw.spec.rollouts import Rollout
 
 NAME_PATTERN = identifiers.PATTERNS["name"][0]
 Port = Annotated[int, Field(ge=1, le=65535)]
+AllowedHost = Annotated[str, AfterValidator(hosts.check_entry)]
 
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
 _ENDPOINT = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+(/[A-Za-z0-9._~/-]*)?$")
@@ -122,6 +123,14 @@ class WeightsSettings(Strict):
         0.05, ge=0, le=1,
         description="Free space kept beyond a fetch's size, as a fraction of it (at least "
         "1 GiB): a node with less is not chosen, and says why.",
+    )
+    allowed_hosts: list[AllowedHost] = Field(
+        default_factory=list, max_length=64,
+        description="Hosts (names or IP addresses, no port) URL sources may name although "
+        "they are not public: a site's own file server. Any other URL source must resolve "
+        "to public addresses only (not loopback, private, link-local or the cloud metadata "
+        "address), checked by `validate` and again when `plan` asks its size and the node "
+        "downloads it. The `endpoint`'s host is always allowed.",
     )
 
     @field_validator("endpoint")

@@ -23,6 +23,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("cluster.ssh", models.SSHSettings, "cluster: {ssh: ...}"),
     ("cluster.listeners", models.Listeners, "cluster: {listeners: ...}"),
     ("cluster.store", models.StoreSettings, "cluster: {store: ...}"),
+    ("cluster.weights", models.WeightsSettings, "cluster: {weights: ...}"),
     ("cluster.gpu_classes.NAME", models.GpuClassDecl, "cluster: {gpu_classes: {NAME: ...}}"),
     ("cluster.drift", repairs.DriftSettings, "cluster: {drift: ...}"),
     ("cluster.drift.engine_crash", repairs.EngineCrashRepair,

@@ -192,7 +192,7 @@ class Pool:
             fan_out(names, one, self.max_parallel),
             asyncio.to_thread(
                 self.catalog.lookup, catalogs.fetched_sources(self.cluster),
-                self.cluster.cluster.weights.endpoint,
+                self.cluster.cluster.weights.endpoint, self.cluster.cluster.weights.allowed_hosts,
             ),
         )
         return Fleet(nodes=reports, sources=facts)

@@ -120,3 +120,18 @@ def test_weights_note(cached: list[str], facts: dict[str, SourceFacts], note: st
     assert shards.weights_note(built, report, facts) == note
     assert shards.weights_note(built, None, facts) == (
         note if not cached else "will fetch org/m@v2 into /models")
+
+
+@pytest.mark.parametrize(("allowed", "fetch"), [
+    ([], {"endpoint": None, "token_file": None, "disk_margin": 0.05}),
+    (["files.lab"], {"endpoint": None, "token_file": None, "disk_margin": 0.05,
+                     "allowed_hosts": ["files.lab"]}),
+])
+def test_the_node_is_told_the_allowed_hosts(allowed: list[str], fetch: dict[str, Any]) -> None:
+    """The agent checks each connection of its download against them (llmgw.hub.reaches)."""
+    data = cluster({**VLLM, "source": "http://files.lab/m.gguf"}).model_dump(
+        by_alias=True, exclude_none=True)
+    data["cluster"]["weights"]["allowed_hosts"] = allowed
+    spec = cluster_from(data)
+    (built,) = shards.build(spec, fleet_from(spec, None, None, NOW).nodes, "m", 0, ONE)
+    assert built.spec["fetch"] == fetch
