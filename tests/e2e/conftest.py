@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.engines import STUBS, running
+from support.engines import STUBS, alive
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     monkeypatch.setenv("PATH", f"{STUBS}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("TESTENGINE_RECORD_DIR", str(records))
     yield records
-    for data in running(records).values():
+    for _, data in alive(records):  # every one: two replicas of a model share a name
         try:
             os.killpg(data["pgid"], signal.SIGKILL)
         except ProcessLookupError:

@@ -10,32 +10,15 @@ and the old replica goes once the replacement is ready.
 
 from __future__ import annotations
 
-import os
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support import daemons
-from support.engines import MODELS, STUBS, alive, recording
+from support.engines import MODELS, alive, recording
 from support.plugin import SimClusterFactory
 
 LOAD = 15.0  # seconds the replacement loads: the first daemon is stopped meanwhile
-
-
-@pytest.fixture
-def records(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    found = tmp_path / "records"
-    found.mkdir()
-    monkeypatch.setenv("PATH", f"{STUBS}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("TESTENGINE_RECORD_DIR", str(found))
-    yield found
-    for _, data in alive(found):
-        try:
-            os.killpg(data["pgid"], signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def engines_by_port(records: Path) -> dict[int, int]:
@@ -50,8 +33,9 @@ def units(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.timeout(600)
 def test_a_replacement_left_loading_by_a_stopped_daemon_is_adopted_not_restarted(
-    sim_cluster: SimClusterFactory, records: Path, tmp_path: Path,
+    sim_cluster: SimClusterFactory, engines: Path, tmp_path: Path,
 ) -> None:
+    records = engines
     sim = sim_cluster(1, hardware=["cpu-only"])
     models = recording({"tiny": MODELS["tiny"]})
     models["tiny"]["scaling"] = {"min": 1, "max": 1}
