@@ -257,10 +257,11 @@ def test_up_with_an_account_enrols_bare_nodes_by_node_add() -> None:
     where.chmod(0o755)
     lab = where / "lab"
     try:
-        up = llmgw("lab", "up", "--dir", "lab", "--nodes", "1", "--ssh-port", "2291",
+        (port,) = free_ports(1)
+        up = llmgw("lab", "up", "--dir", "lab", "--nodes", "1", "--ssh-port", str(port),
                    "--account", account, cwd=where, timeout=900)
         assert up.returncode == 0, up.stdout + up.stderr
-        assert "gpu-01: llmgw node add root@127.0.0.1:2291 --name gpu-01" in up.stdout
+        assert f"gpu-01: llmgw node add root@127.0.0.1:{port} --name gpu-01" in up.stdout
         assert "    account    " + account + ": " in up.stdout, up.stdout
         assert "    agent      started (supervise backend" in up.stdout, up.stdout
         assert "(node add pins 1 host key)." in up.stdout
