@@ -29,7 +29,10 @@ from pathlib import Path
 
 if __name__ == "__main__":  # run as a tool, not by pytest: tests/ holds the support package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pytest  # noqa: E402
 from support import netns  # noqa: E402
+
+from llmgw.onboarding import enrolments  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = re.compile(r"^<!-- run: ([a-z-]+) -->$")
@@ -139,6 +142,15 @@ def run(cmds: list[Command], directory: Path, env: dict[str, str],
         end = text.index(SEPARATOR.format(number + 1))
         outputs.append(text[start:end].splitlines())
     return outputs
+
+
+def build_wheels() -> None:
+    """The wheels ``llmgw lab up``'s node adds ship (the checkout's ``.cache/wheels``), built
+    here, before the session: it runs in a network namespace, where pip reaches no index."""
+    try:
+        enrolments.build_wheels(ROOT / ".cache" / "wheels")
+    except enrolments.EnrolError as exc:
+        pytest.skip(f"cannot build the wheels node add ships (no package index here?): {exc}")
 
 
 def environment(extra_path: list[Path]) -> dict[str, str]:

@@ -34,6 +34,7 @@ def test_the_engine_install_session_of_engines_md(tmp_path: Path) -> None:
     assert commands[0].text.startswith("mkdir lab")
     assert commands[-1].text == "llmgw lab down"
     # The control host ships the llama-server on its PATH: the one `make engine` built.
+    sessions.build_wheels()  # lab up enrols the nodes by node add, which ships them
     env = sessions.environment([Path(sys.executable).parent, ENGINE.parent])
     try:
         outputs = sessions.run(commands, tmp_path, env)

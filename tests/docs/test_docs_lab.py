@@ -42,6 +42,7 @@ def test_the_lab_session_of_the_docs(tmp_path: Path) -> None:
     commands = sessions.commands(sessions.LAB_PAGES, "lab")
     assert commands[0].text.startswith("mkdir lab")
     assert "llmgw lab down" in [c.text for c in commands]
+    sessions.build_wheels()  # lab up enrols the nodes by node add, which ships them
     env = sessions.environment([Path(sys.executable).parent])
     try:
         outputs = sessions.run(commands, tmp_path, env)
