@@ -38,6 +38,12 @@ def refusal(path: str, weights_dirs: Sequence[str],
             f"({', '.join(weights_dirs)}); an engine serves only files under them")
 
 
+def refusals(changes: Sequence[UnitChange], weights_dirs: Sequence[str]) -> dict[str, str]:
+    """Unit name → why it may not start, for each of ``changes`` that may not (it reads
+    the file system: resolving links may block, so callers run it in a thread)."""
+    return {c.name: why for c in changes if (why := refused(c, weights_dirs)) is not None}
+
+
 def refused(change: UnitChange, weights_dirs: Sequence[str]) -> str | None:
     """Why ``change`` may not start: its spec's path source resolves out of ``weights_dirs``."""
     if change.action != "start" or not weights_dirs:

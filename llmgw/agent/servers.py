@@ -132,8 +132,7 @@ class Agent:
         return found
 
     async def apply(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
-        refusals = {c.name: why for c in changes
-                    if (why := confines.refused(c, self.weights_dirs)) is not None}
+        refusals = await asyncio.to_thread(confines.refusals, changes, self.weights_dirs)
         admitted = await self.installer.admit([c for c in changes if c.name not in refusals])
         results = [*(UnitResult(name, ok=False, error=why) for name, why in refusals.items()),
                    *await self.backend.apply(await self.fetcher.admit(admitted))]
