@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from llmgw.agent import fetchers, installs, messages, monitors, reports, shutdowns
+from llmgw.agent import confines, fetchers, installs, messages, monitors, reports, shutdowns
 from llmgw.agent.settings import Settings
 from llmgw.agent.supervisors import Supervisor
 from llmgw.agent.systemd import SystemdBackend
@@ -66,6 +66,9 @@ class Agent:
         self.monitor.overlay = self._overlay
         self.stopping = asyncio.Event()  # set by SIGTERM, SIGINT or Shutdown
         self.on_exit: shutdowns.Decision | None = None  # what a Shutdown left to do
+        # The weights directories the daemon last declared (its report request),
+        # which path sources must resolve into; until it asks, the settings'.
+        self.weights_dirs: tuple[str, ...] = settings.declaration().weights_dirs
 
     def _overlay(self, unit: str) -> tuple[str, str] | None:
         return self.installer.overlay(unit) or self.fetcher.overlay(unit)
@@ -92,6 +95,8 @@ class Agent:
     async def report(self, asked: Declaration | None = None) -> NodeReport:
         units = await self.monitor.refresh()
         declaration = self.declaration(asked)
+        if asked is not None and asked.node:
+            self.weights_dirs = declaration.weights_dirs
         report = await self.collector.collect(declaration, units, self.backend.owns)
         specs = [(u.name, fetchers.spec_label(u.labels)) for u in units]
         # The declared directories, and any a unit's weights were fetched into.
@@ -127,8 +132,10 @@ class Agent:
         return found
 
     async def apply(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
-        admitted = await self.installer.admit(changes)
-        results = await self.backend.apply(await self.fetcher.admit(admitted))
+        refusals = await asyncio.to_thread(confines.refusals, changes, self.weights_dirs)
+        admitted = await self.installer.admit([c for c in changes if c.name not in refusals])
+        results = [*(UnitResult(name, ok=False, error=why) for name, why in refusals.items()),
+                   *await self.backend.apply(await self.fetcher.admit(admitted))]
         for result in results:
             log.info("apply %s: %s", result.name,
                      "changed" if result.changed else "unchanged" if result.ok else result.error)

@@ -55,6 +55,9 @@ SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # Debian's openssh-sftp-server
 # Fixture hardware, shipped inside the package so `llmgw lab` works from a wheel.
 HARDWARE = Path(__file__).resolve().parent / "hardware"
 FIXTURES = HARDWARE  # the name the tests know it by
+# Where the tests' path sources live on simulated nodes (/models/tiny.gguf, which
+# no stand-in engine reads): declared by each, though no node has it.
+SIM_MODELS = "/models"
 START_TIMEOUT = 60.0  # a bound, not a wait: shared CI cores can take seconds to start a python
 # Engine ports each simulated node keeps free for its engines (the doctor checks 16).
 ENGINE_PORTS = 32
@@ -393,6 +396,9 @@ class SimCluster:
     root: Path
     nodes: dict[str, SimNode] = field(default_factory=dict)
     extra_nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Declared by every node besides its fixture's own: a path source must lie in a
+    # node's weights_dirs, and a test serving a real file adds the file's directory.
+    weights_dirs: list[str] = field(default_factory=lambda: [SIM_MODELS])
     # The daemon's account once `llmgw node add` enrolled the nodes (simenrolments).
     account: str | None = None
     _blackholes: list[socket.socket] = field(default_factory=list)
@@ -486,7 +492,7 @@ class SimCluster:
         that account and the nodes are in ``nodes.yaml``, as ``node add`` wrote them.
         """
         nodes = {} if self.account else {
-            name: node_spec(node) for name, node in self.nodes.items()}
+            name: self._with_weights_dirs(node_spec(node)) for name, node in self.nodes.items()}
         nodes.update(self.extra_nodes)
         settings = {"user": self.account or getpass.getuser(), "known_hosts": "known_hosts",
                     "identity_file": str(self.client_key), "connect_timeout": "5s", **ssh}
@@ -497,6 +503,11 @@ class SimCluster:
         if fabrics:
             data["fabrics"] = fabrics
         return data
+
+    def _with_weights_dirs(self, spec: dict[str, Any]) -> dict[str, Any]:
+        dirs = list(spec.get("weights_dirs", []))
+        dirs += [d for d in self.weights_dirs if d not in dirs]
+        return {**spec, "weights_dirs": dirs} if dirs else spec
 
     def write_cluster(self, extra: Mapping[str, Any] | None = None, **ssh: Any) -> Path:
         """Write ``cluster.yaml`` (plus ``extra`` sections) and pin every node's key if unpinned."""

@@ -20,6 +20,8 @@ from llmgw.spec.models import Cluster, Profile
 from llmgw.spec.quantities import count
 
 Path = tuple[str | int, ...]
+# What partials.py puts in place of a malformed source: never a problem of its own.
+PLACEHOLDER_SOURCE = "/placeholder"
 
 
 @dataclass(frozen=True)
@@ -149,10 +151,14 @@ def _model_problems(cluster: Cluster, classes: dict[str, gpus.GpuClass]) -> Iter
 
 def _source_problems(cluster: Cluster, path: Path, where: str,
                      text: str | None) -> Iterator[Problem]:
-    """An URL source whose host is never public, unless the site lists it."""
+    """An URL source whose host is never public, unless the site lists it; a path source
+    no node may serve (every node declares weights_dirs, and none holds it)."""
     if text is None:
         return
     source = sources.parse(text)  # the shape check already passed
+    if source.kind == "path":
+        yield from _path_problems(cluster, path, where, source.path or text)
+        return
     if source.kind != "url":
         return
     host = urlsplit(source.url or "").hostname or ""
@@ -165,6 +171,20 @@ def _source_problems(cluster: Cluster, path: Path, where: str,
         yield Problem(path, f"{where}: {why}: weights are fetched from public addresses "
                       f"only; list {hosts.canonical(host)} under cluster.weights.allowed_hosts "
                       "if the site means it")
+
+
+def _path_problems(cluster: Cluster, path: Path, where: str, text: str) -> Iterator[Problem]:
+    # A node that declares weights_dirs serves path sources from under them only,
+    # so a cluster file cannot point an engine at /etc/passwd on it (issue 23). A
+    # node that declares none has nothing to confine to and serves any path.
+    dirs = {name: node.weights_dirs for name, node in cluster.nodes.items()}
+    if text == PLACEHOLDER_SOURCE or not dirs or any(
+            not held or sources.within(text, held) for held in dirs.values()):
+        return
+    declared = "; ".join(f"{name}: {', '.join(held)}" for name, held in sorted(dirs.items()))
+    yield Problem(path, f"{where}: {text} is in no node's weights_dirs ({declared}); a path "
+                  "source must lie under the weights_dirs of the nodes that serve it",
+                  fleet_wide=True)
 
 
 def _profile_problems(

@@ -310,7 +310,9 @@ class Node(Strict):
     weights_dirs: list[str] = Field(
         default_factory=list,
         description="Directories where model weights are looked for: absolute paths; on the "
-        "`local` node a path starting with `./` or `../` is relative to the cluster directory.",
+        "`local` node a path starting with `./` or `../` is relative to the cluster directory. "
+        "When declared, the node serves path sources from under them only (symlinks "
+        "followed).",
     )
     cordoned: bool = Field(False, description="No new replicas are placed here.")
     drain: bool = Field(

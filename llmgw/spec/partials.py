@@ -25,7 +25,8 @@ from llmgw.spec.models import Cluster
 DataPath = tuple[str | int, ...]
 COLLECTIONS = ("fabrics", "nodes", "models", "projects")
 # Valid anywhere, needs nothing from the fleet: meaning checks find nothing to say about it.
-PLACEHOLDER: dict[str, Any] = {"engine": "llama.cpp", "cpu": True, "source": "/placeholder"}
+PLACEHOLDER: dict[str, Any] = {"engine": "llama.cpp", "cpu": True,
+                               "source": checks.PLACEHOLDER_SOURCE}
 
 
 def problems(

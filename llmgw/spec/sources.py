@@ -3,7 +3,9 @@
 Three kinds, told apart by their first characters:
 
 * a **node path**: ``/models/llama-3.1-8b`` (or ``./x``, ``../x`` for the
-  ``local`` node, made absolute when the cluster loads). Used as it is.
+  ``local`` node, made absolute when the cluster loads). Used as it is. It is
+  written normalised (no ``.``, ``..`` or empty parts after a leading ``./`` or
+  ``../``), so that :func:`within` can judge it by its text.
 * an **URL** to a single file: ``https://host/path/model.gguf``, optionally
   ending in ``#sha256=<64 hex>`` so the agent can verify what it fetched.
 * a **hub repo**: ``org/name[@revision][:selector]``. The revision is a
@@ -25,7 +27,9 @@ A purely computational module with no side effects.
 from __future__ import annotations
 
 import fnmatch
+import posixpath
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
@@ -109,12 +113,42 @@ def parse(text: str) -> Source:
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
         raise SourceError(f"{text!r}: a source holds no control characters")
     if is_path(text):
+        _check_path(text)
         return Source(kind="path", text=text, path=text)
     if any(ch.isspace() for ch in text):
         raise SourceError(f"{text!r}: a repo id or URL holds no spaces")
     if "://" in text:
         return _parse_url(text)
     return _parse_hub(text)
+
+
+def _check_path(text: str) -> None:
+    rest = text[1:] if text.startswith("/") else text.removeprefix("./")
+    if not text.startswith("/"):
+        while rest.startswith("../"):
+            rest = rest[3:]
+    if any(part in ("", ".", "..") for part in rest.split("/")):
+        raise SourceError(f"{text!r}: a path source is written normalised: no '..', '.' or "
+                          "empty parts (and no trailing /)")
+
+
+def within(path: str, dirs: Iterable[str]) -> bool:
+    """Whether ``path`` lies in one of ``dirs`` (or is one), judged by the text alone.
+
+    Both are normalised first (``/models/`` is ``/models``); a relative path and an
+    absolute one are never compared, since only the loader knows what ``./`` means.
+
+    >>> within("/models/x.gguf", ["/models"]), within("/modelsx/y", ["/models"])
+    (True, False)
+    """
+    wanted = posixpath.normpath(path)
+    for directory in dirs:
+        base = posixpath.normpath(directory)
+        if base.startswith("/") != wanted.startswith("/"):
+            continue
+        if wanted == base or wanted.startswith(base.rstrip("/") + "/"):
+            return True
+    return False
 
 
 def _parse_url(text: str) -> Source:

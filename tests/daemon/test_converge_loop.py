@@ -126,8 +126,9 @@ async def loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AsyncIterator
                         "auth": "none", "store": {"path": str(tmp_path / "llmgw.db")}},
             "nodes": {"n1": {"address": "127.0.0.1", "agent_socket": str(root / "n1/agent.sock"),
                              "engine_ports_from": free_port(),
-                             "weights_dirs": simnodes.fixture_settings("cpu-only")
-                             ["declared"]["weights_dirs"]}},
+                             "weights_dirs": [*simnodes.fixture_settings("cpu-only")
+                                              ["declared"]["weights_dirs"],
+                                              simnodes.SIM_MODELS]}},
         }
         with (directory / "cluster.yaml").open("w") as out:
             YAML().dump(cluster_doc, out)

@@ -82,6 +82,7 @@ def test_llama_cpp_installed_by_llmgw_serves_the_real_model(
     sim = sim_cluster(1, hardware=["cpu-only"])
     engines = sim.nodes["node-01"].root / "engines"
     installed = engines / f"llama.cpp-{VERSION}"
+    sim.weights_dirs.append(str(MODEL.parent))  # a path source lies in weights_dirs
     directory = sim.write_cluster({"models": {"gemma": {
         "source": str(MODEL), "scaling": {"min": 1, "max": 1},
         "profiles": [{"engine": "llama.cpp", "engine_version": VERSION, "cpu": True,
@@ -152,6 +153,7 @@ def test_an_engine_upgrade_by_plain_apply_never_stops_answering(
                           "args": {"ctx-size": 2048}}],
         }}}
 
+    sim.weights_dirs.append(str(MODEL.parent))  # a path source lies in weights_dirs
     directory = sim.write_cluster(models(VERSION))
     where = ["--cluster", str(directory)]
     code, out = run(capsys, "apply", *where, "--auto-approve")

@@ -52,7 +52,7 @@ cluster:
 nodes:
   local:
     address: local
-    weights_dirs: [{weights}]
+    weights_dirs: [{weights}, /models]
 models:
   tiny:
     source: {source}

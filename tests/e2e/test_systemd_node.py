@@ -81,6 +81,7 @@ def served(sim_cluster: SimClusterFactory, systemd_machine: MachineFactory,
     machines.start_agent(machine, node.agent_config, [str(ENGINE.resolve().parent)])
     wait_for(lambda: accepts(node.agent_socket), "the agent's socket, from inside the machine")
     serve = Served(sim.cluster_dir, tmp_path / "serve.log")
+    sim.weights_dirs.append(str(MODEL.resolve().parent))  # a path source lies in weights_dirs
     path = sim.write_cluster({"models": GEMMA}) / "cluster.yaml"
     extra = ("  sync: auto\n  drift_interval: 1s\n  auth: none\n"
              f"  store: {{path: {sim.cluster_dir.parent / 'llmgw.db'}}}\n  listeners:\n"

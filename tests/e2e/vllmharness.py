@@ -96,6 +96,11 @@ class Served:
         return self.sim.cluster_dir
 
     def write(self, models: dict[str, Any]) -> None:
+        # The nodes hold the model directory a test built: a path source lies in weights_dirs.
+        for model in models.values():
+            source = str(model.get("source", ""))
+            if source.startswith("/") and str(Path(source).parent) not in self.sim.weights_dirs:
+                self.sim.weights_dirs.append(str(Path(source).parent))
         self.sim.write_cluster({"cluster": {
             "sync": "auto", "drift_interval": "1s", "auth": "none",
             "store": {"path": str(self.directory.parent / "llmgw.db")},

@@ -1,0 +1,58 @@
+"""Path sources the agent serves stay in the node's weights directories.
+
+The planner places a path source only on a node whose ``weights_dirs`` hold
+it, judged by its text. A symlink inside a weights directory can still point
+anywhere (``/models/m.gguf -> /etc/shadow``), and an engine would open what
+it points at; so before a unit starts, the agent resolves the path as the
+engine will and refuses the unit if the real file lies outside every weights
+directory (each resolved too: ``/models`` may itself be a link to a disk).
+
+A node that declares no weights directories is not confined, as the planner
+does not confine it. A path that does not exist is let through: the engine
+fails on it with its own error, and nothing is read.
+
+>>> refusal("/models/m.gguf", ("/models",), realpath=lambda p: p) is None
+True
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+from llmgw.agent import fetchers
+from llmgw.proto.conversions import UnitChange
+from llmgw.spec import sources
+
+
+def refusal(path: str, weights_dirs: Sequence[str],
+            realpath: Callable[[str], str] = os.path.realpath) -> str | None:
+    """Why an engine may not open ``path`` here (it resolves out of ``weights_dirs``)."""
+    if not weights_dirs:
+        return None
+    real = realpath(path)
+    if sources.within(real, [realpath(d) for d in weights_dirs]):
+        return None
+    shown = f"{path} (a link to {real})" if real != path else path
+    return (f"refused: {shown} is outside this node's weights_dirs "
+            f"({', '.join(weights_dirs)}); an engine serves only files under them")
+
+
+def refusals(changes: Sequence[UnitChange], weights_dirs: Sequence[str]) -> dict[str, str]:
+    """Unit name → why it may not start, for each of ``changes`` that may not (it reads
+    the file system: resolving links may block, so callers run it in a thread)."""
+    return {c.name: why for c in changes if (why := refused(c, weights_dirs)) is not None}
+
+
+def refused(change: UnitChange, weights_dirs: Sequence[str]) -> str | None:
+    """Why ``change`` may not start: its spec's path source resolves out of ``weights_dirs``."""
+    if change.action != "start" or not weights_dirs:
+        return None
+    text = fetchers.spec_of(change.unit_text, change.name).get("source")
+    if not isinstance(text, str) or not sources.is_path(text):
+        return None
+    try:
+        source = sources.parse(text)
+    except sources.SourceError as exc:
+        return f"refused: {exc}"
+    return refusal(source.path or text, weights_dirs)

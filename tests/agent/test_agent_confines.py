@@ -1,0 +1,103 @@
+"""A path source resolves, symlinks followed, into the node's weights_dirs, or its unit
+does not start (issue 23: a cluster file pointed llama-server at /etc/passwd, and the
+engine's error line, which plans quote, showed the file's first bytes)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from agent_support import node_settings, short_dir, unit_name, unit_text
+
+from llmgw.agent import confines, servers
+from llmgw.discovery.fabrics import Declaration
+from llmgw.proto.conversions import UnitChange
+from llmgw.transport.agent_client import AgentClient
+
+SECRET = "root:x:0:0:secret-first-bytes"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = short_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def layout(root: Path) -> Path:
+    """``root/models`` with a real file, links in and out, and a secret outside it."""
+    models, outside, disk = root / "models", root / "etc", root / "disk"
+    for directory in (models, outside, disk):
+        directory.mkdir()
+    (outside / "passwd").write_text(SECRET)
+    (models / "real.gguf").write_text("GGUF")
+    (models / "inner.gguf").symlink_to(models / "real.gguf")
+    (models / "passwd.gguf").symlink_to(outside / "passwd")
+    (models / "etc").symlink_to(outside)
+    (disk / "m.gguf").write_text("GGUF")
+    (root / "linked").symlink_to(disk)
+    return models
+
+
+@pytest.mark.parametrize(("path", "dirs", "refused"), [
+    pytest.param("models/real.gguf", ["models"], False, id="a-file-inside"),
+    pytest.param("models/inner.gguf", ["models"], False, id="a-link-inside-to-inside"),
+    pytest.param("models/missing.gguf", ["models"], False, id="missing-the-engine-says-so"),
+    pytest.param("linked/m.gguf", ["linked"], False, id="the-weights-dir-is-itself-a-link"),
+    pytest.param("models/passwd.gguf", ["models"], True, id="a-link-out"),
+    pytest.param("models/etc/passwd", ["models"], True, id="a-linked-directory-out"),
+    pytest.param("etc/passwd", ["models", "disk"], True, id="outside-every-dir"),
+    pytest.param("etc/passwd", [], False, id="no-weights-dirs-no-confinement"),
+])
+def test_a_path_resolves_into_the_weights_dirs(
+    root: Path, path: str, dirs: list[str], refused: bool,
+) -> None:
+    layout(root)
+    why = confines.refusal(str(root / path), [str(root / d) for d in dirs])
+    assert (why is not None) == refused, why
+    if why is not None:
+        assert "outside this node's weights_dirs" in why and SECRET not in why
+
+
+def change_for(source: str, model: str = "m1") -> UnitChange:
+    spec = json.dumps({"v": 1, "source": source}, separators=(",", ":"))
+    text = unit_text(model).replace('X-Llmgw-Spec={"v":1}', f"X-Llmgw-Spec={spec}")
+    return UnitChange(unit_name(model), text)
+
+
+@contextlib.asynccontextmanager
+async def client_of(root: Path) -> AsyncIterator[tuple[servers.Agent, AgentClient]]:
+    settings = node_settings("cpu-only", root)
+    agent = servers.Agent(settings)
+    server = await servers.start(agent)
+    channel = grpc.aio.insecure_channel(f"unix:{settings.socket.path}")
+    try:
+        yield agent, AgentClient(channel, timeout=20)
+    finally:
+        names = [u.name for u in await agent.monitor.refresh()]
+        await agent.apply([UnitChange(n, "", action="remove") for n in names])
+        await channel.close()
+        await server.stop(None)
+        await agent.close()
+
+
+async def test_the_agent_refuses_a_unit_whose_source_links_out(root: Path) -> None:
+    models = layout(root)
+    async with client_of(root) as (agent, client):
+        # The daemon's declaration, sent with each report, is what the agent confines to.
+        await client.report(Declaration("cpu-01", (), (str(models),)))
+        [refused] = await client.apply_units([change_for(str(models / "passwd.gguf"))])
+        assert not refused.ok and not refused.changed
+        assert refused.error == (
+            f"refused: {models / 'passwd.gguf'} (a link to {root / 'etc' / 'passwd'}) is "
+            f"outside this node's weights_dirs ({models}); an engine serves only files under "
+            "them")
+        assert [u.name for u in await agent.monitor.refresh()] == [], "nothing started"
+        [started] = await client.apply_units([change_for(str(models / "inner.gguf"), "m2")])
+        assert started.ok and started.changed, started
+        assert [u.name for u in await agent.monitor.refresh()] == [unit_name("m2")]
