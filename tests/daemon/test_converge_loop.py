@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from ruamel.yaml import YAML
-from support.engines import STUBS, alive, running
+from support.engines import STUBS, alive, kill_all, running
 
 from llmgw.agent import servers, settings
 from llmgw.daemon import admin
@@ -148,11 +148,7 @@ async def loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AsyncIterator
         await asyncio.wait_for(task, 60)
     for node in nodes:
         await stop_node(node)
-    for data in running(records).values():
-        try:
-            os.killpg(data["pgid"], signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_all(records)
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.engines import STUBS, alive
+from support.engines import STUBS, kill_all
 
 
 @pytest.fixture
@@ -19,8 +18,4 @@ def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     monkeypatch.setenv("PATH", f"{STUBS}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("TESTENGINE_RECORD_DIR", str(records))
     yield records
-    for _, data in alive(records):  # every one: two replicas of a model share a name
-        try:
-            os.killpg(data["pgid"], signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_all(records)

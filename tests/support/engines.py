@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,22 @@ def alive(records: Path) -> list[tuple[str, dict[str, Any]]]:
 
 def pids(records: Path) -> dict[str, int]:
     return {name: data["pid"] for name, data in running(records).items()}
+
+
+def kill_all(records: Path, timeout: float = 10.0) -> None:
+    """SIGKILL every stand-in engine alive now (each one: two replicas of a model share a
+    name), and wait until each is dead: a ``Popen`` of an in-process agent that is
+    collected while its engine still runs warns, and pytest fails the test on it."""
+    killed = []
+    for _, data in alive(records):
+        try:
+            os.killpg(data["pgid"], signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        killed.append(int(data["pid"]))
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid) for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _alive(pid: int) -> bool:

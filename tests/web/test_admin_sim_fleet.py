@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from support import nodes
-from support.engines import MODELS, STUBS, recording, running
+from support.engines import MODELS, STUBS, kill_all, recording
 from support.pages import Server, login, shot
 from support.plugin import SimClusterFactory
 
@@ -30,11 +29,7 @@ def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     monkeypatch.setenv("PATH", f"{STUBS}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("TESTENGINE_RECORD_DIR", str(records))
     yield records
-    for data in running(records).values():
-        try:
-            os.killpg(data["pgid"], signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_all(records)
 
 
 @pytest.fixture
