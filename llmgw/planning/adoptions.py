@@ -26,11 +26,9 @@ from llmgw.engines import launches
 from llmgw.fleet.types import NodeReport
 from llmgw.planning import placements, shards
 from llmgw.planning.nodes import Capacity
-from llmgw.planning.replicas import ObservedReplica
+from llmgw.planning.replicas import TROUBLED_STATES, ObservedReplica
 from llmgw.planning.types import Shard
 from llmgw.spec.models import Cluster
-
-TROUBLED = frozenset({"failed", "stopped"})
 
 
 def as_running(
@@ -65,6 +63,6 @@ def pairs(
     up to date and in no trouble, each old one out of date, oldest first with newest."""
     new = [r for r in sorted(known, key=lambda r: -r.replica)
            if r.replica in up_to_date
-           and not any(m.unit.state in TROUBLED for m in r.members.values())]
+           and not any(m.unit.state in TROUBLED_STATES for m in r.members.values())]
     old = [r for r in sorted(known, key=lambda r: r.replica) if r.replica not in up_to_date]
     return [(o, n, up_to_date[n.replica]) for o, n in zip(old, new, strict=False)][:surplus]

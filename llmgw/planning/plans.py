@@ -61,7 +61,7 @@ from llmgw.spec.quantities import count
 __all__ = ["Policy", "plan"]
 
 Key = tuple[str, int]
-TROUBLED_STATES = frozenset({"failed", "stopped"})
+TROUBLED_STATES = replicas.TROUBLED_STATES
 
 
 def plan(

@@ -24,6 +24,8 @@ from llmgw.spec import secrets
 from llmgw.spec.models import Cluster
 
 HEALTHY_STATES = frozenset({"fetching", "starting", "loading", "ready", "unknown"})
+# A unit in one of these needs the planner: restarted, replaced, or held.
+TROUBLED_STATES = frozenset({"failed", "stopped"})
 
 
 @dataclass
