@@ -26,8 +26,10 @@ import socket
 from collections.abc import Mapping
 
 from llmgw.applying.executions import ChangeOutcome, Outcome
+from llmgw.fleet import redactions
 from llmgw.planning import holds
 from llmgw.planning.types import Change, Plan
+from llmgw.spec import secrets as shapes
 from llmgw.spec.models import Model
 from llmgw.spec.rollouts import Hold
 from llmgw.store.journals import ApplyEntry, ChangeEntry
@@ -172,12 +174,13 @@ def _scrub(text: str, secrets: tuple[tuple[str, str], ...]) -> str:
         if path:
             text = text.replace(path, "[secret path]")
         text = re.sub(rf"\b{re.escape(name)}\s*[=:]\s*\S+", f"{name}=[secret]", text)
-    return text
+    return shapes.scrub(text)  # and whatever looks like a token: the journal is shown
 
 
 def document(item: ApplyEntry) -> dict[str, object]:
-    """``item`` as JSON for ``llmgw history --json`` and ``GET /api/v1/history``."""
-    return {
+    """``item`` as JSON for ``llmgw history --json`` and ``GET /api/v1/history``, every
+    string scrubbed of secrets (an error quotes what an engine printed)."""
+    doc: dict[str, object] = redactions.scrubbed({
         "id": item.id, "started_at": item.started_at, "duration": item.duration,
         "revision": item.revision, "started_by": item.started_by,
         "outcome": "ok" if item.ok else "failed", "gate": item.gate,
@@ -188,4 +191,5 @@ def document(item: ApplyEntry) -> dict[str, object]:
             "duration": c.duration, "new_replica": c.new_replica, "class": c.drift_class,
             "gate": c.gate, "rolled_back": c.rolled_back,
         } for c in item.changes],
-    }
+    })
+    return doc

@@ -18,6 +18,7 @@ import time
 from llmgw.applying import records
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
+from llmgw.spec import secrets
 from llmgw.spec.models import NAME_PATTERN, Cluster
 from llmgw.store import journals, migrations, stores
 from llmgw.store.journals import ApplyEntry
@@ -100,4 +101,4 @@ def table(entries: list[ApplyEntry]) -> str:
 
 
 def _outcome(ok: bool, error: str | None) -> str:
-    return "ok" if ok else f"failed: {error or 'no reason given'}"
+    return "ok" if ok else f"failed: {secrets.scrub(error or 'no reason given')}"

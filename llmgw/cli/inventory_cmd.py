@@ -16,6 +16,7 @@ from pathlib import Path
 
 from llmgw.cli import clusters, inventories
 from llmgw.cli.errors import UserError
+from llmgw.fleet import redactions
 from llmgw.fleet.types import Fleet
 from llmgw.spec.models import Cluster
 from llmgw.transport import pools
@@ -52,7 +53,9 @@ def collect(cluster: Cluster, directory: Path, timeout: float) -> Fleet:
 
 def run(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
-    fleet = collect(cluster, args.cluster, args.timeout)
+    # What nodes report (log tails, details) may carry a token, and inventories are
+    # pasted into tickets: print and save the snapshot scrubbed, as /api/v1/fleet serves it.
+    fleet = redactions.public(collect(cluster, args.cluster, args.timeout))
     snapshot = fleet.model_dump_json(indent=2) + "\n"
     if args.out is not None:
         try:

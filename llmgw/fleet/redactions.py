@@ -2,7 +2,9 @@
 
 ``GET /api/v1/fleet`` is what CI downloads to plan pull requests
 (``llmgw plan --observed``), and a CI job's files are public as often as
-not. Engines' log tails, units' details, the program holding a port and a
+not; ``llmgw inventory`` prints and saves the same snapshot, and the apply
+journal (``llmgw history``, ``GET /api/v1/history``) quotes engine errors.
+Engines' log tails, units' details, the program holding a port and a
 unit's labels are what nodes report; any of them may carry a token. Every
 string in the snapshot goes through :func:`llmgw.spec.secrets.scrub`.
 
@@ -25,15 +27,20 @@ from llmgw.spec import secrets
 def public_json(fleet: Fleet) -> str:
     """The snapshot as JSON (``llmgw plan --observed`` reads it), every string scrubbed;
     laid out as ``model_dump_json(indent=2)`` lays it out (and as fast)."""
-    return Fleet.model_validate(_scrubbed(fleet.model_dump(mode="json"))).model_dump_json(
-        indent=2)
+    return public(fleet).model_dump_json(indent=2)
 
 
-def _scrubbed(value: Any) -> Any:
+def public(fleet: Fleet) -> Fleet:
+    """``fleet`` with every string scrubbed (what ``llmgw inventory`` prints and saves)."""
+    return Fleet.model_validate(scrubbed(fleet.model_dump(mode="json")))
+
+
+def scrubbed(value: Any) -> Any:
+    """A JSON-shaped ``value`` with every string in it scrubbed, keys left as they are."""
     if isinstance(value, str):
         return secrets.scrub(value)
     if isinstance(value, list):
-        return [_scrubbed(item) for item in value]
+        return [scrubbed(item) for item in value]
     if isinstance(value, dict):
-        return {key: _scrubbed(item) for key, item in value.items()}
+        return {key: scrubbed(item) for key, item in value.items()}
     return value

@@ -123,3 +123,23 @@ def test_a_failed_gate_holds_the_model() -> None:
     assert (hold.model, hold.revision, hold.reason, hold.held_at) == (
         "chat", "1a2b3c", "p50 TTFT 4.1 s vs 0.3 s", 500.0)
     assert records.held(*gated(False), {"chat": spec}, 500.0) == []
+
+
+HF_TOKEN = "hf_" + "Ab3dEfGh1jKlMnOpQrStUvWxYz0123456"
+
+
+def test_an_engine_line_with_a_token_is_journaled_without_it() -> None:
+    # The journal is shown by `llmgw history` and GET /api/v1/history (issue 23).
+    got = entry_of(outcome(False, ["llmgw-chat-r1-s0.service on gpu-2: failed (exited)"],
+                           [f"OSError: 401 for url: token {HF_TOKEN} is invalid"]))
+    assert got.error is not None and "OSError: 401" in got.error
+    assert HF_TOKEN not in got.error and HF_TOKEN[:12] not in got.error
+
+
+def test_an_entry_journaled_before_scrubbing_is_shown_without_its_token() -> None:
+    old = records.ChangeEntry("chat", 0, "restart", ("gpu-1",), f"why {HF_TOKEN}", False,
+                              error=f"failed | token {HF_TOKEN}", gate=f"gate {HF_TOKEN}")
+    doc = records.document(records.ApplyEntry(100.0, 4.0, "1a2b3c", "daemon", False, (old,)))
+    text = repr(doc)
+    assert HF_TOKEN[:12] not in text
+    assert "failed | token" in text and doc["outcome"] == "failed"

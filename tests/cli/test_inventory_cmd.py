@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.plugin import SimClusterFactory
 
-from llmgw.fleet.types import Fleet
+from llmgw.cli import inventory_cmd
+from llmgw.cli.main import main
+from llmgw.fleet.types import Fleet, NodeReport, Unit
 
 
 def llmgw(*args: str) -> subprocess.CompletedProcess[str]:
@@ -71,3 +74,28 @@ def test_bad_input_is_a_message_not_a_traceback(tmp_path: Path) -> None:
     timeout = llmgw("inventory", "--cluster", str(broken), "--timeout", "0")
     assert timeout.returncode == 1
     assert timeout.stderr == "error: --timeout must be positive; got 0\n"
+
+
+HF = "hf_" + "Ab3dEfGh1jKlMnOpQrStUvWxYz0123456"
+
+
+def test_inventory_prints_and_saves_no_token_a_node_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Inventories are pasted into tickets: a token in an engine's log line or a node's
+    # error must not come out of any of its forms (issue 23).
+    (tmp_path / "cluster.yaml").write_text(
+        "cluster: {name: c}\nnodes: {cpu-01: {address: 10.0.0.1}}\n")
+    unit = Unit(name="llmgw-m-r0-s0.service", model="m", replica=0, digest="d" * 16,
+                state="failed", detail=f"exited (token {HF})", log_tail=[f"401: {HF}"])
+    fleet = Fleet(nodes={"cpu-01": NodeReport(node="cpu-01", units=[unit]),
+                         "cpu-02": NodeReport(node="cpu-02", reachable=False,
+                                              error=f"ssh: token={HF} refused")})
+    monkeypatch.setattr(inventory_cmd, "collect", lambda *_: fleet)
+    snapshot = tmp_path / "fleet.json"
+    for flags in ([], ["--json"], ["--out", str(snapshot)]):
+        assert main(["inventory", "--cluster", str(tmp_path), *flags]) == 0
+        out = capsys.readouterr().out
+        assert HF[:12] not in out, flags
+        assert "cpu-02" in out
+    assert HF[:12] not in snapshot.read_text() and "exited (token" in snapshot.read_text()
