@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Debian packages the tests drive for real: sshd as simulated nodes,
-# promtool for metrics, nginx and wrk for benchmarks and the shipped proxy config, curl
+# Prometheus (promtool for metrics and alerts, the server for the dashboards'
+# test), nginx and wrk for benchmarks and the shipped proxy config, curl
 # for the fetch benchmark,
 # PostgreSQL as the HA store (a fixture runs initdb/pg_ctl in a temporary directory;
 # no service is started), chromium for the pages (driven by Playwright; never
@@ -35,7 +36,7 @@ $(SYSDEPS_STAMP):
 	mkdir -p $(CACHE)
 	missing=""; \
 	test -x /usr/sbin/sshd || missing="$$missing openssh-server"; \
-	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	{ command -v promtool && command -v prometheus; } >/dev/null || missing="$$missing prometheus"; \
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
