@@ -25,8 +25,12 @@ from llmgw.spec import secrets
 def public_json(fleet: Fleet) -> str:
     """The snapshot as JSON (``llmgw plan --observed`` reads it), every string scrubbed;
     laid out as ``model_dump_json(indent=2)`` lays it out (and as fast)."""
-    return Fleet.model_validate(_scrubbed(fleet.model_dump(mode="json"))).model_dump_json(
-        indent=2)
+    return public(fleet).model_dump_json(indent=2)
+
+
+def public(fleet: Fleet) -> Fleet:
+    """The snapshot with every string scrubbed (what the /admin nodes pages show)."""
+    return Fleet.model_validate(_scrubbed(fleet.model_dump(mode="json")))
 
 
 def _scrubbed(value: Any) -> Any:
