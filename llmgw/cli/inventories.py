@@ -107,9 +107,8 @@ def render_status(cluster: Cluster, fleet: Fleet, now: float,
     rows = []
     for node in nodesums.node_rows(cluster, fleet, now):
         if not node.reachable:
-            # The first clause names the node, the key or the port; what to check
-            # after it is in `llmgw inventory`.
-            rows.append([node.name, "DOWN", (node.error or "unreachable").split("; ")[0]])
+            # What to check after the reason's first clause is in `llmgw inventory`.
+            rows.append([node.name, "DOWN", node.reason])
             continue
         gpus = node.gpus + (f" ({node.faulty} faulty)" if node.faulty else "")
         rows.append([node.name, "up", f"{gpus}, {nodesums.count(node.units, 'unit')}"])

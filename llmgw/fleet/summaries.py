@@ -54,6 +54,12 @@ class NodeRow:
     agent_version: str | None
     report_age: float | None  # seconds since its last report; None: never reported
 
+    @property
+    def reason(self) -> str:
+        """Why it is unreachable, in its first clause (which names the node, the key or the
+        port); what to check after it is in the whole :attr:`error`."""
+        return (self.error or "unreachable").split("; ")[0]
+
 
 @dataclass(frozen=True)
 class GpuRow:

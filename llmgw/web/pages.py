@@ -30,6 +30,8 @@ from urllib.parse import quote
 import jinja2
 from aiohttp import web
 
+from llmgw.fleet import summaries as nodesums
+from llmgw.fleet.types import Fleet
 from llmgw.planning.summaries import Summary
 from llmgw.router.apps import Router
 from llmgw.spec.models import Cluster
@@ -78,6 +80,7 @@ class AdminView:
     """What the daemon knows, as /admin shows it (built by the daemon on each request)."""
 
     summary: Summary
+    fleet: Fleet | None = None  # the observed fleet the summary is of: the nodes pages
     observed_at: float | None = None
     revision: str | None = None
     applied_revision: str | None = None
@@ -118,12 +121,12 @@ class Pages:
             autoescape=True, undefined=jinja2.StrictUndefined,
         )
         self.templates.filters["when"] = _when
-        self.templates.filters["age"] = lambda t: _age(self.clock() - t) if t else "-"
+        self.templates.filters["age"] = lambda t: nodesums.age(self.clock() - t) if t else "-"
         self.templates.filters["usd"] = _usd
 
     def install(self, app: web.Application) -> None:
         """Add the pages to ``app`` (the router's) and let the router see sessions."""
-        from llmgw.web import accounts, admins, chats  # their handlers take this object
+        from llmgw.web import accounts, admins, chats, nodes  # their handlers take this object
 
         app.middlewares.append(self._middleware)
         add = app.router
@@ -135,6 +138,7 @@ class Pages:
         chats.install(self, add)
         accounts.install(self, add)
         admins.install(self, add)
+        nodes.install(self, add)
         self.router.page_auth = partial(chats.principal, self)
 
     # -- helpers for the page modules --------------------------------------------------
@@ -291,14 +295,6 @@ def _next(target: str | None) -> str:
 
 def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts)) if ts else "-"
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
-        if seconds >= 2 * size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 def _usd(amount: float | None) -> str:
