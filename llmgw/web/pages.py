@@ -18,6 +18,7 @@ Usage::
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -34,6 +35,7 @@ from llmgw.fleet import summaries as nodesums
 from llmgw.fleet.types import Fleet
 from llmgw.planning.summaries import Summary
 from llmgw.router.apps import Router
+from llmgw.spec import identifiers
 from llmgw.spec.models import Cluster
 from llmgw.store import users
 from llmgw.store.stores import Store
@@ -55,6 +57,8 @@ STATIC = {"app.css": "text/css", "chat.js": "text/javascript",
 MAX_FORM = 64 * 1024
 audit = logging.getLogger("llmgw.audit")  # security events: failed logins
 VISITOR = web.RequestKey("visitor", Visitor)  # set by the middleware on page paths
+# /admin/nodes and a node's page: where a login may go back to (a node name, or nothing).
+NODE_PAGES = re.compile(r"/admin/nodes(?:/" + identifiers.PATTERNS["name"][0].strip("^$") + ")?")
 
 
 @dataclass(frozen=True)
@@ -290,7 +294,9 @@ def _next(target: str | None) -> str:
         return ""
     if not all("!" <= c <= "~" for c in target):
         return ""
-    return target if target.split("?")[0] in ("/", "/chat", "/account", "/admin") else ""
+    path = target.split("?")[0]
+    return target if path in ("/", "/chat", "/account", "/admin") or NODE_PAGES.fullmatch(
+        path) else ""
 
 
 def _when(ts: float | None) -> str:

@@ -83,3 +83,26 @@ def test_before_the_first_observation_there_is_nothing_to_show(client: httpx.Cli
     assert "has not observed the fleet yet" in client.get("/admin/nodes").text
     answer = client.get("/admin/nodes/gpu-01")
     assert answer.status_code == 503 and "has not observed the fleet yet" in answer.text
+
+
+@pytest.mark.parametrize(("target", "goes_to"), [
+    ("/admin/nodes", "/admin/nodes"),
+    ("/admin/nodes/gpu-01", "/admin/nodes/gpu-01"),
+    ("/admin/nodes/GPU-01", "/admin"),  # not a node name
+    ("/admin/nodes/gpu-01/x", "/admin"),
+    ("/admin/nodes/", "/admin"),
+])
+def test_a_login_goes_back_to_the_node_page_it_came_from(
+    stack: Stack, target: str, goes_to: str
+) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        if goes_to == target:  # a page: it sends the anonymous to the login, and back
+            sent = client.get(target)
+            assert sent.status_code == 303
+            assert sent.headers["location"] == f"/login?next={target}"
+        form = client.get("/login", params={"next": target}).text
+        token = re.search(r'name="csrf" value="([^"]+)"', form)
+        assert token
+        answer = client.post("/login", data={"name": "ada", "password": "ada-admin-pass",
+                                             "csrf": token.group(1), "next": target})
+    assert answer.status_code == 303 and answer.headers["location"] == goes_to
