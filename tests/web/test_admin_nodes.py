@@ -152,6 +152,14 @@ def test_nodes_and_a_node_page_show_the_fleet_with_unknowns_as_unknown(
     assert "start the agent there" in str(page.text_content("#facts"))
     assert page.locator(f"#facts {UNKNOWN}").count() >= 5
 
+    # On a phone the wide tables scroll inside their wrapper, not the page.
+    page.set_viewport_size({"width": 390, "height": 844})
+    for path in ("/admin/nodes", "/admin/nodes/node-01"):
+        page.goto(f"{server.url}{path}")
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390, f"{path} is {wide} px wide at 390 px"
+    page.set_viewport_size({"width": 1280, "height": 900})
+
     # Unknown or malformed node names: a 404 page, nothing of the name reflected raw.
     for path, text in (("node-99", "no node named node-99"),
                        ("%3Cscript%3Ealert(1)%3C%2Fscript%3E", "not a node name")):
