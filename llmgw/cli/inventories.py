@@ -1,7 +1,10 @@
 """What ``llmgw inventory`` and ``llmgw status`` print: a fleet, summarised for people.
 
 Pure functions of (cluster, fleet, now) → text: no I/O, no clock reads, so
-the commands and their tests see the same output for the same input.
+the commands and their tests see the same output for the same input. The
+figures come from :mod:`llmgw.fleet.summaries` (per node) and
+:mod:`llmgw.planning.summaries` (the fleet), which the /admin pages show too;
+this module only lays them out as text.
 
 A GPU is *faulty* when it must not get new work (:attr:`Gpu.faults`:
 uncorrected ECC errors, memory held by a process llmgw did not start),
@@ -11,10 +14,10 @@ replica's state is its least advanced shard's: one failed shard fails it.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
-from llmgw.fleet.types import Fleet, NodeReport
+from llmgw.fleet import summaries as nodesums
+from llmgw.fleet.types import Fleet
 from llmgw.planning import drifts, outputs, summaries
 from llmgw.planning.summaries import STATE_ORDER, Shard, gpu_counts, replicas
 from llmgw.planning.types import Plan
@@ -27,27 +30,23 @@ def render_inventory(cluster: Cluster, fleet: Fleet, now: float) -> str:
     reachable = [r for r in fleet.nodes.values() if r.reachable]
     down = [r for r in fleet.nodes.values() if not r.reachable]
     lines = [
-        f"Cluster {cluster.cluster.name}: {_count(len(fleet.nodes), 'node')}, "
+        f"Cluster {cluster.cluster.name}: {nodesums.count(len(fleet.nodes), 'node')}, "
         f"{len(reachable)} reachable, {len(down)} unreachable",
         "",
     ]
     rows = [["NODE", "ADDRESS", "GPUS", "CPUS", "MEMORY", "FABRICS", "UNITS"]]
-    for name, report in sorted(fleet.nodes.items()):
-        node = cluster.nodes.get(name)
-        address = _address(cluster, name)
-        if not report.reachable:
-            rows.append([name, address, "-", "-", "-", "-", "unreachable"])
+    for node in nodesums.node_rows(cluster, fleet, now):
+        if not node.reachable:
+            rows.append([node.name, node.address, "-", "-", "-", "-", "unreachable"])
             continue
-        fabrics = ", ".join(f.name for f in report.fabrics if f.advertised) or "-"
         rows.append([
-            name + (" (draining)" if node is not None and node.drain else
-                    " (cordoned)" if node is not None and node.cordoned else ""),
-            address,
-            _gpu_summary(report),
-            _unknown(report.cpu_count),
-            _bytes(report.memory_total_bytes),
-            fabrics,
-            str(len(report.units)),
+            node.name + (f" ({node.flag})" if node.flag else ""),
+            node.address,
+            node.gpus,
+            _unknown(node.cpu_count),
+            nodesums.size(node.memory_total_bytes),
+            ", ".join(node.fabrics) or "-",
+            str(node.units),
         ])
     lines += _table(rows)
 
@@ -101,20 +100,18 @@ def render_status(cluster: Cluster, fleet: Fleet, now: float,
     down = len(summary.unreachable)
     states = ", ".join(f"{n} {s}" for s, n in summary.by_state.items())
     lines = [
-        f"{cluster.cluster.name}: {_count(len(fleet.nodes), 'node')}"
+        f"{cluster.cluster.name}: {nodesums.count(len(fleet.nodes), 'node')}"
         + (f" ({down} unreachable)" if down else "")
-        + f", {_count(len(found), 'replica')}" + (f" ({states})" if states else "")
+        + f", {nodesums.count(len(found), 'replica')}" + (f" ({states})" if states else "")
     ]
     rows = []
-    for name, report in sorted(fleet.nodes.items()):
-        if not report.reachable:
-            # The first clause names the node, the key or the port; what to check
-            # after it is in `llmgw inventory`.
-            rows.append([name, "DOWN", (report.error or "unreachable").split("; ")[0]])
+    for node in nodesums.node_rows(cluster, fleet, now):
+        if not node.reachable:
+            # What to check after the reason's first clause is in `llmgw inventory`.
+            rows.append([node.name, "DOWN", node.reason])
             continue
-        faulty = sum(1 for g in report.gpus if g.faults)
-        gpus = _gpu_summary(report) + (f" ({faulty} faulty)" if faulty else "")
-        rows.append([name, "up", f"{gpus}, {_count(len(report.units), 'unit')}"])
+        gpus = node.gpus + (f" ({node.faulty} faulty)" if node.faulty else "")
+        rows.append([node.name, "up", f"{gpus}, {nodesums.count(node.units, 'unit')}"])
     lines += _table(rows, header=False)
     if found:
         rows = [[r.model, f"r{r.replica}", r.state, ", ".join(_shard(s, now) for s in r.shards)]
@@ -128,9 +125,10 @@ def render_status(cluster: Cluster, fleet: Fleet, now: float,
         lines.append(f"free whole nodes on {fabric}: {len(free)}"
                      + (f" ({', '.join(free)})" if free else ""))
     for idle in summary.idle:
-        since = "never used" if idle.unused_for is None else f"unused {_age(idle.unused_for)}"
+        since = ("never used" if idle.unused_for is None
+                 else f"unused {nodesums.age(idle.unused_for)}")
         lines.append(f"idle: {idle.replica.model} r{idle.replica.replica} holds "
-                     f"{_count(idle.replica.gpu_count, 'GPU')}, {since}")
+                     f"{nodesums.count(idle.replica.gpu_count, 'GPU')}, {since}")
     lines += _fetches(fleet)
     return "\n".join(lines) + "\n"
 
@@ -142,11 +140,11 @@ def _fetches(fleet: Fleet) -> list[str]:
         for fetch in report.fetches:
             if fetch.state == "done":
                 continue
-            total = _bytes(fetch.bytes_total)
-            rate = f" at {_bytes(int(fetch.rate_bps))}/s" if fetch.rate_bps else ""
+            total = nodesums.size(fetch.bytes_total)
+            rate = f" at {nodesums.size(int(fetch.rate_bps))}/s" if fetch.rate_bps else ""
             why = f": {fetch.error}" if fetch.error else ""
             lines.append(f"  {name}: {fetch.kind} {fetch.target} {fetch.state}, "
-                         f"{_bytes(fetch.bytes_done)} of {total}{rate}{why}")
+                         f"{nodesums.size(fetch.bytes_done)} of {total}{rate}{why}")
     return ["", "Fetches", *lines] if lines else []
 
 
@@ -160,19 +158,13 @@ def _fabrics(cluster: Cluster, fleet: Fleet) -> list[str]:
         members = [n for n, node in sorted(cluster.nodes.items()) if name in node.fabrics]
         up, out = [], []
         for node in members:
-            report = fleet.nodes.get(node)
-            if report is None or not report.reachable:
+            state = nodesums.fabric_state(fleet.nodes.get(node), name)
+            if state.condition == "unreachable":
                 out.append(f"{node} (unreachable)")
-                continue
-            status = next((f for f in report.fabrics if f.name == name), None)
-            if status is not None and status.advertised:
-                whole = len(status.adapters) >= status.declared_adapters
-                up.append(f"{node} ("
-                          + (_count(len(status.adapters), "adapter") if whole else status.active)
-                          + ")")
+            elif state.condition == "advertised":
+                up.append(f"{node} ({state.text})")
             else:
-                why = "; ".join(status.reasons) if status and status.reasons else "not reported"
-                out.append(f"{node}: {why}")
+                out.append(f"{node}: {state.text}")
         lines.append(f"  {name} ({fabric.kind}): advertised by " + (", ".join(up) or "no node"))
         lines += [f"    not advertised: {o}" for o in out]
     return lines
@@ -187,27 +179,12 @@ def _failure(shard: Shard) -> list[str]:
 def _shard(shard: Shard, now: float) -> str:
     unit = shard.unit
     port = f":{unit.port}" if unit.port else ""
-    age = f" {_age(now - unit.since)}" if unit.since is not None else ""
+    age = f" {nodesums.age(now - unit.since)}" if unit.since is not None else ""
     return f"{shard.node}{port} s{unit.rank} {unit.state}{age}"
 
 
-def _gpu_summary(report: NodeReport) -> str:
-    if not report.gpus:
-        return "cpu only"
-    classes: dict[str, int] = defaultdict(int)
-    for gpu in report.gpus:
-        classes[gpu.gpu_class] += 1
-    return ", ".join(f"{n}× {c}" for c, n in sorted(classes.items()))
 
 
-def _address(cluster: Cluster, name: str) -> str:
-    node = cluster.nodes.get(name)
-    if node is None:
-        return "?"
-    if node.is_local:
-        return "local"
-    port = node.ssh_port or cluster.cluster.ssh.port
-    return node.address if port == 22 else f"{node.address}:{port}"
 
 
 def _table(rows: Sequence[Sequence[str]], *, header: bool = True) -> list[str]:
@@ -221,34 +198,14 @@ def _table(rows: Sequence[Sequence[str]], *, header: bool = True) -> list[str]:
     return out
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _unknown(value: object) -> str:
     return "?" if value is None else str(value)
 
 
-def _bytes(value: int | None) -> str:
-    if value is None:
-        return "?"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover - the loop returns
 
 
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    if seconds < 172800:
-        return f"{seconds // 3600}h"
-    return f"{seconds // 86400}d"
 
 
 def render_drift(plan: Plan) -> str:

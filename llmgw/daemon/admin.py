@@ -272,8 +272,9 @@ def admin_view(daemon: Daemon) -> AdminView | None:
         return None
     plan, outcome = state.plan, state.outcome
     return AdminView(
-        summary=summarize(daemon), observed_at=state.observed_at, revision=state.revision,
-        applied_revision=state.applied_revision, sync=state.cluster.cluster.sync,
+        summary=summarize(daemon), fleet=state.fleet, observed_at=state.observed_at,
+        revision=state.revision, applied_revision=state.applied_revision,
+        sync=state.cluster.cluster.sync,
         plan_summary=plan.summary() if plan else None,
         plan_text=outputs.text(plan) if plan else None, planned_at=state.planned_at,
         last_apply=outcome.summary() if outcome else None,

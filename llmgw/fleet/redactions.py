@@ -31,7 +31,8 @@ def public_json(fleet: Fleet) -> str:
 
 
 def public(fleet: Fleet) -> Fleet:
-    """``fleet`` with every string scrubbed (what ``llmgw inventory`` prints and saves)."""
+    """``fleet`` with every string scrubbed (what ``llmgw inventory`` prints and saves,
+    and the /admin nodes pages show)."""
     return Fleet.model_validate(scrubbed(fleet.model_dump(mode="json")))
 
 

@@ -10,7 +10,8 @@ Definitions:
 
 * A GPU is *faulty* when it must not get new work (:attr:`Gpu.faults`),
   *used* when an llmgw unit holds it (its UUID is in the unit's spec label,
-  or a process llmgw started holds memory on it), *free* otherwise. Only
+  or a process llmgw started holds memory on it), *free* otherwise
+  (:func:`llmgw.fleet.summaries.gpu_state`, given :func:`held_gpus`). Only
   reachable nodes count.
 * A *free whole node* of a fabric advertises it, is reachable, not cordoned,
   has GPUs and none of them used or faulty: where a multi-node replica fits.
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from llmgw.fleet import summaries as nodesums
 from llmgw.fleet.types import Fleet, Unit
 from llmgw.planning import replicas as observed
 from llmgw.spec.models import Cluster
@@ -104,7 +106,7 @@ def summarize(
     cluster: Cluster, fleet: Fleet, now: float, last_used: dict[str, float] | None = None,
 ) -> Summary:
     """The fleet's figures at ``now``; ``last_used`` is the router's model → last request."""
-    held = _held_gpus(fleet)
+    held = held_gpus(fleet)
     found = replicas(fleet, held)
     return Summary(
         cluster=cluster.cluster.name,
@@ -121,7 +123,7 @@ def gpu_counts(
     fleet: Fleet, held: dict[str, set[str]] | None = None
 ) -> dict[str, GpuCounts]:
     """GPUs of reachable nodes by class: total, used, free, faulty."""
-    held = _held_gpus(fleet) if held is None else held
+    held = held_gpus(fleet) if held is None else held
     counts: dict[str, GpuCounts] = defaultdict(GpuCounts)
     for name, report in fleet.nodes.items():
         if not report.reachable:
@@ -129,9 +131,10 @@ def gpu_counts(
         for gpu in report.gpus:
             row = counts[gpu.gpu_class]
             row.total += 1
-            if gpu.faults:
+            state = nodesums.gpu_state(gpu, held.get(name, ()))
+            if state == "faulty":
                 row.faulty += 1
-            elif gpu.uuid in held.get(name, ()) or any(p.owned_by_llmgw for p in gpu.processes):
+            elif state == "used":
                 row.used += 1
             else:
                 row.free += 1
@@ -159,7 +162,7 @@ def _unit_gpus(unit: Unit) -> list[str]:
     return [g for g in gpus if isinstance(g, str)] if isinstance(gpus, list) else []
 
 
-def _held_gpus(fleet: Fleet) -> dict[str, set[str]]:
+def held_gpus(fleet: Fleet) -> dict[str, set[str]]:
     """Node → UUIDs of GPUs a live llmgw unit was started on."""
     held: dict[str, set[str]] = defaultdict(set)
     for node, unit in fleet.units():
@@ -176,8 +179,7 @@ def _free_nodes(
         node = cluster.nodes.get(name)
         if node is None or node.cordoned or node.drain or not report.reachable or not report.gpus:
             continue
-        if any(g.faults or g.uuid in held.get(name, ())
-               or any(p.owned_by_llmgw for p in g.processes) for g in report.gpus):
+        if any(nodesums.gpu_state(g, held.get(name, ())) != "free" for g in report.gpus):
             continue
         for fabric in report.advertised_fabrics:
             free.setdefault(fabric, []).append(name)

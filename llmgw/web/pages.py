@@ -18,6 +18,7 @@ Usage::
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -30,8 +31,11 @@ from urllib.parse import quote
 import jinja2
 from aiohttp import web
 
+from llmgw.fleet import summaries as nodesums
+from llmgw.fleet.types import Fleet
 from llmgw.planning.summaries import Summary
 from llmgw.router.apps import Router
+from llmgw.spec import identifiers
 from llmgw.spec.models import Cluster
 from llmgw.store import users
 from llmgw.store.stores import Store
@@ -53,6 +57,8 @@ STATIC = {"app.css": "text/css", "chat.js": "text/javascript",
 MAX_FORM = 64 * 1024
 audit = logging.getLogger("llmgw.audit")  # security events: failed logins
 VISITOR = web.RequestKey("visitor", Visitor)  # set by the middleware on page paths
+# /admin/nodes and a node's page: where a login may go back to (a node name, or nothing).
+NODE_PAGES = re.compile(r"/admin/nodes(?:/" + identifiers.PATTERNS["name"][0].strip("^$") + ")?")
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class AdminView:
     """What the daemon knows, as /admin shows it (built by the daemon on each request)."""
 
     summary: Summary
+    fleet: Fleet | None = None  # the observed fleet the summary is of: the nodes pages
     observed_at: float | None = None
     revision: str | None = None
     applied_revision: str | None = None
@@ -118,12 +125,12 @@ class Pages:
             autoescape=True, undefined=jinja2.StrictUndefined,
         )
         self.templates.filters["when"] = _when
-        self.templates.filters["age"] = lambda t: _age(self.clock() - t) if t else "-"
+        self.templates.filters["age"] = lambda t: nodesums.age(self.clock() - t) if t else "-"
         self.templates.filters["usd"] = _usd
 
     def install(self, app: web.Application) -> None:
         """Add the pages to ``app`` (the router's) and let the router see sessions."""
-        from llmgw.web import accounts, admins, chats  # their handlers take this object
+        from llmgw.web import accounts, admins, chats, nodes  # their handlers take this object
 
         app.middlewares.append(self._middleware)
         add = app.router
@@ -135,6 +142,7 @@ class Pages:
         chats.install(self, add)
         accounts.install(self, add)
         admins.install(self, add)
+        nodes.install(self, add)
         self.router.page_auth = partial(chats.principal, self)
 
     # -- helpers for the page modules --------------------------------------------------
@@ -286,19 +294,13 @@ def _next(target: str | None) -> str:
         return ""
     if not all("!" <= c <= "~" for c in target):
         return ""
-    return target if target.split("?")[0] in ("/", "/chat", "/account", "/admin") else ""
+    path = target.split("?")[0]
+    return target if path in ("/", "/chat", "/account", "/admin") or NODE_PAGES.fullmatch(
+        path) else ""
 
 
 def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts)) if ts else "-"
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
-        if seconds >= 2 * size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 def _usd(amount: float | None) -> str:

@@ -70,6 +70,10 @@ MODULES: dict[str, list[str]] = {
     "planning/scaling.py": [*PLANNING, "tests/planning/test_scaling.py"],
     # The fleet figures `llmgw status`, `inventory` and the admin API show.
     "planning/summaries.py": ["tests/planning/test_summaries.py"],
+    # Per node, the same for them and the /admin nodes pages.
+    "fleet/summaries.py": ["tests/fleet/test_node_summaries.py",
+                           "tests/planning/test_summaries.py",
+                           "tests/cli/test_inventory_views.py"],
     # Plan and Change methods (summary(), phases(), ...): the planning tests read them.
     "planning/types.py": [*PLANNING, "tests/planning/test_holds.py",
                           "tests/planning/test_drifts.py", "tests/planning/test_waves.py"],
