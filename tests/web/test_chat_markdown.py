@@ -68,7 +68,8 @@ SHOWCASE = """Here is **one way**, with `range` and a loop:
 |---|---|
 | `i = 0` | `<tab>\\t 0` |
 
-> Raw HTML such as <b>this</b> is shown as text.
+> Raw HTML such as <b>this</b> is shown as text; long links wrap:
+> https://example.com/a/long/path/that/has/no/place/to/break/at/all/on/a/phone
 """
 # The attributes a rendered answer may hold, and nothing else.
 ATTRIBUTES = {"class", "href", "rel", "target", "type", "aria-label", "start"}
@@ -287,11 +288,21 @@ def test_a_megabyte_of_abusive_markdown_renders_as_text_and_nothing_runs(
 def test_copy_puts_a_code_block_on_the_clipboard_with_and_without_the_api(
     md_stack: Stack, browser: Any,
 ) -> None:
-    code = "for i in range(3):\n    print('<tab>\\t', i)"
+    code = ("for i in range(3):\n    print('<tab>\\t', i)  # a long line scrolls in its block, "
+            "and never widens the page: " + "x" * 120)
     chat = Chat(md_stack, browser, permissions=["clipboard-read", "clipboard-write"])
     chat.answer_with(pieces(SHOWCASE.format(code=code), 5))
     chat.send("Some code please.")
     shot(chat.page, "chat-markdown.png")
+    chat.page.set_viewport_size({"width": 390, "height": 900})  # a phone: nothing sticks out
+    assert chat.page.evaluate("""() => [...document.querySelectorAll(
+        '.msg.assistant .text, .msg.assistant .text > *')].filter(
+        e => e.scrollWidth > e.clientWidth + 1 && !e.matches('.codeblock, .tablewrap'))
+        .map(e => e.localName)""") == []
+    assert chat.page.evaluate(
+        "() => document.querySelector('.codeblock pre').scrollWidth >"
+        " document.querySelector('.codeblock pre').clientWidth"), "the long code line scrolls"
+    chat.page.set_viewport_size({"width": 1280, "height": 900})
     chat.page.click(".msg.assistant .codeblock button.copy")
     chat.page.wait_for_function(
         "() => document.querySelector('.codeblock button.copy').textContent === 'Copied'")

@@ -222,7 +222,7 @@
   stop.addEventListener("click", function () { if (controller) controller.abort(); });
 
   regenerate.addEventListener("click", function () {
-    if (!last || controller || !form.model.value) return;
+    if (!last || regenerate.disabled || !form.model.value) return;
     const box = last.out.parentElement;
     const note = box.querySelector(".note");
     if (note) note.remove();
@@ -236,6 +236,7 @@
     const code = button.closest(".codeblock").querySelector("code").textContent;
     copy(code).then(function (ok) {
       button.textContent = ok ? "Copied" : "Copy failed";
+      status.textContent = ok ? "the code is on the clipboard" : "the browser refused to copy";
       setTimeout(function () { button.textContent = "Copy"; }, 1500);
     });
   });
@@ -261,7 +262,7 @@
   form.addEventListener("submit", async function (event) {
     event.preventDefault();
     const text = message.value.trim();
-    if (!text || !form.model.value || controller) return;
+    if (!text || !form.model.value || send.disabled) return;  // one exchange at a time
     add("user", text);
     const out = add("assistant", "");
     message.value = "";
