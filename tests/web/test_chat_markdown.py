@@ -94,6 +94,9 @@ CASES = [
     ("fenced code", "```py\nif a < b:\n    pass\n```\nafter",
      f'<div class="codeblock">{COPY.format("py")}<pre><code>if a &lt; b:\n    pass'
      "</code></pre></div><p>after</p>"),
+    ("a fence's language is text", '```<img/src=x/onerror=alert(1)> more\nx\n```',
+     f'<div class="codeblock">{COPY.format("&lt;img/src=x/onerror=alert(1)&gt;")}<pre><code>x'
+     "</code></pre></div>"),
     ("an unclosed fence runs to the end", "~~~\nstill code",
      f'<div class="codeblock">{COPY.format("")}<pre><code>still code</code></pre></div>'),
     ("bullet list, nested", "- a\n- b\n  - c\n- d",
