@@ -68,10 +68,15 @@ async def messages(store: Store, cid: str) -> list[Message]:
     return await store.messages(cid)
 
 
-async def append(store: Store, cid: str, user: str,
-                 turns: Sequence[tuple[str, str]], now: float | None = None) -> bool:
-    """Add messages to ``user``'s conversation ``cid``; False when it is not theirs."""
-    return await store.append_messages(cid, user, turns, time.time() if now is None else now)
+async def append(store: Store, cid: str, user: str, turns: Sequence[tuple[str, str]],
+                 now: float | None = None, *, replace_answer: bool = False) -> bool:
+    """Add messages to ``user``'s conversation ``cid``; False when it is not theirs.
+
+    With ``replace_answer`` they take the place of its last message if that is an
+    assistant's answer (Regenerate), in the same transaction.
+    """
+    return await store.append_messages(cid, user, turns, time.time() if now is None else now,
+                                       replace_answer=replace_answer)
 
 
 async def delete(store: Store, cid: str, user: str) -> bool:

@@ -23,6 +23,9 @@ from llmgw.store.users import User
 
 _USER = "SELECT name, admin, projects, created_at FROM users"
 _SESSION = "SELECT digest, user_name, csrf, created_at, expires_at FROM sessions"
+# The conversation's last message, when it is an answer (Regenerate replaces it).
+_DROP_ANSWER = ("DELETE FROM messages WHERE role = 'assistant' AND id = (SELECT max(id) "
+                "FROM messages WHERE conversation = $1)")
 _CONVERSATION = ("SELECT id, user_name, project, title, created_at, updated_at "
                  "FROM conversations")
 
@@ -125,13 +128,15 @@ class PostgresPages(abc.ABC):
                                     "WHERE conversation = $1 ORDER BY id", cid)
         return [Message(*r) for r in rows]
 
-    async def append_messages(self, cid: str, user: str,
-                              turns: Sequence[tuple[str, str]], when: float) -> bool:
+    async def append_messages(self, cid: str, user: str, turns: Sequence[tuple[str, str]],
+                              when: float, *, replace_answer: bool = False) -> bool:
         async with self._conn() as conn, conn.transaction():
             status = await conn.execute("UPDATE conversations SET updated_at = $1 "
                                         "WHERE id = $2 AND user_name = $3", when, cid, user)
             if _count(status) != 1:
                 return False
+            if replace_answer:
+                await conn.execute(_DROP_ANSWER, cid)
             if turns:
                 await conn.executemany(
                     "INSERT INTO messages (conversation, role, content, ts) "

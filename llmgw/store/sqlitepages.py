@@ -22,6 +22,9 @@ from llmgw.store.users import User
 T = TypeVar("T")
 _USER = "SELECT name, admin, projects, created_at FROM users"
 _SESSION = "SELECT digest, user_name, csrf, created_at, expires_at FROM sessions"
+# The conversation's last message, when it is an answer (Regenerate replaces it).
+_DROP_ANSWER = ("DELETE FROM messages WHERE role = 'assistant' AND id = (SELECT max(id) "
+                "FROM messages WHERE conversation = ?)")
 _CONVERSATION = ("SELECT id, user_name, project, title, created_at, updated_at "
                  "FROM conversations")
 
@@ -133,14 +136,16 @@ class SQLitePages(abc.ABC):
             return [Message(*r) for r in rows]
         return await self._run(select)
 
-    async def append_messages(self, cid: str, user: str,
-                              turns: Sequence[tuple[str, str]], when: float) -> bool:
+    async def append_messages(self, cid: str, user: str, turns: Sequence[tuple[str, str]],
+                              when: float, *, replace_answer: bool = False) -> bool:
         def append(conn: sqlite3.Connection) -> bool:
             with conn:
                 conn.execute("BEGIN")
                 if conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ? "
                                 "AND user_name = ?", (when, cid, user)).rowcount != 1:
                     return False
+                if replace_answer:
+                    conn.execute(_DROP_ANSWER, (cid,))
                 conn.executemany("INSERT INTO messages (conversation, role, content, ts) "
                                  "VALUES (?, ?, ?, ?)",
                                  [(cid, role, content, when) for role, content in turns])

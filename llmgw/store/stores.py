@@ -284,10 +284,12 @@ class Store(JournalMethods, HoldMethods, ReservationMethods, abc.ABC):
         """The messages of conversation ``cid`` in the order they were added."""
 
     @abc.abstractmethod
-    async def append_messages(self, cid: str, user: str,
-                              turns: Sequence[tuple[str, str]], when: float) -> bool:
+    async def append_messages(self, cid: str, user: str, turns: Sequence[tuple[str, str]],
+                              when: float, *, replace_answer: bool = False) -> bool:
         """Add ``turns`` (role, content) to ``user``'s conversation ``cid`` and mark it
-        updated at ``when``, in one transaction; False (nothing written) when not theirs."""
+        updated at ``when``, in one transaction; False (nothing written) when not theirs.
+        With ``replace_answer``, first delete its last message if that is an assistant's
+        (/chat's Regenerate: the new answer takes the old one's place)."""
 
     @abc.abstractmethod
     async def delete_conversation(self, cid: str, user: str) -> bool:

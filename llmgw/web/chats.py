@@ -10,7 +10,9 @@ request without the session's CSRF token in ``X-CSRF-Token``.
 Nothing is stored by default. Only when the chosen project declares
 ``conversations: {retention: …}`` does the script post each finished turn to
 ``/chat/conversations``; the server refuses those posts for any other
-project, so no prompt or answer text can reach the store otherwise.
+project, so no prompt or answer text can reach the store otherwise. A
+regenerated answer is posted alone with ``replace: true`` and takes the place
+of the conversation's last answer.
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ async def _save(pages: Pages, request: web.Request) -> web.StreamResponse:
                                             actual_size=request.content_length or 0)
     doc = _json(await request.read())
     turns = _turns(doc.get("turns"))
+    replace = doc.get("replace", False)
+    if not isinstance(replace, bool) or (replace and (cid is None or [r for r, _ in turns]
+                                                      != ["assistant"])):
+        raise web.HTTPBadRequest(text="replace: true takes one assistant turn, posted to an "
+                                 "existing conversation's /messages")
     name = visitor.user.name
     if cid is None:
         project = doc.get("project")
@@ -109,7 +116,8 @@ async def _save(pages: Pages, request: web.Request) -> web.StreamResponse:
         if retention(pages, found.project) is None:
             raise web.HTTPForbidden(text=f"project {found.project!r} does not keep "
                                     "conversations")
-    await conversations.append(pages.store, cid, name, turns, pages.clock())
+    await conversations.append(pages.store, cid, name, turns, pages.clock(),
+                               replace_answer=replace)
     return web.json_response({"id": cid})
 
 

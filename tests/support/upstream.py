@@ -42,6 +42,7 @@ class Upstream:
     chunk_delays: list[float] = field(default_factory=list)  # pause before each chunk
     hold: asyncio.Event | None = None  # wait for this before answering
     omit_usage: bool = False  # answer without a usage object (an engine that reports none)
+    reply: list[str] = field(default_factory=list)  # chat streams: these pieces, not WORDS
     received: list[Received] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)  # time.time() of each stream chunk
     cancelled: int = 0  # requests whose client went away before the answer ended
@@ -104,7 +105,8 @@ class Upstream:
     async def _stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        events = _stream_events(request.path, body, self.name, len(self.chunk_delays) or 3)
+        events = _stream_events(request.path, body, self.name, len(self.chunk_delays) or 3,
+                                self.reply)
         sent = 0
         for index, event in enumerate(events):
             if index < len(self.chunk_delays):
@@ -164,8 +166,10 @@ def _sse(doc: dict[str, Any], event: str | None = None) -> bytes:
     return f"{head}data: {json.dumps(doc)}\n\n".encode()
 
 
-def _stream_events(path: str, body: dict[str, Any], name: str, chunks: int) -> list[bytes]:
-    """vLLM's stream: content chunks, a usage chunk when asked for, then [DONE]."""
+def _stream_events(path: str, body: dict[str, Any], name: str, chunks: int,
+                   reply: list[str] | None = None) -> list[bytes]:
+    """vLLM's stream: content chunks, a usage chunk when asked for, then [DONE]; a chat
+    stream's chunks are ``reply``'s pieces when it has any."""
     prompt = _words(body)
     model = body["model"]
     if path == "/v1/responses":
@@ -180,9 +184,10 @@ def _stream_events(path: str, body: dict[str, Any], name: str, chunks: int) -> l
         return events
     chat = path == "/v1/chat/completions"
     kind = "chat.completion.chunk" if chat else "text_completion"
+    pieces = reply if chat and reply else [WORDS[i % len(WORDS)] for i in range(chunks)]
+    chunks = len(pieces)
     events = []
-    for i in range(chunks):
-        word = WORDS[i % len(WORDS)]
+    for i, word in enumerate(pieces):
         choice: dict[str, Any] = ({"index": 0, "delta": {"content": word}} if chat
                                   else {"index": 0, "text": word})
         choice["finish_reason"] = "stop" if i == chunks - 1 else None

@@ -92,3 +92,29 @@ def test_admin_shows_fetches_in_progress_from_the_fleet() -> None:
     shown = admin.progress(fleet)
     assert [(p.name, p.percent, p.state) for p in shown] == [
         ("org/big", 25, "running"), ("org/gone", None, "failed: 404 from the hub")]
+
+
+async def test_replace_answer_swaps_only_a_last_answer_in_one_write(
+    store_settings: dict[str, str]
+) -> None:
+    db = await stores.open_store(StoreSettings.model_validate(store_settings))
+    try:
+        cid = await conversations.create(db, "cy", "notes", "regen", now=NOW)
+        await conversations.append(db, cid, "cy", [("user", "q"), ("assistant", "a1")], now=NOW)
+
+        async def shown() -> list[str]:
+            return [m.content for m in await conversations.messages(db, cid)]
+        assert await conversations.append(db, cid, "cy", [("assistant", "a2")], now=NOW + 1,
+                                          replace_answer=True)
+        assert await shown() == ["q", "a2"]
+        # A conversation that ends with a question keeps it: the answer is added.
+        await conversations.append(db, cid, "cy", [("user", "q2")], now=NOW + 2)
+        assert await conversations.append(db, cid, "cy", [("assistant", "b")], now=NOW + 3,
+                                          replace_answer=True)
+        assert await shown() == ["q", "a2", "q2", "b"]
+        # Someone else's conversation: nothing is deleted, nothing added.
+        assert not await conversations.append(db, cid, "bob", [("assistant", "x")], now=NOW,
+                                              replace_answer=True)
+        assert await shown() == ["q", "a2", "q2", "b"]
+    finally:
+        await db.close()
