@@ -50,9 +50,12 @@ def usage_chart(
     left, right, top, bottom = 56, 8, 26, 22
     plot_w, plot_h = width - left - right, height - top - bottom
     peak = max((v for values in series.values() for v in values), default=0.0) or 1.0
-    out = [f'<svg class="chart" role="img" aria-label="{escape(title)}" width="{width}" '
-           f'height="{height + 18 * ((len(series) + 2) // 3)}" '
-           f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
+    # A viewBox and no fixed size: the chart scales to the width it gets (a phone's),
+    # its text and lines with it; app.css caps it at its drawn width.
+    full = height + 18 * ((len(series) + 2) // 3)
+    out = [f'<svg class="chart" role="img" aria-label="{escape(title)}" width="100%" '
+           f'viewBox="0 0 {width} {full}" xmlns="http://www.w3.org/2000/svg">'
+           f"<title>{escape(title)}</title>",
            f'<text class="heading" x="{left}" y="14">{escape(title)}</text>',
            f'<g transform="translate({left},{top})">',
            f'<line class="axis" x1="0" y1="{plot_h}" x2="{plot_w}" y2="{plot_h}"/>',
