@@ -16,7 +16,10 @@ pages of docs/web.md are saved as ``docs/images/<page>-<width>-<scheme>.png``.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,10 @@ from support import nodes
 from support.engines import MODELS, STUBS, kill_all, recording
 from support.pages import CHROMIUM, CHROMIUM_ARGS, IMAGES, Server, login
 
+from llmgw.spec.models import StoreSettings
+from llmgw.store import stores, usages
+from llmgw.store.usages import UsageRow
+
 pytestmark = pytest.mark.browser
 
 BIG = "meta-llama-3.1-70b-instruct-awq-int4-128k-context"  # on two H100s
@@ -35,6 +42,7 @@ PROJECTS = {"research": {"budget_usd": 20},
             "platform-reliability-engineering-oncall": {"budget_usd": 5}}
 KEYS = {"research": ("nightly-evaluation-harness-regressions", 4),
         "platform-reliability-engineering-oncall": ("incident-summariser-bot", 3)}
+PRICES = {BIG: (3.0, 6.0), SMALL: (0.5, 1.0)}  # USD per million tokens in, out
 WIDTHS = (390, 1280)
 SCHEMES = ("light", "dark")
 # body's background in each scheme (app.css: --bg), and the first chart series (--s0).
@@ -67,15 +75,19 @@ OVERFLOW = """() => {
   return {view, scroll, widest: `${name} (right edge ${Math.round(right)} px) "${text}"`};
 }"""
 
-# Every chart: its box within the viewport, and each drawn line with a size inside it.
+# Every chart: its box within the viewport, each drawn line with a size inside it, and
+# how many of its legend's entries overlap another.
 CHARTS = """() => [...document.querySelectorAll("svg.chart")].map(svg => {
   const box = svg.getBoundingClientRect();
   const lines = [...svg.querySelectorAll("polyline.line")].map(line => {
     const r = line.getBoundingClientRect();
     return {w: r.width, h: r.height, inside: r.left >= box.left - 1 && r.right <= box.right + 1};
   });
+  const keys = [...svg.querySelectorAll("text.legend")].map(t => t.getBoundingClientRect());
+  const overlaps = keys.filter((a, i) => keys.some((b, j) => j > i && a.left < b.right &&
+    b.left < a.right && a.top < b.bottom && b.top < a.bottom)).length;
   return {title: svg.getAttribute("aria-label"), left: box.left, right: box.right,
-          width: box.width, height: box.height, lines,
+          width: box.width, height: box.height, lines, overlaps,
           stroke: lines.length ? getComputedStyle(svg.querySelector("polyline.s0")).stroke : null};
 })"""
 
@@ -108,8 +120,8 @@ def _serve(sim: nodes.SimCluster, tmp: Path) -> Iterator[Server]:
     server = Server(sim.cluster_dir, tmp / "state", tmp / "serve.log")
     stock = recording(MODELS)
     models = {BIG: stock["chat"], SMALL: stock["tiny"]}
-    models[SMALL]["pricing"] = {"input_per_mtok": 3000.0, "output_per_mtok": 6000.0}
-    models[BIG]["pricing"] = {"input_per_mtok": 9000.0, "output_per_mtok": 18000.0}
+    for name, (prompt, completion) in PRICES.items():
+        models[name]["pricing"] = {"input_per_mtok": prompt, "output_per_mtok": completion}
     directory = sim.write_cluster({"models": models, "projects": PROJECTS})
     text = (directory / "cluster.yaml").read_text()
     extra = ("  sync: auto\n  drift_interval: 2s\n"
@@ -130,9 +142,35 @@ def _serve(sim: nodes.SimCluster, tmp: Path) -> Iterator[Server]:
                     "model": (BIG, SMALL)[index % 2], "prompt": "hi " * (index + 1),
                     "max_tokens": 8}, headers={"Authorization": f"Bearer {made.stdout.strip()}"})
                 assert reply.status_code == 200, reply.text
+        asyncio.run(_a_week_of_use(tmp / "state" / "llmgw.db"))
         yield server
     finally:
         server.stop()
+
+
+async def _a_week_of_use(path: Path) -> None:
+    """Usage rows for the past week on the keys the traffic used, busier by day than by
+    night, as a real week leaves them (the charts' lines then have a shape to draw)."""
+    store = await stores.open_store(StoreSettings(path=str(path)))
+    try:
+        used = {(row.project, row.key_id) for row in await usages.recent(store)}
+        now, rows = time.time(), []
+        for hour in range(1, 7 * 24):
+            ts = now - 3600.0 * hour
+            busy = 1 + math.sin(2 * math.pi * ((ts / 3600.0) % 24 - 8) / 24)  # 0 … 2
+            for index, (project, key_id) in enumerate(sorted(used, key=str)):
+                for n in range(round(busy * (3 - index))):
+                    model = (BIG, SMALL)[(hour + n) % 2]
+                    tokens = 1200 + 337 * ((hour * 7 + n) % 11)
+                    prompt, completion = PRICES[model]
+                    rows.append(UsageRow(
+                        ts=ts - 60 * n, project=project, key_id=key_id, model=model,
+                        endpoint="/v1/chat/completions", status=200, prompt_tokens=tokens,
+                        completion_tokens=tokens // 4, latency_ms=850.0 + 10 * n,
+                        cost_usd=(prompt * tokens + completion * (tokens // 4)) / 1e6))
+        await usages.insert(store, rows)
+    finally:
+        await store.close()
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +219,8 @@ def _check(page: Any, path: str, width: int, scheme: str, problems: list[str]) -
             problems.append(f"{name} draws no line inside its box: {chart['lines']}")
         elif chart["stroke"] != SERIES0[scheme]:
             problems.append(f"{name}: first series {chart['stroke']}, not {scheme}'s")
+        if chart["overlaps"]:
+            problems.append(f"{name}: {chart['overlaps']} legend entries overlap another")
 
 
 def _shoot(page: Any, path: str, width: int, scheme: str) -> None:
@@ -210,6 +250,7 @@ def test_every_page_fits_the_width_in_the_scheme(
             assert answer.status == (400 if "forever" in path else 200), path
             if path == "/chat":  # an answer in the log, as the page looks in use
                 page.select_option("#model", SMALL)
+                page.select_option("#project", "research")
                 page.fill("#message", "Summarise last night's incident for the on-call "
                           "channel: " + "gpu-worker-h100-ib-rack-a01 " * 3)
                 page.click("#send")
