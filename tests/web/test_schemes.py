@@ -72,3 +72,13 @@ def test_charts_have_a_view_box_and_colour_by_class_only(svg: str) -> None:
 def test_usage_charts_take_the_width_they_get(svg: str) -> None:
     root = svg[:svg.index(">")]
     assert 'width="100%"' in root and "height=" not in root, root
+
+
+def test_the_scheme_is_set_before_the_first_paint_by_a_file_not_inline() -> None:
+    base = resources.files("llmgw.web").joinpath("templates", "base.html").read_text()
+    head = base[:base.index("</head>")]
+    # In <head>, after the stylesheet, neither deferred nor async: it runs before <body>
+    # is drawn, so a remembered "dark" never flashes light. Inline script: the CSP refuses it.
+    assert '<script src="/static/theme.js"></script>' in head
+    assert head.index("/static/app.css") < head.index("/static/theme.js")
+    assert re.findall(r"<script>|<script\s+(?!src=)[^>]*>", base) == []
