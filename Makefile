@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 SYSDEPS_STAMP := $(CACHE)/.sysdeps
 
 .PHONY: install sysdeps lint test test-fast run bench engine engine-flags model proto clean docs \
-  mutation vllm vllm-lock
+  mutation vllm vllm-lock screenshots
 
 install: $(STAMP)
 
@@ -68,6 +68,12 @@ test: install sysdeps engine model vllm lint
 # the end-to-end, browser and docs-session ones (markers: docs/testing.md).
 test-fast: install sysdeps
 	$(BIN)/pytest -q -x -m "not e2e and not browser and not docs_session"
+
+# The screenshots of docs/web.md: docs/images/<page>-<width>-<scheme>.png for /admin (and
+# /admin/nodes), /chat and /account at 390 and 1280 px, light and dark, taken by the
+# browser test that checks those pages on a simulated fleet (tests/web/test_screens.py).
+screenshots: install sysdeps
+	LLMGW_SCREENSHOTS=1 $(BIN)/pytest -q tests/web/test_screens.py -k fits_the_width
 
 bench: install sysdeps
 	$(BIN)/pip install -q -e '.[bench]'

@@ -18,6 +18,7 @@ from llmgw.store.usages import Bucket
 
 PALETTE = 8  # series colours: classes s0 … s7 in app.css
 MAX_SERIES = 8  # more groups than this: the largest are drawn, the rest summed as "other"
+LEGEND_COLUMNS = 2  # key entries per row under a chart: long model names need the room
 
 
 def capacity_bar(name: str, counts: GpuCounts, width: int = 320) -> Markup:
@@ -50,9 +51,12 @@ def usage_chart(
     left, right, top, bottom = 56, 8, 26, 22
     plot_w, plot_h = width - left - right, height - top - bottom
     peak = max((v for values in series.values() for v in values), default=0.0) or 1.0
-    out = [f'<svg class="chart" role="img" aria-label="{escape(title)}" width="{width}" '
-           f'height="{height + 18 * ((len(series) + 2) // 3)}" '
-           f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
+    # A viewBox and no fixed size: the chart scales to the width it gets (a phone's),
+    # its text and lines with it; app.css caps it at its drawn width.
+    full = height + 18 * -(-len(series) // LEGEND_COLUMNS)
+    out = [f'<svg class="chart" role="img" aria-label="{escape(title)}" width="100%" '
+           f'viewBox="0 0 {width} {full}" xmlns="http://www.w3.org/2000/svg">'
+           f"<title>{escape(title)}</title>",
            f'<text class="heading" x="{left}" y="14">{escape(title)}</text>',
            f'<g transform="translate({left},{top})">',
            f'<line class="axis" x1="0" y1="{plot_h}" x2="{plot_w}" y2="{plot_h}"/>',
@@ -73,8 +77,8 @@ def usage_chart(
                    f"<title>{escape(group)}: {total}</title></polyline>")
     out.append("</g>")
     for index, (group, values) in enumerate(series.items()):
-        x = left + (index % 3) * (plot_w // 3)
-        y = height + 14 + 18 * (index // 3)
+        x = left + (index % LEGEND_COLUMNS) * (plot_w // LEGEND_COLUMNS)
+        y = height + 14 + 18 * (index // LEGEND_COLUMNS)
         out.append(f'<rect class="key s{index % PALETTE}" x="{x}" y="{y - 9}" width="10" '
                    f'height="10"/><text class="legend" x="{x + 14}" y="{y}">'
                    f"{escape(_short(group))} ({_number(sum(values), value)})</text>")
@@ -106,7 +110,7 @@ def _number(amount: float, value: str) -> str:
     return f"{amount:,.0f}"
 
 
-def _short(text: str, limit: int = 28) -> str:
+def _short(text: str, limit: int = 26) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -53,8 +53,8 @@ SECURITY_HEADERS = {
 }
 PAGE_PREFIXES = ("/login", "/logout", "/chat", "/account", "/admin", "/static/")
 STATIC = {"app.css": "text/css", "chat.js": "text/javascript",
-          "refresh.js": "text/javascript", "favicon.svg": "image/svg+xml",
-          "markdown.js": "text/javascript"}
+          "refresh.js": "text/javascript", "theme.js": "text/javascript",
+          "favicon.svg": "image/svg+xml", "markdown.js": "text/javascript"}
 MAX_FORM = 64 * 1024
 audit = logging.getLogger("llmgw.audit")  # security events: failed logins
 VISITOR = web.RequestKey("visitor", Visitor)  # set by the middleware on page paths
