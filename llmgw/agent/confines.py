@@ -7,9 +7,9 @@ it points at; so before a unit starts, the agent resolves the path as the
 engine will and refuses the unit if the real file lies outside every weights
 directory (each resolved too: ``/models`` may itself be a link to a disk).
 
-A node that declares no weights directories is not confined, as the planner
-does not confine it. A path that does not exist is let through: the engine
-fails on it with its own error, and nothing is read.
+A node that declares no weights directories serves no path source, as the
+planner places none there. A path that does not exist is let through: the
+engine fails on it with its own error, and nothing is read.
 
 >>> refusal("/models/m.gguf", ("/models",), realpath=lambda p: p) is None
 True
@@ -27,9 +27,11 @@ from llmgw.spec import sources
 
 def refusal(path: str, weights_dirs: Sequence[str],
             realpath: Callable[[str], str] = os.path.realpath) -> str | None:
-    """Why an engine may not open ``path`` here (it resolves out of ``weights_dirs``)."""
+    """Why an engine may not open ``path`` here (it resolves out of ``weights_dirs``, or
+    the node declares none)."""
     if not weights_dirs:
-        return None
+        return (f"refused: {path}: this node declares no weights_dirs; an engine serves "
+                "only files under them")
     real = realpath(path)
     if sources.within(real, [realpath(d) for d in weights_dirs]):
         return None
@@ -46,7 +48,7 @@ def refusals(changes: Sequence[UnitChange], weights_dirs: Sequence[str]) -> dict
 
 def refused(change: UnitChange, weights_dirs: Sequence[str]) -> str | None:
     """Why ``change`` may not start: its spec's path source resolves out of ``weights_dirs``."""
-    if change.action != "start" or not weights_dirs:
+    if change.action != "start":
         return None
     text = fetchers.spec_of(change.unit_text, change.name).get("source")
     if not isinstance(text, str) or not sources.is_path(text):

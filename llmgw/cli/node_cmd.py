@@ -21,7 +21,7 @@ from llmgw.cli import checklists, clusters, removals
 from llmgw.cli.errors import UserError
 from llmgw.fleet.types import NodeReport
 from llmgw.onboarding import enrolments, yamledits
-from llmgw.spec.models import NAME_PATTERN
+from llmgw.spec.models import NAME_PATTERN, Node
 
 DEFAULT_PREFIX = "/opt/llmgw"
 STEPS = ("host key", "preflight", "account", "install", "agent", "report", "fabrics", "nodes.yaml")
@@ -42,6 +42,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="a label for node_selector (repeatable)")
     add.add_argument("--fabric", action="append", default=[], metavar="NAME=ADAPTER,…",
                      help="the node's adapters on a declared fabric (repeatable)")
+    add.add_argument("--weights-dir", action="append", default=[], metavar="DIR",
+                     dest="weights_dirs",
+                     help="a directory of model weights on the node (repeatable): path "
+                     "sources are served from under these only, URL sources fetched into "
+                     "the first")
     add.add_argument("--prefix", default=DEFAULT_PREFIX,
                      help=f"where llmgw lives on the node (default {DEFAULT_PREFIX})")
     add.add_argument("--wheels", type=Path, default=Path.home() / ".cache" / "llmgw" / "wheels",
@@ -61,6 +66,22 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
     return pairs
 
 
+def _weights_dirs(values: list[str], host: str) -> list[str]:
+    """``--weights-dir`` values as nodes.yaml will hold them, checked as ``validate`` checks."""
+    here = Node(address=host).on_this_machine
+    dirs: list[str] = []
+    for value in values:
+        relative = value.startswith(("./", "../"))
+        if not (value.startswith("/") or (relative and here)) or any(
+                c in value for c in " \t\n'\"$`\\") or "\x00" in value:
+            raise UserError(f"--weights-dir {value!r}: an absolute path without spaces or "
+                            "quotes (./ or ../, relative to the cluster directory, only for a "
+                            "node on this machine)")
+        if value not in dirs:
+            dirs.append(value)
+    return dirs
+
+
 def run_add(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
     try:
@@ -78,6 +99,7 @@ def run_add(args: argparse.Namespace) -> int:
     unknown = [f for f in fabrics if f not in cluster.fabrics]
     if unknown:
         raise UserError(f"--fabric {', '.join(unknown)}: not declared in the cluster's fabrics")
+    weights_dirs = _weights_dirs(args.weights_dirs, target.host)
     if not args.prefix.startswith("/") or any(c in args.prefix for c in " \t\n'\"$`\\"):
         raise UserError(f"--prefix {args.prefix!r}: an absolute path without spaces or quotes")
     identity = cluster.cluster.ssh.identity_file
@@ -115,7 +137,7 @@ def run_add(args: argparse.Namespace) -> int:
             fabrics = _fabrics(steps, report, fabrics, sorted(cluster.fabrics), interactive)
             plan = enrolment.plan
             assert plan is not None
-            entry = enrolments.node_entry(target, plan, report, fabrics, labels)
+            entry = enrolments.node_entry(target, plan, report, fabrics, labels, weights_dirs)
             path = args.cluster / "nodes.yaml"
             before = path.read_text() if path.exists() else ""
             after, diff = yamledits.add_node(before, name, entry)

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -542,7 +542,7 @@ def kept_hardware(agent_yaml: str) -> dict[str, object] | None:
 
 
 def node_entry(target: Target, plan: Plan, report: NodeReport, fabrics: dict[str, list[str]],
-               labels: dict[str, str]) -> dict[str, object]:
+               labels: dict[str, str], weights_dirs: Sequence[str] = ()) -> dict[str, object]:
     """The node's entry for ``nodes.yaml``: how it is reached and what it was found to have."""
     entry: dict[str, object] = {"address": target.host}
     if target.port != 22:
@@ -560,6 +560,8 @@ def node_entry(target: Target, plan: Plan, report: NodeReport, fabrics: dict[str
         entry["fabrics"] = fabrics
     if labels:
         entry["labels"] = labels
+    if weights_dirs:
+        entry["weights_dirs"] = list(weights_dirs)
     return entry
 
 

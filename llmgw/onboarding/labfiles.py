@@ -96,6 +96,8 @@ def nodes_yaml(nodes: list[LabNode], runtime: str) -> str:
             f"    ssh_port: {node.port}",
             f"    agent_socket: {json.dumps(f'{runtime}/{node.name}/agent.sock')}",
             f"    engine_ports_from: {node.engine_ports_from}",
+            f"    weights_dirs: [{json.dumps(f'{runtime}/models')}]   # path sources come "
+            "from here only",
         ]
         declared = declared_gpus(node.hardware)
         if declared:

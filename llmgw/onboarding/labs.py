@@ -396,7 +396,8 @@ def _enrol(lab: Lab, sims: list[SimNode], account: str, say: Say) -> None:
     wheels = (checkout / ".cache" / "wheels" if checkout is not None
               else Path.home() / ".cache" / "llmgw" / "wheels")
     try:
-        outputs = simenrolments.enrol(lab.cluster_dir, sims, account, wheels)
+        outputs = simenrolments.enrol(lab.cluster_dir, sims, account, wheels,
+                                      weights_dirs=[f"../{RUNTIME}/models"])
     except HarnessError as exc:
         raise LabError(str(exc)) from None
     for sim in sims:
@@ -515,11 +516,12 @@ def _link_model(lab: Lab, model: Path | None) -> Path | None:
     link.parent.mkdir(exist_ok=True)
     link.unlink(missing_ok=True)
     # A hard link where possible: the engine's command line then names the lab's
-    # own path (the loader resolves symlinks), so the lab's engine is easy to find.
+    # own path, so the lab's engine is easy to find. Else a copy, not a symlink: an
+    # agent serves no path source that resolves out of the node's weights_dirs.
     try:
         os.link(model.resolve(), link)
     except OSError:
-        link.symlink_to(model.resolve())
+        shutil.copyfile(model.resolve(), link)
     return link
 
 

@@ -61,9 +61,10 @@ def prepare(node: SimNode) -> Path:
     return prefix
 
 
-def node_add_argv(cluster_dir: Path, node: SimNode, wheels: Path) -> list[str]:
+def node_add_argv(cluster_dir: Path, node: SimNode, wheels: Path,
+                  weights_dirs: Sequence[str] = ()) -> list[str]:
     """``llmgw node add`` for one bare node, as an operator runs it (as root, key pinned
-    by its fingerprint, its fixture's fabrics named)."""
+    by its fingerprint, its fixture's fabrics and ``weights_dirs`` named)."""
     fabrics = fixture_settings(node.hardware)["declared"].get("fabrics", {})
     argv = [sys.executable, "-m", "llmgw", "node", "add", f"root@127.0.0.1:{node.port}",
             "--cluster", str(cluster_dir), "--prefix", str(prefix_of(node)),
@@ -71,11 +72,14 @@ def node_add_argv(cluster_dir: Path, node: SimNode, wheels: Path) -> list[str]:
             "--fingerprint", node.host_fingerprint()]
     for name, fabric in sorted(fabrics.items()):
         argv += ["--fabric", f"{name}={','.join(fabric.get('adapters') or [])}"]
+    for directory in weights_dirs:
+        argv += ["--weights-dir", directory]
     return argv
 
 
 def enrol(cluster_dir: Path, nodes: Sequence[SimNode], account: str, wheels: Path,
-          say: Callable[[str], None] | None = None) -> dict[str, str]:
+          say: Callable[[str], None] | None = None,
+          weights_dirs: Sequence[str] = ()) -> dict[str, str]:
     """Run ``node add`` for every node (sshd running, nothing else), one after the other;
     the output of each. Raises :class:`HarnessError` with the output of the first that failed.
 
@@ -88,7 +92,8 @@ def enrol(cluster_dir: Path, nodes: Sequence[SimNode], account: str, wheels: Pat
     env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
 
     def one(node: SimNode) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(node_add_argv(cluster_dir, node, wheels), capture_output=True,
+        return subprocess.run(node_add_argv(cluster_dir, node, wheels, weights_dirs),
+                              capture_output=True,
                               text=True, timeout=ENROL_TIMEOUT, stdin=subprocess.DEVNULL,
                               env=env)
 

@@ -180,16 +180,18 @@ class Capacity:
 
     def weights_room(self, node: NodeState, source: str) -> str | None:
         """Why ``node`` cannot fetch ``source`` (too little disk, or nowhere to put an URL's
-        file) or may not serve it (a path outside the weights_dirs it declares); else None.
+        file) or may not serve it (a path outside its weights_dirs, or it declares none); else None.
 
         A node that has the weights needs no room; a size the source did not say
         cannot be judged here (the agent checks again before fetching).
         """
         parsed = sources.parse(source)
         dirs = node.spec.weights_dirs
-        if parsed.kind == "path" and dirs and not sources.within(parsed.path or source, dirs):
-            # A node that declares weights_dirs serves path sources from there only:
-            # a cluster file may not point an engine at /etc/passwd (issue 23).
+        if parsed.kind == "path" and not dirs:
+            # A node serves path sources from under its weights_dirs only: a cluster
+            # file may not point an engine at /etc/passwd (issue 23).
+            return "no weights_dirs to serve a path source from"
+        if parsed.kind == "path" and not sources.within(parsed.path or source, dirs):
             return f"{parsed.path} is in none of its weights_dirs"
         if not parsed.fetched or node.name in self.with_weights(source):
             return None

@@ -111,11 +111,12 @@ def _node_problems(
                               f"{count(len(adapters), 'adapter')} declared, but fabric "
                               f"'{fabric}' has min_adapters: {need}")
         for index, path in enumerate(node.weights_dirs):
-            if not path.startswith("/") and not (node.is_local and is_relative_path(path)):
+            if not path.startswith("/") and not (node.on_this_machine
+                                                 and is_relative_path(path)):
                 yield Problem((*base, "weights_dirs", index),
                               f"nodes.{name}.weights_dirs[{index}]: {path!r} must be an "
-                              "absolute path (relative paths only on the `local` node, "
-                              "starting with ./ or ../)")
+                              "absolute path (relative paths, starting with ./ or ../, only "
+                              "on the `local` node or one at a loopback address)")
         for index, decl in enumerate(node.gpus):
             if decl.gpu_class not in classes:
                 yield Problem((*base, "gpus", index, "class"),
@@ -174,14 +175,15 @@ def _source_problems(cluster: Cluster, path: Path, where: str,
 
 
 def _path_problems(cluster: Cluster, path: Path, where: str, text: str) -> Iterator[Problem]:
-    # A node that declares weights_dirs serves path sources from under them only,
-    # so a cluster file cannot point an engine at /etc/passwd on it (issue 23). A
-    # node that declares none has nothing to confine to and serves any path.
+    # A node serves path sources from under the weights_dirs it declares only, so a
+    # cluster file cannot point an engine at /etc/passwd (issue 23). A node that
+    # declares none serves no path source at all.
     dirs = {name: node.weights_dirs for name, node in cluster.nodes.items()}
     if text == PLACEHOLDER_SOURCE or not dirs or any(
-            not held or sources.within(text, held) for held in dirs.values()):
+            held and sources.within(text, held) for held in dirs.values()):
         return
-    declared = "; ".join(f"{name}: {', '.join(held)}" for name, held in sorted(dirs.items()))
+    declared = "; ".join(f"{name}: {', '.join(held)}"
+                         for name, held in sorted(dirs.items()) if held) or "none declares any"
     yield Problem(path, f"{where}: {text} is in no node's weights_dirs ({declared}); a path "
                   "source must lie under the weights_dirs of the nodes that serve it",
                   fleet_wide=True)

@@ -310,9 +310,10 @@ class Node(Strict):
     weights_dirs: list[str] = Field(
         default_factory=list,
         description="Directories where model weights are looked for: absolute paths; on the "
-        "`local` node a path starting with `./` or `../` is relative to the cluster directory. "
-        "When declared, the node serves path sources from under them only (symlinks "
-        "followed).",
+        "`local` node and nodes at a loopback address (this machine) a path starting with `./` "
+        "or `../` is relative to the cluster directory. The node serves path sources from "
+        "under them only (symlinks followed); a node that declares none serves no path "
+        "source, and fetches no URL source.",
     )
     cordoned: bool = Field(False, description="No new replicas are placed here.")
     drain: bool = Field(
@@ -339,6 +340,14 @@ class Node(Strict):
     @property
     def is_local(self) -> bool:
         return self.address == "local"
+
+    @property
+    def on_this_machine(self) -> bool:
+        """The node is the control host itself: ``local``, or reached at a loopback address
+        (the lab's nodes), so a path relative to the cluster directory means the same there."""
+        found = hosts.address(self.address)
+        return self.is_local or self.address == "localhost" or (
+            found is not None and hosts.carried(found).is_loopback)
 
 
 ArgValue = str | int | float | bool | None

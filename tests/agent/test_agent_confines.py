@@ -52,7 +52,8 @@ def layout(root: Path) -> Path:
     pytest.param("models/passwd.gguf", ["models"], True, id="a-link-out"),
     pytest.param("models/etc/passwd", ["models"], True, id="a-linked-directory-out"),
     pytest.param("etc/passwd", ["models", "disk"], True, id="outside-every-dir"),
-    pytest.param("etc/passwd", [], False, id="no-weights-dirs-no-confinement"),
+    pytest.param("etc/passwd", [], True, id="no-weights-dirs-serves-no-path"),
+    pytest.param("models/m.gguf", [], True, id="no-weights-dirs-not-even-a-model"),
 ])
 def test_a_path_resolves_into_the_weights_dirs(
     root: Path, path: str, dirs: list[str], refused: bool,
@@ -61,7 +62,8 @@ def test_a_path_resolves_into_the_weights_dirs(
     why = confines.refusal(str(root / path), [str(root / d) for d in dirs])
     assert (why is not None) == refused, why
     if why is not None:
-        assert "outside this node's weights_dirs" in why and SECRET not in why
+        wanted = "declares no weights_dirs" if not dirs else "outside this node's weights_dirs"
+        assert wanted in why and SECRET not in why
 
 
 def change_for(source: str, model: str = "m1") -> UnitChange:

@@ -60,9 +60,10 @@ def write_cluster(root: Path, sync: str = "manual", up: str | None = None,
     directory.mkdir(exist_ok=True)
     nodes: dict[str, Any] = {}
     if up is not None:
-        nodes["up"] = {"address": "local", "agent_socket": up}
+        nodes["up"] = {"address": "local", "agent_socket": up, "weights_dirs": ["/models"]}
     if down:
-        nodes["down"] = {"address": "127.0.0.1", "ssh_port": closed_port()}
+        nodes["down"] = {"address": "127.0.0.1", "ssh_port": closed_port(),
+                         "weights_dirs": ["/models"]}
     data: dict[str, Any] = {
         "cluster": {"name": "guards", "sync": sync, "store": {"path": str(root / "llmgw.db")},
                     "ssh": {"connect_timeout": "5s"}},

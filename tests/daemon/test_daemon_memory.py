@@ -12,8 +12,8 @@ from llmgw.spec.models import Cluster
 
 SPEC = {
     "cluster": {"name": "memory"},
-    "nodes": {"cpu-01": {"address": "local", "memory": "64GiB"},
-              "cpu-02": {"address": "10.0.0.2", "memory": "64GiB"}},
+    "nodes": {"cpu-01": {"address": "local", "memory": "64GiB", "weights_dirs": ["/models"]},
+              "cpu-02": {"address": "10.0.0.2", "memory": "64GiB", "weights_dirs": ["/models"]}},
     "models": {"tiny": {"source": "/models/tiny.gguf",
                         "profiles": [{"engine": "llama.cpp", "cpu": True}]}},
 }

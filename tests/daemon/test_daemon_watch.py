@@ -28,7 +28,7 @@ cluster:
   drift_interval: 1h   # only the watcher may wake the loop
   agent_socket: {socket}
 nodes:
-  local: {{address: local}}
+  local: {{address: local, weights_dirs: [/models]}}
 """
 
 

@@ -38,6 +38,7 @@ nodes:
   local:
     address: local
     engine_ports_from: {engines}
+    weights_dirs: [/models]
 models:
   tiny:
     source: /models/tiny.gguf

@@ -26,6 +26,8 @@ import pytest
 from support import nodes
 from support.plugin import SimClusterFactory
 
+from llmgw.cli import node_cmd
+from llmgw.cli.main import main
 from llmgw.onboarding import enrolments, yamledits
 from llmgw.spec import loading
 
@@ -69,7 +71,8 @@ def test_node_add_takes_a_bare_node_to_a_reporting_agent(
     cluster = site(tmp_path, sim)
     prefix = str(node.root / "opt")
     base = ["node", "add", f"root@127.0.0.1:{node.port}", "--cluster", str(cluster),
-            "--prefix", prefix, "--wheels", str(WHEELS), "--label", "rack=7", "--name", "bare-01"]
+            "--prefix", prefix, "--wheels", str(WHEELS), "--label", "rack=7", "--name", "bare-01",
+            "--weights-dir", "/srv/models", "--weights-dir", "/srv/models"]
 
     # Without a terminal and without --fingerprint: refused, nothing pinned or sent.
     refused = llmgw(*base, cwd=tmp_path)
@@ -95,6 +98,7 @@ def test_node_add_takes_a_bare_node_to_a_reporting_agent(
     assert "+  bare-01:\n" in added.stdout and "+      rack: '7'" not in added.stdout
     loaded = loading.load(cluster)
     assert loaded.nodes["bare-01"].labels == {"rack": "7"}
+    assert loaded.nodes["bare-01"].weights_dirs == ["/srv/models"]
     assert loaded.nodes["bare-01"].agent_socket == f"{prefix}/run/agent.sock"
 
     # The daemon's view: the node reports through its pinned key and the forwarded socket.
@@ -126,6 +130,28 @@ def test_node_add_takes_a_bare_node_to_a_reporting_agent(
         "# Our machines, one entry each (`llmgw node add`).\nnodes:\n"
         "  old-01:  # the first box\n    address: 10.9.9.9\n    labels: {rack: \"1\"}\n")
     assert (cluster / "known_hosts").read_text() == ""
+
+
+@pytest.mark.parametrize(("target", "value", "refused"), [
+    ("root@10.0.0.9", "models", True),
+    ("root@10.0.0.9", "../models", True),  # relative to the cluster directory: not there
+    ("root@10.0.0.9", "/srv/my models", True),
+    ("root@10.0.0.9", "/srv/$(id)", True),
+    ("root@127.0.0.1:2222", "../.llmgw-lab/models", False),  # the lab's nodes: this machine
+    ("root@10.0.0.9", "/srv/models", False),
+])
+def test_weights_dirs_are_checked_before_anything_is_sent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, value: str, refused: bool,
+) -> None:
+    (tmp_path / "cluster.yaml").write_text("cluster: {name: c}\n")
+    if not refused:
+        assert node_cmd._weights_dirs([value], target.split("@")[1].split(":")[0]) == [value]
+        return
+    code = main(["node", "add", target, "--name", "n1", "--weights-dir", value,
+                 "--cluster", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code != 0 and f"--weights-dir {value!r}" in err and "Traceback" not in err
+    assert not (tmp_path / "known_hosts").exists() and not (tmp_path / "nodes.yaml").exists()
 
 
 def test_preflight_stops_before_any_change() -> None:

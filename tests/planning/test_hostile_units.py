@@ -65,7 +65,8 @@ def hostile_clusters(draw: st.DrawFn) -> dict[str, Any]:
         "mgmt_interface": field("interface", "eth0"),
         "gpus": [{"class": "h100-80g", "count": 8}],
         "fabrics": {"ib-a": [field("adapter", "mlx5_0"), "mlx5_1"]},
-        "weights_dirs": ["/" + draw(hostile)],
+        # The first is where fetches go; "/" lets every drawn path source be served.
+        "weights_dirs": ["/" + draw(hostile), "/"],
         "labels": {field("label_key", "rack"): draw(hostile)},
     }
     profile: dict[str, Any] = {
@@ -82,7 +83,9 @@ def hostile_clusters(draw: st.DrawFn) -> dict[str, Any]:
         "nodes": {
             "gpu-01": {**node, "address": field("address", "10.0.0.1")},
             "gpu-02": {**node, "address": "gpu-02.lab.internal"},
-            "cpu-01": {"address": field("address", "fd00::3"), "memory": "64GiB"},
+            # "/": every path source the attacks draw may be served here.
+            "cpu-01": {"address": field("address", "fd00::3"), "memory": "64GiB",
+                       "weights_dirs": ["/"]},
         },
         "models": {
             "big": {"source": draw(hostile) or "org/big",
@@ -165,7 +168,7 @@ HOSTILE: dict[str, Any] = {
                    "weights_dirs": ["/models/100% \"real\"\r\nExecStartPre=/bin/x"]},
         "gpu-02": {"address": "10.0.0.2", "mgmt_interface": "eth0",
                    "gpus": [{"class": "h100-80g", "count": 8}], "fabrics": {"ib-a": ["mlx5_0"]}},
-        "cpu-01": {"address": "10.0.0.3", "memory": "64GiB"},
+        "cpu-01": {"address": "10.0.0.3", "memory": "64GiB", "weights_dirs": ["/models"]},
     },
     "models": {
         # A source holds no control characters (llmgw/spec/sources.py refuses them).

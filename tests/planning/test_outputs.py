@@ -165,7 +165,8 @@ def test_control_characters_in_reasons_are_shown_escaped() -> None:
     """An engine argument from a pull request cannot clear the operator's terminal, write
     their clipboard, hide a line behind a CR, or close a Markdown fence in the comment."""
     cluster = cluster_from({
-        "nodes": {"cpu-01": {"address": "10.0.0.1", "memory": "64GiB"}},
+        "nodes": {"cpu-01": {"address": "10.0.0.1", "memory": "64GiB",
+                             "weights_dirs": ["/models"]}},
         "models": {"m": {"source": "/models/m.gguf", "profiles": [
             {"engine": "llama.cpp", "cpu": True, "args": {"chat-template": HOSTILE_VALUE}}]}},
     })

@@ -22,15 +22,18 @@ H100 = {"class": "h100-80g", "count": 4}
 
 def node(address: str, **extra: Any) -> dict[str, Any]:
     return {"address": address, "mgmt_interface": "eno1", "gpus": [H100],
-            "fabrics": {"ib-a": ["mlx5_0"]}, **extra}
+            "fabrics": {"ib-a": ["mlx5_0"]}, "weights_dirs": ["/models"], **extra}
 
 
 def setup(profile: dict[str, Any], fleet: dict[str, Any] | None = None,
           nodes: dict[str, Any] | None = None) -> tuple[Capacity, Profile]:
+    nodes = nodes or {"gpu-01": node("10.0.0.1", labels={"zone": "a"}),
+                      "gpu-02": node("10.0.0.2")}
     cluster = cluster_from({
         "fabrics": {"ib-a": {"kind": "infiniband"}},
-        "nodes": nodes or {"gpu-01": node("10.0.0.1", labels={"zone": "a"}),
-                           "gpu-02": node("10.0.0.2")},
+        # Every node holds /models, where the path source is: a node serves a path
+        # source from its weights_dirs only.
+        "nodes": {name: {"weights_dirs": ["/models"], **spec} for name, spec in nodes.items()},
         "models": {"m": {"source": "/models/m", "profiles": [profile]}},
     })
     return (Capacity(cluster, fleet_from(cluster, fleet, None, NOW)),
@@ -308,7 +311,8 @@ def two_profiles(second: dict[str, Any], fleet: dict[str, Any] | None = None,
     cluster = cluster_from({
         "fabrics": {"ib-a": {"kind": "infiniband"}},
         "nodes": {"gpu-01": node("10.0.0.1"), "gpu-02": node("10.0.0.2"),
-                  "cpu-01": {"address": "10.0.0.3", "memory": "64GiB"}},
+                  "cpu-01": {"address": "10.0.0.3", "memory": "64GiB",
+                             "weights_dirs": ["/models"]}},
         "models": {"m": {"source": "/models/m", "profiles": [VLLM2, second]}},
     })
     observed = fleet_from(cluster, fleet, None, NOW)

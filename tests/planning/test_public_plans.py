@@ -31,7 +31,7 @@ JWT = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
 ERROR = "OSError: 401 Client Error for https://huggingface.co/api/models: token {} is invalid"
 
 CLUSTER = {
-    "nodes": {"cpu-01": {"address": "10.0.0.1", "memory": "64GiB"}},
+    "nodes": {"cpu-01": {"address": "10.0.0.1", "memory": "64GiB", "weights_dirs": ["/models"]}},
     "models": {"gemma": {"source": "/models/gemma.gguf",
                          "profiles": [{"engine": "llama.cpp", "cpu": True}]}},
 }

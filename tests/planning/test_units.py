@@ -45,7 +45,7 @@ CLUSTER: dict[str, Any] = {
                     "gpus": [{"class": "a100-80g", "count": 8}],
                     "fabrics": {"roce-a": ["mlx5_0"]}},
         "l40s-01": {"address": "10.0.4.11", "gpus": [{"class": "l40s-45g", "count": 4}]},
-        "cpu-01": {"address": "local", "memory": "64GiB"},
+        "cpu-01": {"address": "local", "memory": "64GiB", "weights_dirs": ["/models"]},
     },
     "models": {
         "llama-70b": {

@@ -12,8 +12,8 @@ from llmgw.cli.main import main
 CLUSTER = """\
 cluster: {name: lab}
 nodes:
-  cpu-01: {address: 10.0.0.11}
-  cpu-02: {address: 10.0.0.12}
+  cpu-01: {address: 10.0.0.11, weights_dirs: [/models]}
+  cpu-02: {address: 10.0.0.12, weights_dirs: [/models]}
 models:
   tiny:
     source: /models/tiny

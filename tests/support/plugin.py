@@ -87,7 +87,8 @@ def enrolled_cluster() -> Iterator[SimClusterFactory]:
         sim.account = account
         sim.write_cluster()
         sim.known_hosts.write_text("")  # node add pins each key, by its fingerprint
-        simenrolments.enrol(sim.cluster_dir, list(sim.nodes.values()), account, WHEELS)
+        simenrolments.enrol(sim.cluster_dir, list(sim.nodes.values()), account, WHEELS,
+                            weights_dirs=sim.weights_dirs)
         return sim
 
     yield make
