@@ -59,7 +59,7 @@ def test_label_values_may_hold_braces_quotes_and_timestamps() -> None:
 
 @pytest.mark.parametrize(("text", "why"), [
     ("<html><body>502 Bad Gateway</body></html>\n", "line 1 is not a Prometheus sample"),
-    ("# HELP x\nvllm:num_requests_running abc\n", "line 2: 'abc' is not a number"),
+    ("# HELP x\nvllm:num_requests_running hf_secret\n", "line 2: the value is not a number"),
     ('{"detail": "Not Found"}\n', "line 1 is not a Prometheus sample"),
 ])
 def test_anything_else_is_refused_with_its_line(text: str, why: str) -> None:
