@@ -22,8 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 
-from llmgw.agent import confines, fetchers, installs, messages, monitors, reports, shutdowns
+from llmgw.agent import (
+    confines,
+    fetchers,
+    installs,
+    messages,
+    monitors,
+    reports,
+    scrapes,
+    shutdowns,
+)
 from llmgw.agent.settings import Settings
 from llmgw.agent.supervisors import Supervisor
 from llmgw.agent.systemd import SystemdBackend
@@ -64,6 +74,9 @@ class Agent:
         self.installer = installs.Installer(settings.engines, self._installed, self._has_gpu,
                                             self.monitor.poke, group=settings.socket.group)
         self.monitor.overlay = self._overlay
+        # Each report reads every ready engine's own load (its metrics endpoint).
+        self.scraper = scrapes.Scraper(httpx.AsyncClient(trust_env=False),
+                                       settings.readiness.probe_timeout)
         self.stopping = asyncio.Event()  # set by SIGTERM, SIGINT or Shutdown
         self.on_exit: shutdowns.Decision | None = None  # what a Shutdown left to do
         # The weights directories the daemon last declared (its report request),
@@ -93,7 +106,7 @@ class Agent:
         return self.settings.declaration()
 
     async def report(self, asked: Declaration | None = None) -> NodeReport:
-        units = await self.monitor.refresh()
+        units = await self.scraper.loads(await self.monitor.refresh())
         declaration = self.declaration(asked)
         if asked is not None and asked.node:
             self.weights_dirs = declaration.weights_dirs
@@ -171,6 +184,7 @@ class Agent:
         await self.installer.close()
         await self.fetcher.close()
         await self.monitor.close()
+        await self.scraper.close()
         await self.backend.close()
 
 

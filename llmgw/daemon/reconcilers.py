@@ -325,7 +325,8 @@ class Daemon:
             self.router.update_routes(table)
         await self._publish(table)
         if self.collector is not None:
-            self.collector.observe(fleet)
+            self.collector.observe(fleet, {name: f.rate_gbps for name, f in
+                                           self.cluster.fabrics.items() if f.rate_gbps})
         return fleet
 
     def _remember(self, fleet: Fleet) -> Fleet:

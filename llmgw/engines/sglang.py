@@ -2,7 +2,8 @@
 
 Options as SGLang's own ``ServerArgs`` declares them (checked against the flag
 tables, :mod:`.tables`): ``--model-path --served-model-name --host --port
---tp-size --pp-size --dtype --quantization --kv-cache-dtype --download-dir``;
+--tp-size --pp-size --dtype --quantization --kv-cache-dtype --download-dir``, and on
+rank 0 ``--enable-metrics`` (the agent reads its load from ``/metrics``);
 across nodes ``--nnodes N --node-rank R --dist-init-addr HOST:PORT``, where
 ``--tp-size`` is the tensor-parallel size over all nodes and only rank 0
 serves the API. (``--tp`` is not a defined option: it only ever worked through
@@ -74,7 +75,8 @@ def command(launch: Launch, selection: Selection) -> Parts:
             "--dist-init-addr", addresses.host_port(str(launch.head_address), launch.dist_port),
         ]
     if launch.rank == 0:
-        argv += ["--host", launch.bind_host, "--port", str(launch.port)]
+        # /metrics: the agent reads the engine's load from it (llmgw.agent.scrapes).
+        argv += ["--host", launch.bind_host, "--port", str(launch.port), "--enable-metrics"]
     elif launch.aux_port is not None:
         argv += ["--host", "127.0.0.1", "--port", str(launch.aux_port)]
     return Parts(argv, options_from=len(PROGRAM))

@@ -8,6 +8,7 @@ utilization reported" and "0 % utilized" are different facts.
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -168,6 +169,26 @@ class CachedWeights(Observed):
     used_by: list[str] = Field(default_factory=list, description="Units whose spec names it.")
 
 
+class EngineLoad(Observed):
+    """An engine's own figures, read from its metrics endpoint for one report.
+
+    Each figure is None when the engine did not say (an older engine, a metric its
+    version lacks, a first scrape with no rate yet), never zero.
+    """
+
+    requests_running: int | None = Field(None, description="Requests the engine is serving.")
+    requests_waiting: int | None = Field(
+        None, description="Requests queued in the engine, not yet started.")
+    kv_cache_usage: float | None = Field(None, description="KV-cache in use, 0-1.")
+    generation_tokens_per_second: float | None = Field(
+        None, description="Generated tokens per second: the token counter's rate between two "
+        "scrapes, else the engine's own throughput gauge.")
+    generation_tokens_total: float | None = Field(
+        None, description="The engine's generated-token counter, as read.")
+    scraped_at: float | None = Field(None, description="Unix time of the scrape.")
+    error: str = Field("", description="Why the endpoint gave no figures; empty when it did.")
+
+
 class Unit(Observed):
     """One llmgw unit (one shard of one replica) as the node runs it."""
 
@@ -210,6 +231,20 @@ class Unit(Observed):
         "", description="Who listens on the unit's port when it is not the unit's own engine "
         "(`pid 7539 (python3 -m http.server 18000)`, or `a process of uid 1001`); empty when "
         "the port is free or the engine's.")
+    load: EngineLoad | None = Field(
+        None, description="The engine's own load, scraped by the agent for this report; None "
+        "when not scraped (not ready, no HTTP port, or an older agent).")
+
+    @property
+    def engine(self) -> str | None:
+        """The engine the unit runs (`vllm`, `sglang`, `llama.cpp`), from the shard spec
+        in its `X-Llmgw-Spec` label; None when the label is missing or unreadable."""
+        try:
+            spec = json.loads(self.labels.get("X-Llmgw-Spec", "") or "{}")
+        except ValueError:
+            return None
+        engine = spec.get("engine") if isinstance(spec, dict) else None
+        return engine if isinstance(engine, str) else None
 
 
 class EngineBinary(Observed):

@@ -11,19 +11,19 @@ Usage::
 
     collector = collectors.FleetCollector()
     registry.register(collector)
-    collector.observe(fleet)      # after each observation
+    collector.observe(fleet, declared_rates)  # after each observation (fabric → Gb/s)
     collector.observe_plan(plan)  # after each plan: drift per class and node
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from llmgw.fleet.types import Fleet, Gpu, NodeReport, Unit
+from llmgw.fleet.types import FabricStatus, Fleet, Gpu, NodeReport, Unit
 from llmgw.metrics.drifts import DriftCounts
 from llmgw.planning.types import Plan
 
@@ -60,22 +60,25 @@ def replica_states(fleet: Fleet) -> dict[tuple[str, int], str]:
 class FleetCollector(Collector):
     def __init__(self) -> None:
         self._fleet: Fleet | None = None
+        self._rates: Mapping[str, float] = {}
         self.drifts = DriftCounts()
 
     def observe_plan(self, plan: Plan) -> None:
         """Count the plan's drift (:mod:`llmgw.metrics.drifts`)."""
         self.drifts.observe(plan)
 
-    def observe(self, fleet: Fleet) -> None:
-        """Export ``fleet`` from now on (the reference swap is atomic for scraping threads)."""
-        self._fleet = fleet
+    def observe(self, fleet: Fleet, declared_rates: Mapping[str, float] | None = None) -> None:
+        """Export ``fleet`` from now on (the reference swap is atomic for scraping threads);
+        ``declared_rates`` is each fabric's declared rate in Gb/s, where the cluster says."""
+        self._fleet, self._rates = fleet, dict(declared_rates or {})
 
     def describe(self) -> Iterable[Metric]:
         # Declared so registering never calls collect() before a fleet exists.
-        return [*_families(None), *DriftCounts().families()]
+        return [*_families(None), *_observed_families(None, {}), *DriftCounts().families()]
 
     def collect(self) -> Iterable[Metric]:
-        return [*_families(self._fleet), *self.drifts.families()]
+        fleet, rates = self._fleet, self._rates
+        return [*_families(fleet), *_observed_families(fleet, rates), *self.drifts.families()]
 
 
 def _families(fleet: Fleet | None) -> Iterator[Metric]:
@@ -152,6 +155,78 @@ def _gpu_samples(
             utilization.add_metric(labels, gpu.utilization_pct / 100)
         if gpu.memory_used_mib is not None:
             memory_used.add_metric(labels, gpu.memory_used_mib * 2**20)
+
+
+ENGINE_LABELS = ["model", "replica", "node", "engine"]
+
+
+def _observed_families(fleet: Fleet | None, rates: Mapping[str, float]) -> Iterator[Metric]:
+    """Engine load per replica, GPU memory and NVLink, fabric rates: each sample only
+    where the node or engine said (absent is not zero), and only from reachable nodes
+    (an unreachable node's remembered units carry no load worth exporting)."""
+    running = GaugeMetricFamily(
+        "llmgw_engine_requests_running", "Requests the replica's engine serves, as it said.",
+        labels=ENGINE_LABELS)
+    waiting = GaugeMetricFamily(
+        "llmgw_engine_requests_waiting", "Requests queued in the replica's engine, as it said.",
+        labels=ENGINE_LABELS)
+    kv_cache = GaugeMetricFamily(
+        "llmgw_engine_kv_cache_usage_ratio", "KV-cache in use in the replica's engine (0-1).",
+        labels=ENGINE_LABELS)
+    tokens = GaugeMetricFamily(
+        "llmgw_engine_generation_tokens_per_second",
+        "Tokens the replica's engine generates per second (its counter's rate between two "
+        "reports, else its own gauge).", labels=ENGINE_LABELS)
+    memory_total = GaugeMetricFamily(
+        "llmgw_gpu_memory_total_bytes", "GPU memory in all as reported; absent when not reported.",
+        labels=["node", "gpu", "gpu_class"])
+    nvlink = GaugeMetricFamily(
+        "llmgw_gpu_nvlink_peers", "GPUs this GPU reaches over NVLink; absent when the topology "
+        "is unknown, 0 when known to have none.", labels=["node", "gpu"])
+    fabric_rate = GaugeMetricFamily(
+        "llmgw_fabric_rate_gbps", "The slowest ACTIVE declared adapter's link rate on the node "
+        "(Gb/s); absent when no declared adapter is ACTIVE with a known rate.",
+        labels=["node", "fabric"])
+    declared = GaugeMetricFamily(
+        "llmgw_fabric_declared_rate_gbps", "The link rate the cluster declares for the fabric "
+        "(Gb/s), per node on it; absent when the cluster declares none.",
+        labels=["node", "fabric"])
+    for name, report in sorted((fleet.nodes if fleet is not None else {}).items()):
+        if not report.reachable:
+            continue
+        for gpu in report.gpus:
+            if gpu.memory_total_mib is not None:
+                memory_total.add_metric([name, str(gpu.index), gpu.gpu_class],
+                                        gpu.memory_total_mib * 2**20)
+            if gpu.nvlink_peers is not None:
+                nvlink.add_metric([name, str(gpu.index)], len(gpu.nvlink_peers))
+        for fabric in report.fabrics:
+            slowest = fabric_rate_gbps(report, fabric)
+            if slowest is not None:
+                fabric_rate.add_metric([name, fabric.name], slowest)
+            if fabric.name in rates:
+                declared.add_metric([name, fabric.name], rates[fabric.name])
+        for unit in report.units:
+            load = unit.load
+            if load is None:
+                continue
+            labels = [unit.model, str(unit.replica), name, unit.engine or ""]
+            for family, value in ((running, load.requests_running),
+                                  (waiting, load.requests_waiting),
+                                  (kv_cache, load.kv_cache_usage),
+                                  (tokens, load.generation_tokens_per_second)):
+                if value is not None:
+                    family.add_metric(labels, float(value))
+    yield from (running, waiting, kv_cache, tokens, memory_total, nvlink, fabric_rate, declared)
+
+
+def fabric_rate_gbps(report: NodeReport, fabric: FabricStatus) -> float | None:
+    """The slowest link rate among the fabric's ACTIVE declared adapters' ACTIVE ports on
+    this node; None when none is ACTIVE with a known rate."""
+    active = set(fabric.adapters)
+    rates = [port.rate_gbps for adapter in report.adapters if adapter.name in active
+             for port in adapter.ports if port.active and port.rate_gbps is not None]
+    return min(rates) if rates else None
 
 
 LeaseView = tuple[str, int | None, bool]  # (holder, epoch, leading)

@@ -622,6 +622,7 @@ class Unit(_message.Message):
     STOPPED_BY_FIELD_NUMBER: _builtins.int
     WRITTEN_BY_LLMGW_FIELD_NUMBER: _builtins.int
     PORT_HOLDER_FIELD_NUMBER: _builtins.int
+    LOAD_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     model: _builtins.str
     replica: _builtins.int
@@ -659,6 +660,10 @@ class Unit(_message.Message):
     def crashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
         """unix times of the latest abnormal ends, oldest first"""
 
+    @_builtins.property
+    def load(self) -> Global___EngineLoad:
+        """The engine's own load, scraped for this report; unset: not scraped."""
+
     def __init__(
         self,
         *,
@@ -682,15 +687,18 @@ class Unit(_message.Message):
         stopped_by: _builtins.str = ...,
         written_by_llmgw: _builtins.bool | None = ...,
         port_holder: _builtins.str = ...,
+        load: Global___EngineLoad | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at", "_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_restarts", b"_restarts", "_since", b"_since", "_written_by_llmgw", b"_written_by_llmgw", "last_exit_at", b"last_exit_at", "last_used", b"last_used", "pid", b"pid", "port", b"port", "restarts", b"restarts", "since", b"since", "written_by_llmgw", b"written_by_llmgw"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at", "_last_used", b"_last_used", "_load", b"_load", "_pid", b"_pid", "_port", b"_port", "_restarts", b"_restarts", "_since", b"_since", "_written_by_llmgw", b"_written_by_llmgw", "last_exit_at", b"last_exit_at", "last_used", b"last_used", "load", b"load", "pid", b"pid", "port", b"port", "restarts", b"restarts", "since", b"since", "written_by_llmgw", b"written_by_llmgw"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at", "_last_used", b"_last_used", "_pid", b"_pid", "_port", b"_port", "_restarts", b"_restarts", "_since", b"_since", "_written_by_llmgw", b"_written_by_llmgw", "crashes", b"crashes", "detail", b"detail", "digest", b"digest", "labels", b"labels", "last_exit", b"last_exit", "last_exit_at", b"last_exit_at", "last_used", b"last_used", "log_tail", b"log_tail", "model", b"model", "name", b"name", "pid", b"pid", "port", b"port", "port_holder", b"port_holder", "rank", b"rank", "replica", b"replica", "restarts", b"restarts", "since", b"since", "state", b"state", "stopped_by", b"stopped_by", "written_by_llmgw", b"written_by_llmgw"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at", "_last_used", b"_last_used", "_load", b"_load", "_pid", b"_pid", "_port", b"_port", "_restarts", b"_restarts", "_since", b"_since", "_written_by_llmgw", b"_written_by_llmgw", "crashes", b"crashes", "detail", b"detail", "digest", b"digest", "labels", b"labels", "last_exit", b"last_exit", "last_exit_at", b"last_exit_at", "last_used", b"last_used", "load", b"load", "log_tail", b"log_tail", "model", b"model", "name", b"name", "pid", b"pid", "port", b"port", "port_holder", b"port_holder", "rank", b"rank", "replica", b"replica", "restarts", b"restarts", "since", b"since", "state", b"state", "stopped_by", b"stopped_by", "written_by_llmgw", b"written_by_llmgw"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__last_exit_at: _TypeAlias = _typing.Literal["last_exit_at"]  # noqa: Y015
     _WhichOneofArgType__last_exit_at: _TypeAlias = _typing.Literal["_last_exit_at", b"_last_exit_at"]  # noqa: Y015
     _WhichOneofReturnType__last_used: _TypeAlias = _typing.Literal["last_used"]  # noqa: Y015
     _WhichOneofArgType__last_used: _TypeAlias = _typing.Literal["_last_used", b"_last_used"]  # noqa: Y015
+    _WhichOneofReturnType__load: _TypeAlias = _typing.Literal["load"]  # noqa: Y015
+    _WhichOneofArgType__load: _TypeAlias = _typing.Literal["_load", b"_load"]  # noqa: Y015
     _WhichOneofReturnType__pid: _TypeAlias = _typing.Literal["pid"]  # noqa: Y015
     _WhichOneofArgType__pid: _TypeAlias = _typing.Literal["_pid", b"_pid"]  # noqa: Y015
     _WhichOneofReturnType__port: _TypeAlias = _typing.Literal["port"]  # noqa: Y015
@@ -706,6 +714,8 @@ class Unit(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_used) -> _WhichOneofReturnType__last_used | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__load) -> _WhichOneofReturnType__load | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pid) -> _WhichOneofReturnType__pid | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__port) -> _WhichOneofReturnType__port | None: ...
@@ -717,6 +727,70 @@ class Unit(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__written_by_llmgw) -> _WhichOneofReturnType__written_by_llmgw | None: ...
 
 Global___Unit: _TypeAlias = Unit  # noqa: Y015
+
+@_typing.final
+class EngineLoad(_message.Message):
+    """An engine's figures from its metrics endpoint; each unset when it did not say."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_RUNNING_FIELD_NUMBER: _builtins.int
+    REQUESTS_WAITING_FIELD_NUMBER: _builtins.int
+    KV_CACHE_USAGE_FIELD_NUMBER: _builtins.int
+    GENERATION_TOKENS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    GENERATION_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    SCRAPED_AT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    requests_running: _builtins.int
+    requests_waiting: _builtins.int
+    kv_cache_usage: _builtins.float
+    """0-1"""
+    generation_tokens_per_second: _builtins.float
+    generation_tokens_total: _builtins.float
+    scraped_at: _builtins.float
+    error: _builtins.str
+    """why no figures; "" when it gave some"""
+    def __init__(
+        self,
+        *,
+        requests_running: _builtins.int | None = ...,
+        requests_waiting: _builtins.int | None = ...,
+        kv_cache_usage: _builtins.float | None = ...,
+        generation_tokens_per_second: _builtins.float | None = ...,
+        generation_tokens_total: _builtins.float | None = ...,
+        scraped_at: _builtins.float | None = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_generation_tokens_per_second", b"_generation_tokens_per_second", "_generation_tokens_total", b"_generation_tokens_total", "_kv_cache_usage", b"_kv_cache_usage", "_requests_running", b"_requests_running", "_requests_waiting", b"_requests_waiting", "_scraped_at", b"_scraped_at", "generation_tokens_per_second", b"generation_tokens_per_second", "generation_tokens_total", b"generation_tokens_total", "kv_cache_usage", b"kv_cache_usage", "requests_running", b"requests_running", "requests_waiting", b"requests_waiting", "scraped_at", b"scraped_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_generation_tokens_per_second", b"_generation_tokens_per_second", "_generation_tokens_total", b"_generation_tokens_total", "_kv_cache_usage", b"_kv_cache_usage", "_requests_running", b"_requests_running", "_requests_waiting", b"_requests_waiting", "_scraped_at", b"_scraped_at", "error", b"error", "generation_tokens_per_second", b"generation_tokens_per_second", "generation_tokens_total", b"generation_tokens_total", "kv_cache_usage", b"kv_cache_usage", "requests_running", b"requests_running", "requests_waiting", b"requests_waiting", "scraped_at", b"scraped_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__generation_tokens_per_second: _TypeAlias = _typing.Literal["generation_tokens_per_second"]  # noqa: Y015
+    _WhichOneofArgType__generation_tokens_per_second: _TypeAlias = _typing.Literal["_generation_tokens_per_second", b"_generation_tokens_per_second"]  # noqa: Y015
+    _WhichOneofReturnType__generation_tokens_total: _TypeAlias = _typing.Literal["generation_tokens_total"]  # noqa: Y015
+    _WhichOneofArgType__generation_tokens_total: _TypeAlias = _typing.Literal["_generation_tokens_total", b"_generation_tokens_total"]  # noqa: Y015
+    _WhichOneofReturnType__kv_cache_usage: _TypeAlias = _typing.Literal["kv_cache_usage"]  # noqa: Y015
+    _WhichOneofArgType__kv_cache_usage: _TypeAlias = _typing.Literal["_kv_cache_usage", b"_kv_cache_usage"]  # noqa: Y015
+    _WhichOneofReturnType__requests_running: _TypeAlias = _typing.Literal["requests_running"]  # noqa: Y015
+    _WhichOneofArgType__requests_running: _TypeAlias = _typing.Literal["_requests_running", b"_requests_running"]  # noqa: Y015
+    _WhichOneofReturnType__requests_waiting: _TypeAlias = _typing.Literal["requests_waiting"]  # noqa: Y015
+    _WhichOneofArgType__requests_waiting: _TypeAlias = _typing.Literal["_requests_waiting", b"_requests_waiting"]  # noqa: Y015
+    _WhichOneofReturnType__scraped_at: _TypeAlias = _typing.Literal["scraped_at"]  # noqa: Y015
+    _WhichOneofArgType__scraped_at: _TypeAlias = _typing.Literal["_scraped_at", b"_scraped_at"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__generation_tokens_per_second) -> _WhichOneofReturnType__generation_tokens_per_second | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__generation_tokens_total) -> _WhichOneofReturnType__generation_tokens_total | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_cache_usage) -> _WhichOneofReturnType__kv_cache_usage | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__requests_running) -> _WhichOneofReturnType__requests_running | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__requests_waiting) -> _WhichOneofReturnType__requests_waiting | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__scraped_at) -> _WhichOneofReturnType__scraped_at | None: ...
+
+Global___EngineLoad: _TypeAlias = EngineLoad  # noqa: Y015
 
 @_typing.final
 class NodeReport(_message.Message):

@@ -260,6 +260,14 @@ class Fabric(Strict):
         "replica to use the fabric there (default: one; a node with fewer still serves "
         "single-node replicas). Each node on the fabric must declare at least this many.",
     )
+    rate_gbps: float | None = Field(
+        None, gt=0, le=100000,
+        description="The link rate each ACTIVE adapter on the fabric should run at, in Gb/s "
+        "(`400` for NDR or 400GbE, `200` for HDR). Exported as "
+        "`llmgw_fabric_declared_rate_gbps`; the `LlmgwFabricBelowDeclaredRate` alert fires "
+        "when a node's slowest ACTIVE adapter on the fabric runs slower. Default: none "
+        "declared, no such alert.",
+    )
     description: str = Field("", description="Free text for people.")
 
     @model_validator(mode="after")

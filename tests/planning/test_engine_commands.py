@@ -32,22 +32,22 @@ def launch(profile: dict[str, Any], **overrides: Any) -> Launch:
 @pytest.mark.parametrize(("profile", "overrides", "argv"), [
     ({"tensor_parallel": 1}, {},
      [*SGLANG, "--model-path", "org/model", "--served-model-name", "served", "--tp-size", "1",
-      "--host", "0.0.0.0", "--port", "18000"]),
+      "--host", "0.0.0.0", "--port", "18000", "--enable-metrics"]),
     ({"tensor_parallel": 2, "pipeline_parallel": 2}, {},
      [*SGLANG, "--model-path", "org/model", "--served-model-name", "served", "--tp-size", "2",
-      "--pp-size", "2", "--host", "0.0.0.0", "--port", "18000"]),
+      "--pp-size", "2", "--host", "0.0.0.0", "--port", "18000", "--enable-metrics"]),
     ({"dtype": "bfloat16", "quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}, {},
      [*SGLANG, "--model-path", "org/model", "--served-model-name", "served", "--tp-size", "1",
       "--dtype", "bfloat16", "--quantization", "fp8", "--kv-cache-dtype", "fp8_e4m3",
-      "--host", "0.0.0.0", "--port", "18000"]),
+      "--host", "0.0.0.0", "--port", "18000", "--enable-metrics"]),
     ({"quantization": "awq"}, {"download_dir": "/models"},
      [*SGLANG, "--model-path", "org/model", "--served-model-name", "served", "--tp-size", "1",
       "--quantization", "awq", "--download-dir", "/models", "--host", "0.0.0.0",
-      "--port", "18000"]),
+      "--port", "18000", "--enable-metrics"]),
     ({"kv_cache_dtype": "fp8_e5m2"}, {"source": "/models/local", "download_dir": "/models"},
      [*SGLANG, "--model-path", "/models/local", "--served-model-name", "served",
       "--tp-size", "1", "--kv-cache-dtype", "fp8_e5m2", "--host", "0.0.0.0",
-      "--port", "18000"]),
+      "--port", "18000", "--enable-metrics"]),
 ])
 def test_sglang_renders_each_profile_field(
         profile: dict[str, Any], overrides: dict[str, Any], argv: list[str]) -> None:
