@@ -25,15 +25,16 @@ from llmgw.spec import secrets
 def public_json(fleet: Fleet) -> str:
     """The snapshot as JSON (``llmgw plan --observed`` reads it), every string scrubbed;
     laid out as ``model_dump_json(indent=2)`` lays it out (and as fast)."""
-    return Fleet.model_validate(_scrubbed(fleet.model_dump(mode="json"))).model_dump_json(
+    return Fleet.model_validate(scrubbed(fleet.model_dump(mode="json"))).model_dump_json(
         indent=2)
 
 
-def _scrubbed(value: Any) -> Any:
+def scrubbed(value: Any) -> Any:
+    """A JSON-shaped value (dicts, lists, strings, numbers) with every string scrubbed."""
     if isinstance(value, str):
         return secrets.scrub(value)
     if isinstance(value, list):
-        return [_scrubbed(item) for item in value]
+        return [scrubbed(item) for item in value]
     if isinstance(value, dict):
-        return {key: _scrubbed(item) for key, item in value.items()}
+        return {key: scrubbed(item) for key, item in value.items()}
     return value

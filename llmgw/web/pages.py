@@ -30,6 +30,7 @@ from urllib.parse import quote
 import jinja2
 from aiohttp import web
 
+from llmgw.fleet.types import Fleet
 from llmgw.planning.summaries import Summary
 from llmgw.router.apps import Router
 from llmgw.spec.models import Cluster
@@ -51,6 +52,7 @@ PAGE_PREFIXES = ("/login", "/logout", "/chat", "/account", "/admin", "/static/")
 STATIC = {"app.css": "text/css", "chat.js": "text/javascript",
           "refresh.js": "text/javascript", "favicon.svg": "image/svg+xml"}
 MAX_FORM = 64 * 1024
+NOT_OBSERVED = "The daemon has not observed the fleet yet."
 audit = logging.getLogger("llmgw.audit")  # security events: failed logins
 VISITOR = web.RequestKey("visitor", Visitor)  # set by the middleware on page paths
 
@@ -90,6 +92,12 @@ class AdminView:
     applied_at: float | None = None
     refused: list[str] = field(default_factory=list)
     progress: list[Progress] = field(default_factory=list)
+    fleet: Fleet | None = None  # the observed fleet, scrubbed where it crossed the store
+    # In the HA layout, where a router shows the leader's published summary: whose it
+    # is and how old ("summary from vm:1234:ab12 (leader), 4 s old"), and when it is
+    # older than it should be, a sentence saying so.
+    source: str | None = None
+    stale: str | None = None
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -103,6 +111,7 @@ class Pages:
         *,
         cluster: Callable[[], Cluster],
         admin: Callable[[], AdminView | None] = lambda: None,
+        absent: Callable[[], str] = lambda: NOT_OBSERVED,
         clock: Callable[[], float] = time.time,
         refresh_seconds: int = 10,
     ) -> None:
@@ -110,6 +119,7 @@ class Pages:
         self.router = router
         self.cluster = cluster
         self.admin = admin
+        self.absent = absent  # what /admin says while ``admin`` has no view
         self.clock = clock
         self.refresh_seconds = refresh_seconds
         self.gate = Gate(store, lambda: cluster().cluster.web, clock)
