@@ -19,11 +19,17 @@ reconciler leads.
   :data:`REFRESH` seconds, fenced by the lease (a deposed leader's write is
   refused by the database). A document above :data:`MAX_BYTES` is not
   written whole: the fleet is left out and routers say why.
-* **How routers show it**: the :class:`Reader` polls the row (the document
-  only when it changed) and the lease, and /admin says whose summary it is
-  and how old, by the database's clock: ``summary from vm:1234:ab12
-  (leader), 4 s old``. Older than :data:`STALE_AFTER`, or from a reconciler
-  that no longer leads, the page says so plainly.
+* **How routers show it**: the :class:`Reader` polls the row and the lease,
+  and /admin says whose summary it is and how old, by the database's clock:
+  ``summary from vm:1234:ab12 (leader), 4 s old``. Older than
+  :data:`STALE_AFTER`, or from a reconciler that no longer leads, the page
+  says so plainly. The document is downloaded and decoded only when it
+  changed and only while someone looks at /admin (within :data:`WANTED_FOR`
+  seconds): the example fleet takes 4.5 KiB a node, and decoding a thousand
+  nodes costs a router seconds of CPU it should spend on requests.
+* **Cost on the leader**: building the document takes time too (a thousand
+  nodes: seconds), so the leader builds at most once per four times the last
+  build took.
 
 Usage::
 
@@ -63,7 +69,8 @@ CHECK_INTERVAL = 1.0  # seconds between the leader's looks at what /admin shows
 REFRESH = 10.0  # the leader writes at least this often, so routers can tell it lives
 STALE_AFTER = 30.0  # a summary older than this is called stale on the page
 READ_INTERVAL = 2.0  # seconds between a router's reads (the page refreshes every 10 s)
-MAX_BYTES = 16 * 1024 * 1024  # bound of one document: about 3,000 reporting GPU nodes
+WANTED_FOR = 60.0  # a router fetches the document while /admin was viewed this recently
+MAX_BYTES = 16 * 1024 * 1024  # bound of one document: some 3,600 nodes of 4.5 KiB
 
 
 @dataclass(frozen=True)
@@ -164,6 +171,7 @@ class Publisher:
         self.limit = limit
         self._shown: tuple[Any, ...] | None = None  # what the last document was built from
         self._text: str | None = None
+        self._built: tuple[float, float] | None = None  # when the last build began; its time
         self._written: tuple[int, str | None, float] | None = None  # epoch, text, when
         self._failing = False
         self._too_large_said = False
@@ -185,15 +193,17 @@ class Publisher:
         # makes new objects, so a changed page means a changed key.
         shown = (id(state.fleet), id(state.plan), id(state.outcome), tuple(state.refused),
                  state.revision, state.applied_revision, state.cluster.cluster.sync)
-        if shown != self._shown:
+        now = self.clock()
+        if shown != self._shown and (self._built is None
+                                     or now - self._built[0] >= 4 * self._built[1]):
             doc = await asyncio.to_thread(document, self.daemon)
             self._text = None if doc is None else await asyncio.to_thread(
                 encode, doc, self.limit)
             self._shown = shown
+            self._built = (now, self.clock() - now)
         text = self._text
         if text is None:
             return False
-        now = self.clock()
         if self._written is not None:
             written_epoch, written_text, at = self._written
             if written_epoch == epoch and written_text == text and now - at < REFRESH:
@@ -224,11 +234,14 @@ class Reader:
         self.store = store
         self.interval = interval
         self.clock = clock
-        self.published: PublishedSummary | None = None
+        self.published: PublishedSummary | None = None  # the header last read
         self.record: Record | None = None
+        self.shown: PublishedSummary | None = None  # the header ``record`` came with
         self.error: str | None = None  # why the record cannot be shown
         self.leader: Grant | None = None
         self.read_at: float | None = None  # clock() of the last answer
+        self.record_read_at: float | None = None  # clock() when ``record`` was read
+        self.wanted_at: float | None = None  # clock() of the last look at /admin
         self._failing = False
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -238,9 +251,10 @@ class Reader:
                 await asyncio.wait_for(stop.wait(), self.interval)
 
     async def step(self) -> None:
-        seen = self.published.seq if self.published is not None else None
+        seen = self.shown.seq if self.shown is not None else None
+        wanted = self.wanted_at is not None and self.clock() - self.wanted_at < WANTED_FOR
         try:
-            published = await self.store.published_summary(LEASE, seen)
+            published = await self.store.published_summary(LEASE, seen, body=wanted)
             leader = await self.store.lease(LEASE)
         except StoreError as exc:
             if not self._failing:
@@ -255,17 +269,19 @@ class Reader:
                 self.record, self.error = record, None
             except ValueError as exc:
                 self.record, self.error = None, f"the leader's summary cannot be read: {exc}"
+            self.shown, self.record_read_at = published, self.clock()
         self.published = published
 
     def age(self) -> float | None:
-        """Seconds since the summary was written: the database's answer plus the time
-        since that answer."""
-        if self.published is None or self.read_at is None:
+        """Seconds since the summary shown was written: the database's answer plus the
+        time since that answer."""
+        if self.shown is None or self.record_read_at is None:
             return None
-        return self.published.age + max(0.0, self.clock() - self.read_at)
+        return self.shown.age + max(0.0, self.clock() - self.record_read_at)
 
     def absent(self) -> str:
         """What /admin says while there is no view."""
+        self.wanted_at = self.clock()
         if self.error:
             return self.error
         record = self.record
@@ -273,12 +289,17 @@ class Reader:
             return (f"The leader's summary is {record.too_large / 2**20:.1f} MiB, over the "
                     f"{MAX_BYTES // 2**20} MiB a published summary may take, so routers show "
                     "no fleet: ask the leader's admin API (`llmgw status`).")
+        if self.published is not None:
+            return ("Reading the leader's summary from the store; this page shows it at its "
+                    "next refresh.")
         return ("No reconciler has published a summary yet: routers show the fleet the "
                 "leading reconciler publishes to the store.")
 
     def view(self, cluster: Cluster, now: float) -> AdminView | None:
-        """The page's view of the leader's last summary; None when there is none."""
-        record, published, age = self.record, self.published, self.age()
+        """The page's view of the leader's last summary; None when there is none (or it
+        was not fetched yet: asking for it makes the next reads fetch it)."""
+        self.wanted_at = self.clock()
+        record, published, age = self.record, self.shown, self.age()
         if record is None or record.fleet is None or published is None or age is None:
             return None
         fleet = record.fleet

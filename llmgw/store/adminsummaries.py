@@ -9,7 +9,9 @@ clock (PostgreSQL's ``now()``; SQLite's one machine), so routers on other
 hosts can say how old it is without trusting the leader's clock.
 
 Reading is cheap when nothing changed: :meth:`published_summary` returns the
-document only when its ``seq`` differs from the one the caller has.
+document only when its ``seq`` differs from the one the caller has, and not
+at all when the caller asks for the header alone (``body=False``: a router
+nobody looks at does not download and decode the fleet).
 
 This module holds the :class:`AdminSummaryMethods` part of the store interface
 and the SQL of both databases. The document's shape is the daemon's business
@@ -47,10 +49,10 @@ class AdminSummaryMethods(abc.ABC):
         at ``epoch``, checked in the same statement. False when fenced out."""
 
     @abc.abstractmethod
-    async def published_summary(self, name: str, seen: int | None = None
-                                ) -> PublishedSummary | None:
+    async def published_summary(self, name: str, seen: int | None = None, *,
+                                body: bool = True) -> PublishedSummary | None:
         """The last summary published under lease ``name`` (its ``doc`` None when its
-        ``seq`` is ``seen``), or None when none was ever published."""
+        ``seq`` is ``seen`` or ``body`` is False), or None when none was ever published."""
 
 
 # -- SQLite (runs on the store's own thread) ----------------------------------------------
@@ -71,11 +73,11 @@ def sqlite_publish(conn: sqlite3.Connection, name: str, holder: str, epoch: int,
     return True
 
 
-def sqlite_published(conn: sqlite3.Connection, name: str,
-                     seen: int | None) -> PublishedSummary | None:
+def sqlite_published(conn: sqlite3.Connection, name: str, seen: int | None,
+                     body: bool) -> PublishedSummary | None:
     found = conn.execute(
-        "SELECT holder, epoch, seq, published_at, CASE WHEN seq = ? THEN NULL ELSE doc END "
-        "FROM published_summaries WHERE name = ?", (seen, name)).fetchone()
+        "SELECT holder, epoch, seq, published_at, CASE WHEN ? AND seq IS NOT ? THEN doc END "
+        "FROM published_summaries WHERE name = ?", (body, seen, name)).fetchone()
     if found is None:
         return None
     holder, epoch, seq, at, doc = found
@@ -96,11 +98,11 @@ async def postgres_publish(conn: asyncpg.pool.PoolConnectionProxy, name: str, ho
 
 
 async def postgres_published(conn: asyncpg.pool.PoolConnectionProxy, name: str,
-                             seen: int | None) -> PublishedSummary | None:
+                             seen: int | None, body: bool) -> PublishedSummary | None:
     found = await conn.fetchrow(
         "SELECT holder, epoch, seq, EXTRACT(EPOCH FROM now() - published_at)::float8, "
-        "CASE WHEN seq = $2 THEN NULL ELSE doc END FROM published_summaries WHERE name = $1",
-        name, seen)
+        "CASE WHEN $3 AND seq IS DISTINCT FROM $2 THEN doc END FROM published_summaries "
+        "WHERE name = $1", name, seen, body)
     if found is None:
         return None
     return PublishedSummary(str(found[0]), int(found[1]), int(found[2]),

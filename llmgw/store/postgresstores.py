@@ -269,10 +269,10 @@ class PostgresStore(PostgresPages, Store):
         async with self._conn() as conn:
             return await adminsummaries.postgres_publish(conn, name, holder, epoch, doc)
 
-    async def published_summary(self, name: str, seen: int | None = None
-                                ) -> adminsummaries.PublishedSummary | None:
+    async def published_summary(self, name: str, seen: int | None = None, *,
+                                body: bool = True) -> adminsummaries.PublishedSummary | None:
         async with self._conn() as conn:
-            return await adminsummaries.postgres_published(conn, name, seen)
+            return await adminsummaries.postgres_published(conn, name, seen, body)
 
     async def put_signals(self, router: str, doc: str) -> None:
         async with self._conn() as conn:

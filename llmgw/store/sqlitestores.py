@@ -286,9 +286,10 @@ class SQLiteStore(SQLitePages, Store):
         return await self._run(
             lambda conn: adminsummaries.sqlite_publish(conn, name, holder, epoch, doc))
 
-    async def published_summary(self, name: str, seen: int | None = None
-                                ) -> adminsummaries.PublishedSummary | None:
-        return await self._run(lambda conn: adminsummaries.sqlite_published(conn, name, seen))
+    async def published_summary(self, name: str, seen: int | None = None, *,
+                                body: bool = True) -> adminsummaries.PublishedSummary | None:
+        return await self._run(
+            lambda conn: adminsummaries.sqlite_published(conn, name, seen, body))
 
     async def put_signals(self, router: str, doc: str) -> None:
         await self._run(lambda conn: conn.execute(

@@ -66,6 +66,14 @@ async def store(store_settings: dict[str, str]) -> AsyncIterator[Store]:
         await opened.close()
 
 
+async def _reader(store: Store) -> publications.Reader:
+    """A router's reader after one read, with someone looking at /admin."""
+    reader = publications.Reader(store)
+    assert reader.view(_cluster(), 1000.0) is None  # nothing read yet: wanted from now on
+    await reader.step()
+    return reader
+
+
 async def _leader(store: Store, holder: str) -> Leadership:
     lead = Leadership(store, 30.0, holder=holder)
     await lead.try_once()
@@ -82,8 +90,7 @@ async def test_a_router_shows_the_leaders_fleet_scrubbed_with_its_holder_and_age
     published = await store.published_summary(LEASE)
     assert published is not None and published.doc is not None
     assert HF not in published.doc and GITHUB not in published.doc
-    reader = publications.Reader(store)
-    await reader.step()
+    reader = await _reader(store)
     view = reader.view(_cluster(), 1000.0)
     assert view is not None and view.fleet is not None
     assert view.source is not None
@@ -102,9 +109,10 @@ async def test_unchanged_it_is_not_written_again_and_not_read_again(
 ) -> None:
     lead = await _leader(store, "vm:1:aa")
     daemon = _daemon(tmp_path, _fleet())
-    publisher = publications.Publisher(daemon, store, lead)
+    # A clock that stands still: REFRESH never passes, and building takes no time.
+    publisher = publications.Publisher(daemon, store, lead, clock=lambda: 50.0)
     assert await publisher.step()
-    assert not await publisher.step()  # nothing changed, REFRESH not passed
+    assert not await publisher.step()  # nothing changed
     first = await store.published_summary(LEASE)
     assert first is not None
     again = await store.published_summary(LEASE, seen=first.seq)
@@ -113,6 +121,20 @@ async def test_unchanged_it_is_not_written_again_and_not_read_again(
     assert await publisher.step()
     changed = await store.published_summary(LEASE, seen=first.seq)
     assert changed is not None and changed.seq == first.seq + 1 and changed.doc is not None
+
+
+async def test_a_router_nobody_looks_at_does_not_fetch_the_document(
+    store: Store, tmp_path: Path,
+) -> None:
+    lead = await _leader(store, "vm:1:aa")
+    assert await publications.Publisher(_daemon(tmp_path, _fleet()), store, lead).step()
+    reader = publications.Reader(store)
+    await reader.step()
+    assert reader.published is not None and reader.published.doc is None
+    assert reader.record is None
+    assert reader.absent().startswith("Reading the leader's summary")  # someone looks now
+    await reader.step()
+    assert reader.view(_cluster(), 1000.0) is not None
 
 
 async def test_a_deposed_leader_cannot_overwrite_the_new_leaders_summary(
@@ -128,8 +150,7 @@ async def test_a_deposed_leader_cannot_overwrite_the_new_leaders_summary(
     assert not await stale_publisher.step()
     published = await store.published_summary(LEASE)
     assert published is not None and published.holder == "vm:2:bb"
-    reader = publications.Reader(store)
-    await reader.step()
+    reader = await _reader(store)
     view = reader.view(_cluster(), 1000.0)
     assert view is not None and view.source is not None
     assert view.source.startswith("summary from vm:2:bb (leader)")
@@ -144,15 +165,13 @@ async def test_a_summary_over_the_bound_carries_no_fleet_and_the_page_says_why(
     published = await store.published_summary(LEASE)
     assert published is not None and published.doc is not None
     assert len(published.doc) < 2048  # the fleet was left out
-    reader = publications.Reader(store)
-    await reader.step()
+    reader = await _reader(store)
     assert reader.view(_cluster(), 1000.0) is None
     assert "MiB" in reader.absent() and "over the" in reader.absent()
 
 
 async def test_before_any_leader_published_the_page_says_so(store: Store) -> None:
-    reader = publications.Reader(store)
-    await reader.step()
+    reader = await _reader(store)
     assert reader.view(_cluster(), 1000.0) is None
     assert reader.absent().startswith("No reconciler has published a summary yet")
 
