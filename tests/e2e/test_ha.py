@@ -230,16 +230,11 @@ def test_a_routers_admin_shows_the_leaders_fleet_and_then_the_new_leaders(
     second.wait(lambda: second.status()["leadership"]["leader"] is not None, "a standby")
     router = start(ha, directory, "router", "router")
     router.wait(lambda: router.ready(router.router) == 200, "routes from the leader")
-    asyncio.run(_admin_user(postgres_db))
+    asyncio.run(_admin_user(postgres_db.settings))
     [node] = first.status()["nodes"]
     base = f"http://{router.router}"
     with httpx.Client(timeout=10) as client:
-        form = client.get(f"{base}/login").text
-        token = re.search(r'name="csrf" value="([^"]+)"', form)
-        assert token is not None
-        answer = client.post(f"{base}/login", data={"name": "ada", "password": ADA,
-                                                     "csrf": token.group(1)})
-        assert answer.status_code == 303, answer.text
+        _login(client, base)
 
         def shows(holder: str) -> bool:
             page = client.get(f"{base}/admin")
@@ -260,11 +255,42 @@ def test_a_routers_admin_shows_the_leaders_fleet_and_then_the_new_leaders(
                     timeout=30)
 
 
+def test_router_workers_of_one_machine_show_the_parents_summary_on_sqlite(
+    sim_cluster: SimClusterFactory, engines: Path,
+) -> None:
+    """``--role all --workers 2``: the loop runs in the parent, /admin in the workers."""
+    sim = sim_cluster(1, hardware=("cpu-only",))
+    directory = sim.write_cluster({"cluster": {"sync": "auto", "drift_interval": "1s"},
+                                   "models": recording({"tiny": MODELS["tiny"]})})
+    settings = {"path": str(directory / "llmgw.db")}
+    proc = Proc(directory, "all", directory.parent / "all.log", "--workers", "2")
+    try:
+        proc.wait(lambda: tiny_ready(proc), "tiny ready")
+        proc.wait(lambda: proc.ready(proc.router) == 200, "routes in a worker")
+        asyncio.run(_admin_user(settings))
+        holder = proc.status()["leadership"]["holder"]
+        with httpx.Client(timeout=10) as client:
+            _login(client, f"http://{proc.router}")
+            proc.wait(lambda: f"summary from {holder} (leader), " in client.get(
+                f"http://{proc.router}/admin").text, "/admin in a worker")
+    finally:
+        proc.stop()
+
+
 ADA = "ada-admin-pass-for-ha"
 
 
-async def _admin_user(db: Database) -> None:
-    store = await stores.open_store(StoreSettings.model_validate(db.settings))
+def _login(client: httpx.Client, base: str) -> None:
+    form = client.get(f"{base}/login").text
+    token = re.search(r'name="csrf" value="([^"]+)"', form)
+    assert token is not None
+    answer = client.post(f"{base}/login", data={"name": "ada", "password": ADA,
+                                                 "csrf": token.group(1)})
+    assert answer.status_code == 303, answer.text
+
+
+async def _admin_user(settings: dict[str, str]) -> None:
+    store = await stores.open_store(StoreSettings.model_validate(settings))
     try:
         await users.create(store, "ada", ADA, admin=True)
     finally:
