@@ -295,7 +295,7 @@ def admin_view(daemon: Daemon) -> AdminView | None:
         last_apply_ok=outcome.ok if outcome else None, applied_at=state.applied_at,
         # Paths relative to the cluster directory, as the operator edits them.
         refused=[line.replace(f"{state.directory}/", "") for line in state.refused],
-        progress=progress(state.fleet), fleet=state.fleet,
+        progress=progress(state.fleet),
     )
 
 

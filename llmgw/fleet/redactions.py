@@ -25,12 +25,17 @@ from llmgw.spec import secrets
 def public_json(fleet: Fleet) -> str:
     """The snapshot as JSON (``llmgw plan --observed`` reads it), every string scrubbed;
     laid out as ``model_dump_json(indent=2)`` lays it out (and as fast)."""
-    return Fleet.model_validate(scrubbed(fleet.model_dump(mode="json"))).model_dump_json(
-        indent=2)
+    return public(fleet).model_dump_json(indent=2)
+
+
+def public(fleet: Fleet) -> Fleet:
+    """``fleet`` with every string scrubbed (what ``llmgw inventory`` prints and saves,
+    and the /admin nodes pages show)."""
+    return Fleet.model_validate(scrubbed(fleet.model_dump(mode="json")))
 
 
 def scrubbed(value: Any) -> Any:
-    """A JSON-shaped value (dicts, lists, strings, numbers) with every string scrubbed."""
+    """A JSON-shaped ``value`` with every string in it scrubbed, keys left as they are."""
     if isinstance(value, str):
         return secrets.scrub(value)
     if isinstance(value, list):

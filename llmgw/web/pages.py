@@ -80,6 +80,7 @@ class AdminView:
     """What the daemon knows, as /admin shows it (built by the daemon on each request)."""
 
     summary: Summary
+    fleet: Fleet | None = None  # the observed fleet the summary is of: the nodes pages
     observed_at: float | None = None
     revision: str | None = None
     applied_revision: str | None = None
@@ -92,7 +93,6 @@ class AdminView:
     applied_at: float | None = None
     refused: list[str] = field(default_factory=list)
     progress: list[Progress] = field(default_factory=list)
-    fleet: Fleet | None = None  # the observed fleet, scrubbed where it crossed the store
     # In the HA layout, where a router shows the leader's published summary: whose it
     # is and how old ("summary from vm:1234:ab12 (leader), 4 s old"), and when it is
     # older than it should be, a sentence saying so.
