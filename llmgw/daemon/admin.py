@@ -19,6 +19,12 @@ on the pages.
 ``GET /ready``          200 on the leading reconciler once it has observed the
                         fleet; 503 on a standby (a load balancer in front of
                         reconcilers' admin APIs reaches the leader).
+
+The pages (``/admin``, ``/chat``, ``/account``, ``/login``) are not served here:
+they live on the router's listener, where routers in the HA layout show the
+leader's published summary (:mod:`llmgw.daemon.publications`). A browser
+that opens one on this listener gets a 404 saying where they are, not a 401
+that asks for a token no person has at hand.
 """
 
 from __future__ import annotations
@@ -47,10 +53,16 @@ from llmgw.spec import secrets
 from llmgw.spec.models import NAME_PATTERN
 from llmgw.store import journals
 from llmgw.store.stores import StoreError
-from llmgw.web import AdminView, Progress
+from llmgw.web import PAGE_PREFIXES, AdminView, Progress
 from llmgw.web.logins import Gate
 
 TOKEN_FILE = "admin.token"
+PAGES_ELSEWHERE = (
+    "This is llmgw's admin API, not its pages. The pages (/admin, /chat, /account) are "
+    "served by routers, on the router listener (this cluster's listeners.router is "
+    "{router}); in the HA layout every router's /admin shows the leading reconciler's "
+    "summary. The API here: /api/v1/status, /api/v1/fleet, /api/v1/plan, /api/v1/history "
+    "(with the admin token), /health, /ready.\n")
 
 FORMATS = {"json": outputs.json_text, "markdown": outputs.markdown, "text": outputs.text}
 CONTENT_TYPES = {"json": "application/json", "markdown": "text/markdown", "text": "text/plain"}
@@ -70,11 +82,13 @@ def ensure_token(directory: Path) -> str:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _guard(token: str, gate: Gate | None) -> Middleware:
+def _guard(token: str, gate: Gate | None, router: Callable[[], str]) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in ("/health", "/ready"):  # what load balancers probe
             return await handler(request)
+        if request.path == "/" or request.path.startswith(PAGE_PREFIXES):
+            raise web.HTTPNotFound(text=PAGES_ELSEWHERE.format(router=router()))
         scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer" and presented.strip():
             if hmac.compare_digest(presented.strip().encode(), token.encode()):
@@ -93,7 +107,8 @@ def _guard(token: str, gate: Gate | None) -> Middleware:
 
 
 def create_app(daemon: Daemon, token: str, gate: Gate | None = None) -> web.Application:
-    app = web.Application(middlewares=[_guard(token, gate)])
+    app = web.Application(middlewares=[_guard(
+        token, gate, lambda: daemon.cluster.cluster.listeners.router)])
     app.router.add_get("/api/v1/status", lambda r: _status(daemon))
     app.router.add_get("/api/v1/fleet", lambda r: _fleet(daemon))
     app.router.add_get("/api/v1/plan", lambda r: _plan(daemon, r))

@@ -43,6 +43,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,7 @@ import watchfiles
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from llmgw.daemon import admin, housekeeping, localagents, workers
+from llmgw.daemon import admin, housekeeping, localagents, publications, workers
 from llmgw.daemon.leaders import Leadership, new_holder
 from llmgw.daemon.reconcilers import Daemon, RevisionOf
 from llmgw.daemon.routetables import Follower
@@ -65,7 +66,7 @@ from llmgw.spec.models import Cluster, Listeners
 from llmgw.spec.quantities import count
 from llmgw.store import migrations, stores
 from llmgw.store.stores import Store, StoreError
-from llmgw.web import AdminView, Pages
+from llmgw.web import NOT_OBSERVED, AdminView, Pages
 
 log = logging.getLogger("llmgw.serve")
 T = TypeVar("T")
@@ -259,7 +260,12 @@ class _Process:
             router = Router(catalogs.from_cluster(cluster), store=store, registry=registry,
                             settings=settings, router_id=holder)
             stack.push_async_callback(router.close)
-            pages = _pages(store, router, cluster, lambda: daemon)
+            # A router with no reconcile loop beside it shows the leader's published summary.
+            reader = publications.Reader(store) \
+                if options.role == "router" or store.kind == "postgresql" else None
+            pages = _pages(store, router, cluster, lambda: daemon, reader)
+            if reader is not None:
+                self.task(reader.run(stop), "read-summary")
             runner = await self.listen("router", router.start(
                 *split(options.listeners.router), reuse_port=options.worker_of is not None,
                 extend=pages.install))
@@ -306,6 +312,10 @@ class _Process:
             self.task(housekeeping.purge_forever(
                 store, lambda: looping.cluster, stop=stop), "housekeeping")
             self.task(daemon.run(stop), "reconcile")
+            if not routing_here or store.kind == "postgresql":  # routers elsewhere read it
+                assert leadership is not None
+                self.task(publications.Publisher(daemon, store, leadership).run(stop),
+                          "publish-summary")
         elif router is not None:
             self.task(_watch_files(directory, router, stop), "watch-files")
 
@@ -332,9 +342,11 @@ def split(listen: str) -> tuple[str, int]:
 
 
 def _pages(store: Store, router: Router, cluster: Cluster,
-           daemon: Callable[[], Daemon | None]) -> Pages:
+           daemon: Callable[[], Daemon | None],
+           reader: publications.Reader | None = None) -> Pages:
     """The pages for the router's listener; their users, sessions and conversations live
-    in the cluster's store beside the keys (SQLite or PostgreSQL)."""
+    in the cluster's store beside the keys (SQLite or PostgreSQL). /admin shows this
+    process's own loop while it leads, else the leader's summary from ``reader``."""
 
     def current() -> Cluster:
         running = daemon()
@@ -342,11 +354,19 @@ def _pages(store: Store, router: Router, cluster: Cluster,
 
     def view() -> AdminView | None:
         running = daemon()
-        return admin.admin_view(running) if running is not None else None
+        if running is not None and (reader is None or running.leads()):
+            return admin.admin_view(running)
+        return reader.view(current(), time.time()) if reader is not None else None
+
+    def absent() -> str:
+        running = daemon()
+        if reader is not None and (running is None or not running.leads()):
+            return reader.absent()
+        return NOT_OBSERVED
 
     log.info("pages on http://%s/chat and /admin (`llmgw users create` adds logins)",
              cluster.cluster.listeners.router)
-    return Pages(store, router, cluster=current, admin=view)
+    return Pages(store, router, cluster=current, admin=view, absent=absent)
 
 
 async def _orphaned(parent: int, stop: asyncio.Event) -> None:

@@ -357,6 +357,10 @@ class Daemon:
         if not done:
             raise NotLeader("the store refused the routes: the lease is no longer ours")
 
+    def demand(self) -> Demand:
+        """This process's router's demand merged with every other router's, as planned."""
+        return self._demand()
+
     def _demand(self) -> Demand:
         own = self.router.demand() if self.router is not None else Demand()
         return routetables.merge([own, self._signals]) if self.store is not None else own

@@ -455,6 +455,32 @@ END;
 $$;
 """,
     ),
+    Migration(
+        10, "the leader's admin summary, for routers' pages",
+        # What /admin shows (the fleet, scrubbed; the plan; the last apply), published by the
+        # leading reconciler for routers in other processes, fenced by its lease like the
+        # routes. A JSON document: its shape is the daemon's business, not the schema's.
+        sqlite="""
+CREATE TABLE IF NOT EXISTS published_summaries (
+    name          TEXT PRIMARY KEY,  -- the lease it is published under
+    holder        TEXT NOT NULL,     -- the reconciler that wrote it
+    epoch         INTEGER NOT NULL,
+    seq           INTEGER NOT NULL,
+    doc           TEXT NOT NULL,
+    published_at  REAL NOT NULL
+);
+""",
+        postgres="""
+CREATE TABLE published_summaries (
+    name          TEXT PRIMARY KEY,
+    holder        TEXT NOT NULL,
+    epoch         BIGINT NOT NULL,
+    seq           BIGINT NOT NULL,
+    doc           TEXT NOT NULL,
+    published_at  TIMESTAMPTZ NOT NULL
+);
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -29,7 +29,7 @@ from typing import Literal
 import asyncpg
 
 from llmgw.spec.rollouts import Hold
-from llmgw.store import holds, journals, migrations, reservations
+from llmgw.store import adminsummaries, holds, journals, migrations, reservations
 from llmgw.store.postgrespages import PostgresPages
 from llmgw.store.reservations import Chosen, Held, Owner, Progress
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
@@ -264,6 +264,15 @@ class PostgresStore(PostgresPages, Store):
             found = await conn.fetchrow("SELECT epoch, seq, doc FROM published_routes "
                                         "WHERE name = $1", name)
         return Published(int(found[0]), int(found[1]), found[2]) if found else None
+
+    async def publish_summary(self, name: str, holder: str, epoch: int, doc: str) -> bool:
+        async with self._conn() as conn:
+            return await adminsummaries.postgres_publish(conn, name, holder, epoch, doc)
+
+    async def published_summary(self, name: str, seen: int | None = None, *,
+                                body: bool = True) -> adminsummaries.PublishedSummary | None:
+        async with self._conn() as conn:
+            return await adminsummaries.postgres_published(conn, name, seen, body)
 
     async def put_signals(self, router: str, doc: str) -> None:
         async with self._conn() as conn:

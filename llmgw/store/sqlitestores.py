@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from llmgw.spec.rollouts import Hold
-from llmgw.store import databases, holds, journals, reservations
+from llmgw.store import adminsummaries, databases, holds, journals, reservations
 from llmgw.store.reservations import Chosen, Held, Owner, Progress
 from llmgw.store.sqlitepages import SQLitePages
 from llmgw.store.stores import (
@@ -281,6 +281,15 @@ class SQLiteStore(SQLitePages, Store):
                                  (name,)).fetchone()
             return Published(*found) if found else None
         return await self._run(select)
+
+    async def publish_summary(self, name: str, holder: str, epoch: int, doc: str) -> bool:
+        return await self._run(
+            lambda conn: adminsummaries.sqlite_publish(conn, name, holder, epoch, doc))
+
+    async def published_summary(self, name: str, seen: int | None = None, *,
+                                body: bool = True) -> adminsummaries.PublishedSummary | None:
+        return await self._run(
+            lambda conn: adminsummaries.sqlite_published(conn, name, seen, body))
 
     async def put_signals(self, router: str, doc: str) -> None:
         await self._run(lambda conn: conn.execute(

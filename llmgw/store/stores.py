@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote, urlsplit
 
+from llmgw.store.adminsummaries import AdminSummaryMethods
 from llmgw.store.holds import HoldMethods
 from llmgw.store.journals import JournalMethods
 from llmgw.store.reservations import Owner, ReservationMethods
@@ -99,10 +100,11 @@ class Published:
     doc: str
 
 
-class Store(JournalMethods, HoldMethods, ReservationMethods, abc.ABC):
+class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods, abc.ABC):
     """The storage interface; the apply journal's methods are in :class:`JournalMethods`,
     held revisions' in :class:`HoldMethods`, reservations' owners in
-    :class:`ReservationMethods`."""
+    :class:`ReservationMethods`, the leader's published admin summary in
+    :class:`AdminSummaryMethods`."""
 
     kind: Literal["sqlite", "postgresql"]
     where: str  # for messages: a path, or the URL without a password

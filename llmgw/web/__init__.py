@@ -7,6 +7,6 @@ Public API, for the daemon::
     runner = await router.start(host, port, extend=pages.install)
 """
 
-from llmgw.web.pages import AdminView, Pages, Progress
+from llmgw.web.pages import NOT_OBSERVED, PAGE_PREFIXES, AdminView, Pages, Progress
 
-__all__ = ["AdminView", "Pages", "Progress"]
+__all__ = ["NOT_OBSERVED", "PAGE_PREFIXES", "AdminView", "Pages", "Progress"]

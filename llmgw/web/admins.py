@@ -54,4 +54,4 @@ async def _admin(pages: Pages, template: str, request: web.Request) -> web.Strea
     return pages.render(request, template, view=view, bars=bars, usage=usage, span=span,
                         ranges=list(RANGES), budgets=budget_rows, now=now,
                         users=await users.list_all(pages.store), refresh=pages.refresh_seconds,
-                        models=cluster.models)
+                        models=cluster.models, absent=pages.absent() if view is None else "")

@@ -56,6 +56,7 @@ STATIC = {"app.css": "text/css", "chat.js": "text/javascript",
           "refresh.js": "text/javascript", "theme.js": "text/javascript",
           "favicon.svg": "image/svg+xml", "markdown.js": "text/javascript"}
 MAX_FORM = 64 * 1024
+NOT_OBSERVED = "The daemon has not observed the fleet yet."
 audit = logging.getLogger("llmgw.audit")  # security events: failed logins
 VISITOR = web.RequestKey("visitor", Visitor)  # set by the middleware on page paths
 # /admin/nodes and a node's page: where a login may go back to (a node name, or nothing).
@@ -98,6 +99,11 @@ class AdminView:
     applied_at: float | None = None
     refused: list[str] = field(default_factory=list)
     progress: list[Progress] = field(default_factory=list)
+    # In the HA layout, where a router shows the leader's published summary: whose it
+    # is and how old ("summary from vm:1234:ab12 (leader), 4 s old"), and when it is
+    # older than it should be, a sentence saying so.
+    source: str | None = None
+    stale: str | None = None
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -111,6 +117,7 @@ class Pages:
         *,
         cluster: Callable[[], Cluster],
         admin: Callable[[], AdminView | None] = lambda: None,
+        absent: Callable[[], str] = lambda: NOT_OBSERVED,
         clock: Callable[[], float] = time.time,
         refresh_seconds: int = 10,
     ) -> None:
@@ -118,6 +125,7 @@ class Pages:
         self.router = router
         self.cluster = cluster
         self.admin = admin
+        self.absent = absent  # what /admin says while ``admin`` has no view
         self.clock = clock
         self.refresh_seconds = refresh_seconds
         self.gate = Gate(store, lambda: cluster().cluster.web, clock)

@@ -7,6 +7,7 @@ engines, the official ``openai`` client streaming through both routers.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from support.plugin import SimClusterFactory
 from support.postgres import Database
 
 from llmgw.spec.models import StoreSettings
-from llmgw.store import keys, stores, usages
+from llmgw.store import keys, stores, usages, users
 
 LEASE_TTL = 3.0
 
@@ -215,6 +216,85 @@ def test_a_clean_stop_hands_the_lease_over_at_once(ha: Any, engines: Path) -> No
     second.wait(lambda: leading(second) and tiny_ready(second), "the hand-over", timeout=30)
     assert "released the lease" in first.log.read_text()
     assert running(engines)["tiny"]["pid"] == engine
+
+
+def test_a_routers_admin_shows_the_leaders_fleet_and_then_the_new_leaders(
+    ha: Any, engines: Path, postgres_db: Database,
+) -> None:
+    """Routers have no loop of their own: /admin shows the leader's published summary,
+    with its holder and age, and after a ``kill -9`` of the leader the new leader's."""
+    directory, _ = ha()
+    first = start(ha, directory, "reconciler", "reconciler-a")
+    first.wait(lambda: leading(first) and tiny_ready(first), "a leader with tiny ready")
+    second = start(ha, directory, "reconciler", "reconciler-b")
+    second.wait(lambda: second.status()["leadership"]["leader"] is not None, "a standby")
+    router = start(ha, directory, "router", "router")
+    router.wait(lambda: router.ready(router.router) == 200, "routes from the leader")
+    asyncio.run(_admin_user(postgres_db.settings))
+    [node] = first.status()["nodes"]
+    base = f"http://{router.router}"
+    with httpx.Client(timeout=10) as client:
+        _login(client, base)
+
+        def shows(holder: str) -> bool:
+            page = client.get(f"{base}/admin")
+            assert page.status_code == 200, page.text
+            return (f"summary from {holder} (leader), " in page.text and " s old" in page.text
+                    and "tiny" in page.text and node in page.text
+                    and "has not observed the fleet" not in page.text)
+
+        leader = first.status()["leadership"]["holder"]
+        router.wait(lambda: shows(leader), f"/admin with the summary of {leader}", timeout=30)
+        # The reconcilers' admin listener points to the pages instead of asking for a token.
+        elsewhere = httpx.get(f"http://{first.admin}/admin", timeout=5)
+        assert elsewhere.status_code == 404 and "served by routers" in elsewhere.text
+        first.kill()
+        successor = second.status()["leadership"]["holder"]
+        second.wait(lambda: leading(second), "the standby leading", timeout=30)
+        router.wait(lambda: shows(successor), f"/admin with the summary of {successor}",
+                    timeout=30)
+
+
+def test_router_workers_of_one_machine_show_the_parents_summary_on_sqlite(
+    sim_cluster: SimClusterFactory, engines: Path,
+) -> None:
+    """``--role all --workers 2``: the loop runs in the parent, /admin in the workers."""
+    sim = sim_cluster(1, hardware=("cpu-only",))
+    directory = sim.write_cluster({"cluster": {"sync": "auto", "drift_interval": "1s"},
+                                   "models": recording({"tiny": MODELS["tiny"]})})
+    settings = {"path": str(directory / "llmgw.db")}
+    proc = Proc(directory, "all", directory.parent / "all.log", "--workers", "2")
+    try:
+        proc.wait(lambda: tiny_ready(proc), "tiny ready")
+        proc.wait(lambda: proc.ready(proc.router) == 200, "routes in a worker")
+        asyncio.run(_admin_user(settings))
+        holder = proc.status()["leadership"]["holder"]
+        with httpx.Client(timeout=10) as client:
+            _login(client, f"http://{proc.router}")
+            proc.wait(lambda: f"summary from {holder} (leader), " in client.get(
+                f"http://{proc.router}/admin").text, "/admin in a worker")
+    finally:
+        proc.stop()
+
+
+ADA = "ada-admin-pass-for-ha"
+
+
+def _login(client: httpx.Client, base: str) -> None:
+    form = client.get(f"{base}/login").text
+    token = re.search(r'name="csrf" value="([^"]+)"', form)
+    assert token is not None
+    answer = client.post(f"{base}/login", data={"name": "ada", "password": ADA,
+                                                 "csrf": token.group(1)})
+    assert answer.status_code == 303, answer.text
+
+
+async def _admin_user(settings: dict[str, str]) -> None:
+    store = await stores.open_store(StoreSettings.model_validate(settings))
+    try:
+        await users.create(store, "ada", ADA, admin=True)
+    finally:
+        await store.close()
 
 
 def test_kill_a_router_and_the_other_keeps_serving(ha: Any, engines: Path) -> None:
