@@ -83,7 +83,13 @@ def models(file_server: str, tiny_args: dict[str, Any] | None = None) -> dict[st
         found["tiny"]["profiles"][0]["unchecked_args"] = tiny_args
     fetched = recording({"fetched": {
         "source": f"{file_server}/weights.gguf",
-        "profiles": [{"engine": "llama.cpp", "cpu": True, "min_memory_gb": 1}]}})
+        "profiles": [{"engine": "llama.cpp", "cpu": True, "min_memory_gb": 1}]},
+        # vLLM on a CPU node: its stand-in serves vLLM's /metrics families, KV cache
+        # use among them (llama.cpp reports none), and it keeps running to the end.
+        "kv": {"source": "/models/chat-8b",
+               "profiles": [{"engine": "vllm", "cpu": True, "min_memory_gb": 1,
+                             "args": {"max-model-len": 512,
+                                      "kv-cache-memory-bytes": 67108864}}]}})
     return {**found, **fetched}
 
 
@@ -178,7 +184,7 @@ def retry_once(server: Server, engines: Path) -> None:
 
     with httpx.Client(timeout=30) as client:
         for _ in range(3):
-            server.wait(settled({"chat": 1, "tiny": 2, "fetched": 1}),
+            server.wait(settled({"chat": 1, "tiny": 2, "fetched": 1, "kv": 1}),
                         "tiny's two replicas ready", timeout=120)
             victim = next(data for name, data in alive(engines) if name == "tiny")
             os.killpg(victim["pgid"], signal.SIGKILL)
@@ -221,7 +227,7 @@ def test_every_panel_of_every_dashboard_has_data_in_a_real_prometheus(
     served: Server, engines: Path, file_server: str, tmp_path: Path
 ) -> None:
     server = served
-    server.wait(settled({"chat": 1, "tiny": 2, "fetched": 1}), "every model ready",
+    server.wait(settled({"chat": 1, "tiny": 2, "fetched": 1, "kv": 1}), "every model ready",
                 timeout=180)
     assert [p.name for p in (tmp_path / "weights").rglob("weights.gguf")] == ["weights.gguf"]
     traffic = Traffic(server.router)

@@ -205,6 +205,8 @@ def test_terminal_add_then_again_then_upgrade_in_place(
     # The node shares this machine's ports: its engine on a free block, not 18000.
     placed, _ = yamledits.set_node_key((cluster / "nodes.yaml").read_text(), "gpu-01",
                                        "engine_ports_from", nodes.free_ports(32))
+    # tiny's source is a path: the node serves it from its weights_dirs only.
+    placed, _ = yamledits.set_node_key(placed, "gpu-01", "weights_dirs", ["/models"])
     (cluster / "nodes.yaml").write_text(placed)
     try:
         applied = subprocess.run(

@@ -121,6 +121,39 @@ class Engine:
         self.response_delay = response_delay
         self.chunk_delay = 0.0
         self.created = int(time.time())
+        self.flavour = "llama.cpp"  # whose /metrics families it serves: llama.cpp or vllm
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.tokens = 0  # completion tokens produced, as the engine's counter counts them
+        self.started = time.monotonic()
+
+    def metrics(self) -> str:
+        """``/metrics`` in the families the real engine serves (as recorded in
+        tests/fixtures/engines/): the requests in flight, none waiting, tokens so far."""
+        with self.lock:
+            running, tokens = self.in_flight, self.tokens
+        rate = tokens / max(time.monotonic() - self.started, 1e-3)
+        if self.flavour == "vllm":
+            labels = f'{{engine="0",model_name="{self.model}"}}'
+            return (f"# TYPE vllm:num_requests_running gauge\n"
+                    f"vllm:num_requests_running{labels} {float(running)}\n"
+                    f"# TYPE vllm:num_requests_waiting gauge\n"
+                    f"vllm:num_requests_waiting{labels} 0.0\n"
+                    f"# TYPE vllm:kv_cache_usage_perc gauge\n"
+                    f"vllm:kv_cache_usage_perc{labels} {min(running * 0.01, 1.0)}\n"
+                    f"# TYPE vllm:generation_tokens_total counter\n"
+                    f"vllm:generation_tokens_total{labels} {float(tokens)}\n")
+        return ("# HELP llamacpp:tokens_predicted_total Number of generation tokens processed\n"
+                "# TYPE llamacpp:tokens_predicted_total counter\n"
+                f"llamacpp:tokens_predicted_total {tokens}\n"
+                "# HELP llamacpp:predicted_tokens_seconds Average generation throughput in "
+                "tokens/s\n# TYPE llamacpp:predicted_tokens_seconds gauge\n"
+                f"llamacpp:predicted_tokens_seconds {rate:g}\n"
+                "# HELP llamacpp:requests_processing Number of requests processing\n"
+                "# TYPE llamacpp:requests_processing gauge\n"
+                f"llamacpp:requests_processing {running}\n"
+                "# HELP llamacpp:requests_deferred Number of requests deferred\n"
+                "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 0\n")
 
     @property
     def loaded(self) -> bool:
@@ -151,6 +184,13 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             self._json(200, {"status": "ok"})
+        elif self.path == "/metrics":
+            data = self.engine.metrics().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         elif self.path == "/v1/models":
             data = []
             if self.engine.loaded:
@@ -185,10 +225,17 @@ class Handler(BaseHTTPRequestHandler):
         else:
             prompt = str(body.get("prompt", ""))
         text = f"echo: {prompt}"
-        if body.get("stream"):
-            self._stream(chat, text)
-        else:
-            self._json(200, self._completion(chat, text, len(prompt.split())))
+        with self.engine.lock:
+            self.engine.in_flight += 1
+        try:
+            if body.get("stream"):
+                self._stream(chat, text)
+            else:
+                self._json(200, self._completion(chat, text, len(prompt.split())))
+        finally:
+            with self.engine.lock:
+                self.engine.in_flight -= 1
+                self.engine.tokens += len(text.split())
 
     def _base(self, chat: bool, suffix: str = "") -> dict[str, Any]:
         kind = "chat.completion" if chat else "text_completion"
@@ -272,6 +319,7 @@ def main(argv: list[str]) -> int:
         time.sleep(args.start_delay)
     Handler.engine = Engine(model, args.port, args.load_delay, args.response_delay)
     Handler.engine.chunk_delay = args.chunk_delay
+    Handler.engine.flavour = "vllm" if "serve" in args.words else "llama.cpp"
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     log(f"listening on http://{args.host}:{args.port}; loading {model} for {args.load_delay}s")
