@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from llmgw.fleet.types import FabricStatus, Fleet, Gpu, NodeReport, Unit
 from llmgw.metrics.drifts import DriftCounts
+from llmgw.planning import replicas as observed
 from llmgw.planning.types import Plan
 
 GPU_STATES = ("used", "free", "faulty")
@@ -191,9 +192,14 @@ def _observed_families(fleet: Fleet | None, rates: Mapping[str, float]) -> Itera
         "llmgw_fabric_declared_rate_gbps", "The link rate the cluster declares for the fabric "
         "(Gb/s), per node on it; absent when the cluster declares none.",
         labels=["node", "fabric"])
+    model_gpus = GaugeMetricFamily(
+        "llmgw_model_gpus", "GPUs the model's running units hold (starting, loading or ready), "
+        "from each unit's spec label, on reachable nodes.", labels=["model"])
+    held: Counter[str] = Counter()
     for name, report in sorted((fleet.nodes if fleet is not None else {}).items()):
         if not report.reachable:
             continue
+        held.update(holding(report.units))
         for gpu in report.gpus:
             if gpu.memory_total_mib is not None:
                 memory_total.add_metric([name, str(gpu.index), gpu.gpu_class],
@@ -217,7 +223,24 @@ def _observed_families(fleet: Fleet | None, rates: Mapping[str, float]) -> Itera
                                   (tokens, load.generation_tokens_per_second)):
                 if value is not None:
                     family.add_metric(labels, float(value))
-    yield from (running, waiting, kv_cache, tokens, memory_total, nvlink, fabric_rate, declared)
+    for model, count in sorted(held.items()):
+        model_gpus.add_metric([model], count)
+    yield from (running, waiting, kv_cache, tokens, memory_total, nvlink, fabric_rate, declared,
+                model_gpus)
+
+
+HOLDING = ("starting", "loading", "ready")
+
+
+def holding(units: Iterable[Unit]) -> Counter[str]:
+    """Model → GPUs its units hold: each running unit's GPUs, as its spec label names them."""
+    counts: Counter[str] = Counter()
+    for unit in units:
+        spec = observed.parse_spec(unit) if unit.state in HOLDING else None
+        gpus = spec.get("gpus") if spec is not None else None
+        if gpus:
+            counts[unit.model] += len(gpus)
+    return counts
 
 
 def fabric_rate_gbps(report: NodeReport, fabric: FabricStatus) -> float | None:

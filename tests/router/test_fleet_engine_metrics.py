@@ -18,6 +18,7 @@ from llmgw.fleet.types import (
     Unit,
 )
 from llmgw.metrics import collectors
+from llmgw.planning import shards
 
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
 
@@ -116,3 +117,28 @@ def test_declared_rate_only_where_the_cluster_declares_one(
 
 def test_no_fleet_yet_no_samples() -> None:
     assert collected(Fleet()) == {}
+
+
+def holder(model: str, rank: int, state: str, gpus: list[str],
+           digest: str | None = None) -> Unit:
+    spec = {"engine": "vllm", "gpus": gpus}
+    return Unit(name=f"llmgw-{model}-r0-s{rank}.service", model=model, replica=0, rank=rank,
+                digest=digest or shards.digest(spec), state=state,  # type: ignore[arg-type]
+                labels={shards.SPEC_LABEL: json.dumps(spec)})
+
+
+def test_gpus_held_per_model_count_running_units_by_their_spec_label() -> None:
+    # The idle alert asks which models hold GPUs (docs/alerts.yml, LlmgwModelIdle).
+    fleet = Fleet(nodes={
+        "gpu-a-01": NodeReport(node="gpu-a-01", units=[
+            holder("big", 0, "ready", ["GPU-0", "GPU-1"]),
+            holder("cpu", 0, "ready", []),  # a CPU model holds none: no sample
+            holder("old", 0, "failed", ["GPU-2"]),  # ended: it holds nothing
+            holder("forged", 0, "ready", ["GPU-3"], digest="0" * 16),  # label not its digest
+        ]),
+        "gpu-a-02": NodeReport(node="gpu-a-02", units=[
+            holder("big", 1, "loading", ["GPU-0", "GPU-1"])]),
+        "gpu-a-03": NodeReport(node="gpu-a-03", reachable=False, units=[
+            holder("gone", 0, "ready", ["GPU-0"])]),  # unknown, not counted
+    })
+    assert collected(fleet).get("llmgw_model_gpus") == {(("model", "big"),): 4}

@@ -54,9 +54,9 @@ async def scrape(stack: Stack) -> str:
 
 def test_fleet_figures() -> None:
     collector = collectors.FleetCollector()
-    # eight fleet families, eight of engines, GPUs and fabrics, then the two drift
+    # eight fleet families, nine of engines, GPUs, fabrics and GPUs held, then the two drift
     # families (llmgw.metrics.drifts)
-    assert [len(f.samples) for f in collector.collect()] == [0] * 18
+    assert [len(f.samples) for f in collector.collect()] == [0] * 19
     collector.observe(FLEET)
     found = {(f.name, tuple(sorted(s.labels.items()))): s.value
              for f in collector.collect() for s in f.samples}
