@@ -21,6 +21,7 @@ from llmgw import __version__
 from llmgw.agent import monitors, units
 from llmgw.agent.settings import ReadinessSettings
 from llmgw.agent.systemd import SystemdBackend
+from llmgw.agent.unitlogs import Query
 from llmgw.agent.units import Observation, UnitChange
 from llmgw.fleet.types import HostFacts, NodeReport
 from llmgw.onboarding import doctors
@@ -65,7 +66,7 @@ async def test_a_unit_runs_as_a_real_service(systemd_machine: MachineFactory) ->
     assert shown(machine, "MainPID") == str(running.pid)  # the container's own pid
     assert (running.evidence and running.evidence.written) is True
     async def logged() -> list[str]:  # from the machine's journal
-        lines = await b.logs(unit_name(), 20)
+        lines = await b.logs(unit_name(), Query(20))
         return lines if any(f"testengine[{running.pid}]: argv" in ln for ln in lines) else []
 
     await eventually(logged, what="the engine's own lines in the journal")
@@ -161,7 +162,7 @@ async def test_a_slow_stop_is_waited_for_as_long_as_the_unit_allows(
     pid = (await until(b, "running")).pid
 
     async def draining_set_up() -> bool:  # its SIGTERM handler is in place once it listens
-        return any("listening on" in line for line in await b.logs(unit_name(), 20))
+        return any("listening on" in line for line in await b.logs(unit_name(), Query(20)))
 
     await eventually(draining_set_up, timeout=30, what="the engine to listen")
     [removed] = await b.apply([UnitChange(unit_name(), "", action="remove")])
