@@ -37,6 +37,7 @@ from llmgw.store import users
 from llmgw.store.stores import Store
 from llmgw.web import logins
 from llmgw.web.logins import Gate, Visitor
+from llmgw.web.logviews import LogSource
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -49,7 +50,8 @@ SECURITY_HEADERS = {
 }
 PAGE_PREFIXES = ("/login", "/logout", "/chat", "/account", "/admin", "/static/")
 STATIC = {"app.css": "text/css", "chat.js": "text/javascript",
-          "refresh.js": "text/javascript", "favicon.svg": "image/svg+xml"}
+          "refresh.js": "text/javascript", "logs.js": "text/javascript",
+          "favicon.svg": "image/svg+xml"}
 MAX_FORM = 64 * 1024
 audit = logging.getLogger("llmgw.audit")  # security events: failed logins
 VISITOR = web.RequestKey("visitor", Visitor)  # set by the middleware on page paths
@@ -105,8 +107,10 @@ class Pages:
         admin: Callable[[], AdminView | None] = lambda: None,
         clock: Callable[[], float] = time.time,
         refresh_seconds: int = 10,
+        logs: LogSource | None = None,
     ) -> None:
         self.store = store
+        self.logs = logs  # replicas' logs through the daemon's agents (/admin/logs)
         self.router = router
         self.cluster = cluster
         self.admin = admin
@@ -123,7 +127,7 @@ class Pages:
 
     def install(self, app: web.Application) -> None:
         """Add the pages to ``app`` (the router's) and let the router see sessions."""
-        from llmgw.web import accounts, admins, chats  # their handlers take this object
+        from llmgw.web import accounts, admins, chats, logviews  # their handlers take this
 
         app.middlewares.append(self._middleware)
         add = app.router
@@ -135,6 +139,7 @@ class Pages:
         chats.install(self, add)
         accounts.install(self, add)
         admins.install(self, add)
+        logviews.install(self, add)
         self.router.page_auth = partial(chats.principal, self)
 
     # -- helpers for the page modules --------------------------------------------------
