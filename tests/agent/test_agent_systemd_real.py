@@ -252,13 +252,13 @@ async def test_previous_is_the_invocation_a_sigkill_ended(
     b = backend(machine)
     secret = tmp_path / "token"
     secret.write_text("opensesame-4242\n")
-    await b.apply([UnitChange(unit_name(), unit_text(args="--say-env HF_TOKEN"),
-                              secret_env={"HF_TOKEN": str(secret)})])
+    await b.apply([UnitChange(unit_name(), unit_text(args="--say-env LICENSE_ID"),
+                              secret_env={"LICENSE_ID": str(secret)})])
     first = (await until(b, "running")).pid
 
     async def said(pid: int | None) -> list[str]:
         lines = await b.logs(unit_name(), Query(50))
-        return lines if f"testengine[{pid}]: env HF_TOKEN=[redacted]" in lines else []
+        return lines if f"testengine[{pid}]: env LICENSE_ID=[redacted]" in lines else []
 
     await eventually(lambda: said(first), timeout=30, what="the first run's lines")
     assert await b.logs(unit_name(), Query(50, previous=True)) == []
@@ -271,7 +271,7 @@ async def test_previous_is_the_invocation_a_sigkill_ended(
     second = (await eventually(restarted, timeout=30, what="the restart")).pid
     await eventually(lambda: said(second), timeout=30, what="the second run's lines")
     previous = await b.logs(unit_name(), Query(100, previous=True))
-    assert f"testengine[{first}]: env HF_TOKEN=[redacted]" in previous
+    assert f"testengine[{first}]: env LICENSE_ID=[redacted]" in previous
     assert any("code=killed, status=9/KILL" in line for line in previous), previous
     assert not any(f"testengine[{second}]" in line for line in previous)
     assert not any("opensesame-4242" in line for line in previous)

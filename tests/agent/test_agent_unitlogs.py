@@ -40,6 +40,7 @@ from llmgw.transport.agent_client import AgentClient
 FAST = SuperviseSettings(restart_backoff=0.05, restart_backoff_max=0.2, restart_limit=5,
                          stop_timeout=2.0)
 PLANTED = "opensesame-4242"  # no shape the scrubber knows: only the value mask hides it
+# A variable whose name the scrubber does not take for a secret's (HF_TOKEN=… it would hide).
 
 
 def entry(invocation: str | None, message: object, field: str = "_SYSTEMD_INVOCATION_ID"
@@ -98,7 +99,7 @@ def test_journal_commands(query: Query, follow: bool, expected: list[str]) -> No
     pytest.param(["abcd", "abcdefgh"], "x abcdefgh y abcd", "x [redacted] y [redacted]",
                  id="the-longest-first"),
     pytest.param(["abc"], "abc abc", "abc abc", id="too-short-to-mask-by-value"),
-    pytest.param([], "HF_TOKEN=hf_" + "a1B2c3D4e5" * 4, "HF_TOKEN=[redacted]",
+    pytest.param([], "LICENSE_ID=hf_" + "a1B2c3D4e5" * 4, "LICENSE_ID=[redacted]",
                  id="the-scrubber-too"),
     pytest.param([], "x" * (unitlogs.LINE_CHARS_MAX + 10),
                  "x" * unitlogs.LINE_CHARS_MAX + unitlogs.CUT, id="a-long-line-is-cut"),
@@ -151,9 +152,9 @@ async def leaky(sup: Supervisor, tmp_path: Path) -> int:
     """A unit whose engine prints its secret env at start; the running pid."""
     secret = tmp_path / "token"
     secret.write_text(PLANTED + "\n")
-    text = unit_text(port=free_port(), args="--say-env HF_TOKEN")
+    text = unit_text(port=free_port(), args="--say-env LICENSE_ID")
     [result] = await sup.apply([UnitChange(unit_name(), text,
-                                           secret_env={"HF_TOKEN": str(secret)})])
+                                           secret_env={"LICENSE_ID": str(secret)})])
     assert result.ok, result.error
     return await running(sup)
 
@@ -165,7 +166,7 @@ async def running(sup: Supervisor, other_than: int | None = None) -> int:
         return obs.pid if obs.process == "running" and obs.pid != other_than else None
 
     found = await eventually(pid, what="the engine running")
-    await eventually(lambda: any("]: env HF_TOKEN" in line for line in
+    await eventually(lambda: any("]: env LICENSE_ID" in line for line in
                                  unitlogs.tail(sup.units_dir / unit_name() / "log", 50)),
                      what="the engine's first lines")
     return found
@@ -178,12 +179,12 @@ async def test_previous_is_the_run_a_sigkill_ended(supervisor: Supervisor,
     os.kill(first, signal.SIGKILL)
     second = await running(supervisor, other_than=first)
     previous = await supervisor.logs(unit_name(), Query(100, previous=True))
-    assert f"testengine[{first}]: env HF_TOKEN=[redacted]" in previous
+    assert f"testengine[{first}]: env LICENSE_ID=[redacted]" in previous
     assert previous[-1] == "-- llmgw: main process killed by SIGKILL"
     assert not any(f"testengine[{second}]" in line for line in previous)
     latest = await supervisor.logs(unit_name(), Query(100))  # across the last two runs
     assert latest.index(previous[-1]) < latest.index(f"testengine[{second}]: env "
-                                                     "HF_TOKEN=[redacted]")
+                                                     "LICENSE_ID=[redacted]")
     assert not any(PLANTED in line for line in previous + latest)
     # since: the runs whose log was written since; a future time leaves none.
     assert await supervisor.logs(unit_name(), Query(100, since=2e10)) == []
@@ -217,10 +218,10 @@ async def test_follow_reads_on_across_a_restart(supervisor: Supervisor,
                 seen.append(await anext(lines))
 
     try:
-        await until("]: env HF_TOKEN")
+        await until("]: env LICENSE_ID")
         os.kill(first, signal.SIGKILL)
         second = await running(supervisor, other_than=first)
-        await until(f"testengine[{second}]: env HF_TOKEN")  # the new run's file
+        await until(f"testengine[{second}]: env LICENSE_ID")  # the new run's file
         assert "-- llmgw: main process killed by SIGKILL" in seen
         assert not any(PLANTED in line for line in seen)
     finally:
@@ -260,7 +261,7 @@ async def test_logs_over_grpc(served: tuple[servers.Agent, AgentClient],
     await running(backend, other_than=pid)
     previous = await client.logs(unit_name(), 100, previous=True)
     assert previous.source == "supervise log"
-    assert f"testengine[{pid}]: env HF_TOKEN=[redacted]" in previous.lines
+    assert f"testengine[{pid}]: env LICENSE_ID=[redacted]" in previous.lines
     assert (await client.logs(unit_name(), 100, since_seconds=0.0)).lines == ()
     for call, code in ((client.logs("llmgw-nothing-r0-s0.service"), "NOT_FOUND"),
                        (client.logs(unit_name(), since_seconds=-1), "INVALID_ARGUMENT")):

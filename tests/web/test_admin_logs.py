@@ -45,8 +45,8 @@ def server(sim_cluster: SimClusterFactory, engines: Path, tmp_path: Path) -> Ite
     served = Server(sim.cluster_dir, tmp_path / "state", tmp_path / "serve.log")
     models = recording({"tiny": {"source": "/models/tiny.gguf", "profiles": [{
         "engine": "llama.cpp", "cpu": True, "min_memory_gb": 1,
-        "secret_env": {"HF_TOKEN": str(secret)},
-        "unchecked_args": {"say-env": "HF_TOKEN"},  # the test engine's: a leaky engine
+        "secret_env": {"LICENSE_ID": str(secret)},
+        "unchecked_args": {"say-env": "LICENSE_ID"},  # the test engine's: a leaky engine
     }]}})
     directory = sim.write_cluster({"models": models})
     text = (directory / "cluster.yaml").read_text()
@@ -79,7 +79,7 @@ def test_a_replicas_log_on_admin_follows_live_and_masks_its_secret(
     page.click("#live a:has-text('log')")
     page.wait_for_url("**/admin/logs/tiny/0")
     assert page.text_content("h1") == "Log of tiny r0"
-    page.wait_for_selector("#log:has-text('env HF_TOKEN=[redacted]')", timeout=30_000)
+    page.wait_for_selector("#log:has-text('env LICENSE_ID=[redacted]')", timeout=30_000)
     assert "tiny r0 s0 on node-01 · supervise log" in str(page.text_content(".summary"))
 
     # A request now: its line arrives without a reload.
@@ -99,7 +99,7 @@ def test_a_replicas_log_on_admin_follows_live_and_masks_its_secret(
     page.wait_for_url("**/admin/logs/tiny/0?previous=1")
     killed = str(page.text_content("#log"))
     assert killed.rstrip().endswith("-- llmgw: main process killed by SIGKILL")
-    assert f"testengine[{first}]: env HF_TOKEN=[redacted]" in killed
+    assert f"testengine[{first}]: env LICENSE_ID=[redacted]" in killed
     assert "POST /v1/completions" in killed and PLANTED not in page.content()
     assert errors == []
 
