@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -84,6 +88,37 @@ async def follow_sees_a_request(directory: Path, port: int) -> list[str]:
         return seen
 
 
+def follow_until_ctrl_c(directory: Path, port: int) -> None:
+    """``llmgw logs gemma -f`` as a person runs it: a request's lines arrive, Ctrl-C ends
+    it with 130 and no traceback."""
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "llmgw", "logs", "gemma", "-f", "-n", "1", "--cluster",
+         str(directory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in follower.stdout or ()],
+                              daemon=True)
+    reader.start()
+    try:
+        lines.get(timeout=120)  # the latest line: following now
+        complete(port)
+        deadline = time.monotonic() + 120
+        while "prompt eval time" not in lines.get(timeout=max(0.1, deadline - time.monotonic())):
+            pass
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=60) == 130
+        err = (follower.stderr.read() if follower.stderr else "")
+        assert err.startswith("==> gemma r0 s0 on node-01 (supervise log, following)"), err
+        assert "Traceback" not in err
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+        reader.join(timeout=10)
+        for pipe in (follower.stdout, follower.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
 @pytest.mark.timeout(420)
 def test_logs_previous_shows_the_run_a_sigkill_ended(
     sim_cluster: SimClusterFactory, capsys: pytest.CaptureFixture[str],
@@ -126,6 +161,7 @@ def test_logs_previous_shows_the_run_a_sigkill_ended(
 
     seen = asyncio.run(follow_sees_a_request(directory, second.port))
     assert any("prompt eval time" in line for line in seen)
+    follow_until_ctrl_c(directory, second.port)
 
     for argv, said in (
         (["nope"], "error: nope: no replica of it runs on any node (models running: gemma)"),
