@@ -140,9 +140,9 @@ async def stream(argv: Sequence[str], *, max_bytes: int | None = None,
         # Read both pipes to their end (the group is dead, so it comes at once), which
         # closes them; a stray holder of the pipe is given a bound, not waited for.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.stdout.read(), 5.0)
+            await asyncio.wait_for(proc.stdout.read(), 30.0)
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(errors, 5.0)
+            await asyncio.wait_for(errors, 30.0)
 
 
 async def _first_bytes(reader: asyncio.StreamReader, keep: int) -> bytes:
