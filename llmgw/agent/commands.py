@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,3 +78,77 @@ def runner(timeout: float) -> Runner:
         return await run(argv, timeout)
 
     return bound
+
+
+class CommandFailed(Exception):
+    """A streamed command that could not run or failed; the message says why, in one line."""
+
+
+class Streamer(Protocol):
+    """Runs an argv and yields its stdout as it comes (:func:`stream`); tests wrap it."""
+
+    def __call__(self, argv: Sequence[str], *, max_bytes: int | None = None,
+                 timeout: float | None = None) -> AsyncIterator[bytes]: ...
+
+
+async def stream(argv: Sequence[str], *, max_bytes: int | None = None,
+                 timeout: float | None = None) -> AsyncIterator[bytes]:
+    """Run ``argv`` (no shell) and yield its stdout in chunks as it comes.
+
+    Bounded both ways: after ``max_bytes`` the command is killed and the stream
+    ends; after ``timeout`` seconds (None: for as long as the caller reads, as a
+    follow does) it is killed and :class:`CommandFailed` raised. When the caller
+    stops iterating (a client that left) the command is killed too. A command
+    that cannot start, or exits non-zero, raises :class:`CommandFailed`.
+    """
+    args = tuple(argv)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its group is killed: a wrapper's child too (nsenter)
+        )
+    except OSError as exc:
+        raise CommandFailed(f"cannot run {args[0]}: {exc.strerror or exc}") from None
+    assert proc.stdout is not None and proc.stderr is not None
+    errors = asyncio.ensure_future(_first_bytes(proc.stderr, 4096))
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    left = max_bytes
+    try:
+        while left is None or left > 0:
+            wait = None if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                data = await asyncio.wait_for(
+                    proc.stdout.read(65536 if left is None else min(65536, left)), wait)
+            except TimeoutError:
+                raise CommandFailed(f"{args[0]} did not finish within {timeout:g}s") from None
+            if not data:
+                code = await proc.wait()
+                if code != 0:
+                    said = (await errors).decode(errors="replace").strip().splitlines()
+                    raise CommandFailed(f"{args[0]} exited with status {code}: "
+                                        f"{said[0] if said else '(no output)'}")
+                return
+            if left is not None:
+                left -= len(data)
+            yield data
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        # Read both pipes to their end (the group is dead, so it comes at once), which
+        # closes them; a stray holder of the pipe is given a bound, not waited for.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.stdout.read(), 30.0)
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(errors, 30.0)
+
+
+async def _first_bytes(reader: asyncio.StreamReader, keep: int) -> bytes:
+    """Everything ``reader`` gives until EOF, of which the first ``keep`` bytes are kept
+    (reading on, so a chatty stderr never fills its pipe and stalls the command)."""
+    kept = b""
+    while data := await reader.read(65536):
+        kept = (kept + data)[:keep]
+    return kept

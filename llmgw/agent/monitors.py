@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from llmgw.agent import listeners, readiness
+from llmgw.agent import listeners, readiness, unitlogs
 from llmgw.agent.settings import ReadinessSettings
 from llmgw.agent.units import Backend, Evidence, Observation
 from llmgw.fleet.types import Unit
@@ -169,8 +169,8 @@ class Monitor:
         log_tail: list[str] = []
         # Why a unit failed, or why it is being restarted, is in its last lines.
         if state == "failed" or (obs.process == "activating" and obs.detail):
-            with contextlib.suppress(KeyError, OSError):
-                log_tail = await self.backend.logs(obs.name, FAILED_LOG_LINES)
+            with contextlib.suppress(KeyError, OSError, unitlogs.LogError):
+                log_tail = await self.backend.logs(obs.name, unitlogs.Query(FAILED_LOG_LINES))
         if obs.labels is not None:
             labels = obs.labels
             model, replica, rank = labels.model, labels.replica, labels.rank

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import stat
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from llmgw.agent import (
     reports,
     scrapes,
     shutdowns,
+    unitlogs,
 )
 from llmgw.agent.settings import Settings
 from llmgw.agent.supervisors import Supervisor
@@ -155,9 +157,25 @@ class Agent:
         self.monitor.poke()
         return results
 
-    async def logs(self, name: str, lines: int) -> list[str]:
-        wanted = lines or DEFAULT_LOG_LINES
-        return await self.backend.logs(name, min(wanted, self.settings.log_lines_max))
+    def log_query(self, lines: int, previous: bool = False,
+                  since_seconds: float | None = None) -> unitlogs.Query:
+        """The query as asked, the line count capped (0: the default); ``since_seconds``
+        counts back from now on this node's clock. ValueError for a negative one."""
+        if since_seconds is not None and not since_seconds >= 0:
+            raise ValueError(f"since_seconds must be 0 or more, not {since_seconds}")
+        wanted = min(lines or DEFAULT_LOG_LINES, self.settings.log_lines_max)
+        since = time.time() - since_seconds if since_seconds is not None else None
+        return unitlogs.Query(wanted, previous, since)
+
+    async def logs(self, name: str, query: unitlogs.Query | int) -> list[str]:
+        """A unit's log, bounded and masked; KeyError for a unit this node lacks."""
+        if isinstance(query, int):
+            query = self.log_query(query)
+        return await self.backend.logs(name, query)
+
+    @property
+    def log_source(self) -> str:
+        return "journal" if self.backend.kind == "systemd" else "supervise log"
 
     def hurry(self) -> None:
         """Stop at once: with ``stop_on_exit``, the supervise backend SIGKILLs its engines."""
@@ -215,14 +233,46 @@ class Service(agent_pb2_grpc.AgentServicer):
         results = [refused.get(i) or next(applied) for i in range(len(request.units))]
         return pb.ApplyResponse(results=[conversions.result_to_message(r) for r in results])
 
+    def _log_query(self, request: pb.UnitLogsRequest) -> unitlogs.Query:
+        since = request.since_seconds if request.HasField("since_seconds") else None
+        return self.agent.log_query(request.lines, request.previous, since)
+
     async def UnitLogs(
         self, request: pb.UnitLogsRequest, context: Any
     ) -> pb.UnitLogsResponse:
         try:
-            lines = await self.agent.logs(request.name, request.lines)
+            lines = await self.agent.logs(request.name, self._log_query(request))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except KeyError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no unit {request.name} on this node")
-        return pb.UnitLogsResponse(lines=lines)
+        except unitlogs.LogError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot read the log of "
+                                f"{request.name}: {exc}")
+        return pb.UnitLogsResponse(lines=lines, source=self.agent.log_source)
+
+    async def FollowUnitLogs(
+        self, request: pb.UnitLogsRequest, context: Any
+    ) -> AsyncIterator[pb.UnitLogsResponse]:
+        """The latest lines, then each new one; ends when the client cancels (grpc
+        cancels this generator, which closes the follower and its journalctl)."""
+        try:
+            query = self._log_query(request)
+            if query.previous:
+                raise ValueError("the run before the latest has ended: nothing to follow")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        lines = self.agent.backend.follow(request.name, query)
+        try:
+            async for line in lines:
+                yield pb.UnitLogsResponse(lines=[line], source=self.agent.log_source)
+        except KeyError:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no unit {request.name} on this node")
+        except unitlogs.LogError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot read the log of "
+                                f"{request.name}: {exc}")
+        finally:
+            await lines.aclose()
 
     async def WatchUnits(
         self, request: pb.WatchRequest, context: Any

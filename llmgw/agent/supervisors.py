@@ -36,6 +36,7 @@ to ``corrupt/<name>-<time>``, since nothing can run without it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -43,11 +44,11 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.agent import processes, unitfiles, units
+from llmgw.agent import processes, unitfiles, unitlogs, units
 from llmgw.agent.settings import SuperviseSettings
 from llmgw.agent.unitfiles import Labels, UnitFile, UnitFileError
 from llmgw.agent.units import Observation, ProcessState, UnitChange, UnitResult
@@ -97,6 +98,11 @@ class _Slot:
     @property
     def log_file(self) -> Path:
         return self.directory / "log"
+
+    @property
+    def previous_log_file(self) -> Path:
+        """The run before the latest: ``log`` moved aside when the unit starts again."""
+        return self.directory / "log.previous"
 
 
 @dataclass
@@ -318,11 +324,29 @@ class Supervisor:
                                             evidence))
         return observations
 
-    async def logs(self, name: str, lines: int) -> list[str]:
+    async def logs(self, name: str, query: unitlogs.Query) -> list[str]:
         slot = self._slots.get(name)
         if slot is None:
             raise KeyError(name)
-        return units.tail(slot.log_file, lines)
+        mask = unitlogs.Masker.of_file(slot.directory / "secret.env")
+        return [mask(line) for line in await asyncio.to_thread(_read_log, slot, query)]
+
+    async def follow(self, name: str, query: unitlogs.Query) -> AsyncGenerator[str, None]:
+        slot = self._slots.get(name)
+        if slot is None:
+            raise KeyError(name)
+        mask = unitlogs.Masker.of_file(slot.directory / "secret.env")
+        handle = unitlogs.open_end(slot.log_file)  # before the latest lines: none missed
+        following = unitlogs.follow_file(slot.log_file, handle)
+        try:
+            for line in await asyncio.to_thread(_read_log, slot, query):
+                yield mask(line)
+            async for line in following:
+                yield mask(line)
+        finally:
+            await following.aclose()
+            if handle is not None:
+                handle.close()  # when the follow never began
 
     def owns(self, pid: int) -> bool:
         return self.unit_of(pid) is not None
@@ -423,6 +447,8 @@ class Supervisor:
         if not argv:
             raise UnitFileError(f"{slot.name}: ExecStart= is empty")
         workdir = unit.value("Service", "WorkingDirectory")
+        # The run before this one stays readable (`llmgw logs --previous`), bounded.
+        unitlogs.rotate(slot.log_file, slot.previous_log_file, self.settings.log_max_bytes)
         with slot.log_file.open("ab") as output:
             output.write(f"-- llmgw: starting {' '.join(argv)}\n".encode())
             output.flush()
@@ -577,21 +603,15 @@ class Supervisor:
             await asyncio.sleep(0.05)
 
     def _trim_log(self, slot: _Slot) -> None:
-        """Keep the log bounded: cut it to its last half when it outgrows the limit."""
-        limit = self.settings.log_max_bytes
-        try:
-            size = slot.log_file.stat().st_size
-        except FileNotFoundError:
-            return
-        if size <= limit:
-            return
-        with slot.log_file.open("r+b") as handle:
-            handle.seek(size - limit // 2)
-            keep = handle.read()
-            handle.seek(0)
-            # The engine appends (O_APPEND), so its next write lands after what we keep.
-            handle.write(keep)
-            handle.truncate(len(keep))
+        """Keep the log bounded: cut it to its last half when it outgrows the limit.
+        The engine appends (O_APPEND), so its next write lands after what is kept."""
+        with contextlib.suppress(FileNotFoundError):
+            if slot.log_file.stat().st_size > self.settings.log_max_bytes:
+                unitlogs.cut_file(slot.log_file, self.settings.log_max_bytes // 2)
+
+
+def _read_log(slot: _Slot, query: unitlogs.Query) -> list[str]:
+    return unitlogs.read_runs(slot.log_file, slot.previous_log_file, query)
 
 
 def _valid_pid_file(text: str) -> bool:

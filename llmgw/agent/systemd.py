@@ -19,11 +19,11 @@ drift apart is kept on disk as it is seen (:mod:`llmgw.agent.evidence`).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.agent import commands, evidence, exitcodes, unitfiles, units
+from llmgw.agent import commands, evidence, exitcodes, unitfiles, unitlogs, units
 from llmgw.agent.settings import SystemdSettings
 from llmgw.agent.unitfiles import Labels, UnitFileError
 from llmgw.agent.units import Observation, ProcessState, UnitChange, UnitResult
@@ -70,10 +70,6 @@ def probe_command(systemctl: str = "systemctl") -> list[str]:
     limits = [arg for limit in UNIT_LIMITS for arg in ("--property", limit)]
     return [run, "--wait", "--pipe", "--quiet", "--collect", *limits, "--",
             "cat", "/proc/self/limits"]
-
-
-def logs_command(name: str, lines: int, journalctl: str = "journalctl") -> list[str]:
-    return [journalctl, "--unit", name, "--lines", str(lines), "--no-pager", "--output", "cat"]
 
 
 # ---- parsing (pure) ------------------------------------------------------------
@@ -181,6 +177,7 @@ def cgroup_unit(cgroup_text: str) -> str | None:
 class SystemdBackend:
     settings: SystemdSettings = field(default_factory=SystemdSettings)
     run: commands.TimedRunner = field(default=commands.run)
+    stream: commands.Streamer = field(default=commands.stream)  # journalctl, bounded
     proc: Path = Path("/proc")
     # Where drift evidence is kept (the agent's state_dir/systemd); default: beside the env files.
     state_dir: Path | None = None
@@ -415,13 +412,40 @@ class SystemdBackend:
             written=text is not None and self.ledger.vouches(name, text),
         )
 
-    async def logs(self, name: str, lines: int) -> list[str]:
+    async def logs(self, name: str, query: unitlogs.Query) -> list[str]:
+        """From the journal: the unit's latest lines, or the invocation before the latest
+        (:func:`llmgw.agent.unitlogs.previous_run`), read bounded, masked."""
         if not (self.unit_dir / name).exists():
             raise KeyError(name)
-        done = await self.run(logs_command(name, lines, self.settings.journalctl))
-        if not done.ok:
-            return [f"(journalctl: {done.why()})"]
-        return done.stdout.splitlines()[-lines:]
+        argv = unitlogs.journal_command(name, query, self.settings.journalctl)
+        split = unitlogs.Lines(unitlogs.JSON_LINE_BYTES_MAX if query.previous
+                               else unitlogs.LINE_CHARS_MAX)
+        found: list[str] = []
+        try:
+            async for chunk in self.stream(argv, max_bytes=unitlogs.READ_BYTES_MAX,
+                                           timeout=commands.DEFAULT_TIMEOUT):
+                found += split.feed(chunk)
+        except commands.CommandFailed as exc:
+            raise unitlogs.LogError(str(exc)) from None
+        found += split.rest()
+        if query.previous:
+            found = unitlogs.previous_run(found, query.lines) or []
+        mask = unitlogs.Masker.of_file(self._files(name)[2])
+        return [mask(line) for line in found[-query.lines:]]
+
+    async def follow(self, name: str, query: unitlogs.Query) -> AsyncGenerator[str, None]:
+        """``journalctl --follow`` of the unit, masked, until the caller stops."""
+        if not (self.unit_dir / name).exists():
+            raise KeyError(name)
+        mask = unitlogs.Masker.of_file(self._files(name)[2])
+        split = unitlogs.Lines()
+        argv = unitlogs.journal_command(name, query, self.settings.journalctl, follow=True)
+        try:
+            async for chunk in self.stream(argv):
+                for line in split.feed(chunk):
+                    yield mask(line)
+        except commands.CommandFailed as exc:
+            raise unitlogs.LogError(str(exc)) from None
 
     def owns(self, pid: int) -> bool:
         name = self.unit_of(pid)

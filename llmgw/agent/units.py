@@ -13,20 +13,21 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 from llmgw.agent import unitfiles
 from llmgw.agent.unitfiles import Labels, UnitFile, UnitFileError
+from llmgw.agent.unitlogs import Query
 from llmgw.discovery import limits
 from llmgw.fleet.types import EngineLimits
 from llmgw.proto.conversions import Action, UnitChange, UnitResult
 
 __all__ = [
     "CRASHES_KEPT", "Action", "Backend", "Evidence", "Ledger", "Observation", "ProcessState",
-    "SecretError", "UnitChange", "UnitResult", "check", "remove", "render_secrets", "tail", "write",
+    "SecretError", "UnitChange", "UnitResult", "check", "remove", "render_secrets", "write",
 ]
 
 ProcessState = Literal["running", "activating", "stopped", "failed"]
@@ -80,8 +81,14 @@ class Backend(Protocol):
         """Every llmgw unit this backend knows, with its process state."""
         ...
 
-    async def logs(self, name: str, lines: int) -> list[str]:
-        """The last ``lines`` lines the unit's engine wrote; raises KeyError if unknown."""
+    async def logs(self, name: str, query: Query) -> list[str]:
+        """The unit's log as ``query`` asks (:mod:`llmgw.agent.unitlogs`), bounded, its
+        secret values masked; raises KeyError if unknown, LogError if unreadable."""
+        ...
+
+    def follow(self, name: str, query: Query) -> AsyncGenerator[str, None]:
+        """The last ``query.lines`` lines, then each new line as it is written, masked,
+        until the caller stops; raises KeyError if unknown, LogError if unreadable."""
         ...
 
     def owns(self, pid: int) -> bool:
@@ -209,25 +216,6 @@ def remove(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def tail(path: Path, lines: int, chunk: int = 64 * 1024) -> list[str]:
-    """The last ``lines`` lines of a file, read from its end."""
-    if lines <= 0:
-        return []
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            end = handle.tell()
-            data = b""
-            while end > 0 and data.count(b"\n") <= lines:
-                start = max(0, end - chunk)
-                handle.seek(start)
-                data = handle.read(end - start) + data
-                end = start
-    except FileNotFoundError:
-        return []
-    return data.decode(errors="replace").splitlines()[-lines:]
 
 
 class Ledger:

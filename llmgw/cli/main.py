@@ -28,6 +28,7 @@ COMMANDS = (
     "history",
     "inventory",
     "status",
+    "logs",
     "serve",
     "agent",
     "keys",

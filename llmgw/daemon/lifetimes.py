@@ -53,7 +53,7 @@ import watchfiles
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from llmgw.daemon import admin, housekeeping, localagents, publications, workers
+from llmgw.daemon import admin, housekeeping, localagents, logsources, publications, workers
 from llmgw.daemon.leaders import Leadership, new_holder
 from llmgw.daemon.reconcilers import Daemon, RevisionOf
 from llmgw.daemon.routetables import Follower
@@ -366,7 +366,8 @@ def _pages(store: Store, router: Router, cluster: Cluster,
 
     log.info("pages on http://%s/chat and /admin (`llmgw users create` adds logins)",
              cluster.cluster.listeners.router)
-    return Pages(store, router, cluster=current, admin=view, absent=absent)
+    return Pages(store, router, cluster=current, admin=view, absent=absent,
+                 logs=logsources.DaemonLogs(daemon))
 
 
 async def _orphaned(parent: int, stop: asyncio.Event) -> None:

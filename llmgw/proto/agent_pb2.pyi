@@ -1274,20 +1274,32 @@ class UnitLogsRequest(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     LINES_FIELD_NUMBER: _builtins.int
+    PREVIOUS_FIELD_NUMBER: _builtins.int
+    SINCE_SECONDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     lines: _builtins.int
     """0: the agent's default; capped by the agent"""
+    previous: _builtins.bool
+    """the run before the latest, not the latest lines"""
+    since_seconds: _builtins.float
+    """Only what was written in the last this many seconds, by the node's clock
+    (the supervise log keeps or drops whole runs: its lines carry no times).
+    """
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         lines: _builtins.int = ...,
+        previous: _builtins.bool = ...,
+        since_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_since_seconds", b"_since_seconds", "since_seconds", b"since_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lines", b"lines", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_since_seconds", b"_since_seconds", "lines", b"lines", "name", b"name", "previous", b"previous", "since_seconds", b"since_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__since_seconds: _TypeAlias = _typing.Literal["since_seconds"]  # noqa: Y015
+    _WhichOneofArgType__since_seconds: _TypeAlias = _typing.Literal["_since_seconds", b"_since_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__since_seconds) -> _WhichOneofReturnType__since_seconds | None: ...
 
 Global___UnitLogsRequest: _TypeAlias = UnitLogsRequest  # noqa: Y015
 
@@ -1296,16 +1308,20 @@ class UnitLogsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LINES_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """where they came from: "journal" or "supervise log" """
     @_builtins.property
     def lines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         lines: _abc.Iterable[_builtins.str] | None = ...,
+        source: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lines", b"lines"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lines", b"lines", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -49,6 +49,11 @@ class AgentStub:
                 request_serializer=llmgw_dot_proto_dot_agent__pb2.UnitLogsRequest.SerializeToString,
                 response_deserializer=llmgw_dot_proto_dot_agent__pb2.UnitLogsResponse.FromString,
                 _registered_method=True)
+        self.FollowUnitLogs = channel.unary_stream(
+                '/llmgw.agent.v1.Agent/FollowUnitLogs',
+                request_serializer=llmgw_dot_proto_dot_agent__pb2.UnitLogsRequest.SerializeToString,
+                response_deserializer=llmgw_dot_proto_dot_agent__pb2.UnitLogsResponse.FromString,
+                _registered_method=True)
         self.WatchUnits = channel.unary_stream(
                 '/llmgw.agent.v1.Agent/WatchUnits',
                 request_serializer=llmgw_dot_proto_dot_agent__pb2.WatchRequest.SerializeToString,
@@ -91,7 +96,17 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UnitLogs(self, request, context):
-        """The last lines a unit's engine wrote (bounded by the agent).
+        """A unit's log, bounded by the agent, the values of its secret env masked:
+        its latest lines, or with `previous` the run before the latest (the one a
+        crash or a restart ended). NOT_FOUND for a unit the node does not have.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FollowUnitLogs(self, request, context):
+        """The same latest lines, then each new line as the engine writes it, until
+        the caller cancels (`llmgw logs --follow`, the /admin log page).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -146,6 +161,11 @@ def add_AgentServicer_to_server(servicer, server):
             ),
             'UnitLogs': grpc.unary_unary_rpc_method_handler(
                     servicer.UnitLogs,
+                    request_deserializer=llmgw_dot_proto_dot_agent__pb2.UnitLogsRequest.FromString,
+                    response_serializer=llmgw_dot_proto_dot_agent__pb2.UnitLogsResponse.SerializeToString,
+            ),
+            'FollowUnitLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.FollowUnitLogs,
                     request_deserializer=llmgw_dot_proto_dot_agent__pb2.UnitLogsRequest.FromString,
                     response_serializer=llmgw_dot_proto_dot_agent__pb2.UnitLogsResponse.SerializeToString,
             ),
@@ -249,6 +269,33 @@ class Agent:
             request,
             target,
             '/llmgw.agent.v1.Agent/UnitLogs',
+            llmgw_dot_proto_dot_agent__pb2.UnitLogsRequest.SerializeToString,
+            llmgw_dot_proto_dot_agent__pb2.UnitLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FollowUnitLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/llmgw.agent.v1.Agent/FollowUnitLogs',
             llmgw_dot_proto_dot_agent__pb2.UnitLogsRequest.SerializeToString,
             llmgw_dot_proto_dot_agent__pb2.UnitLogsResponse.FromString,
             options,

@@ -50,7 +50,14 @@ class AgentStub:
     unit. Idempotent: applying the same request twice changes nothing.
     """
     UnitLogs: _grpc.UnaryUnaryMultiCallable[_agent_pb2.UnitLogsRequest, _agent_pb2.UnitLogsResponse]
-    """The last lines a unit's engine wrote (bounded by the agent)."""
+    """A unit's log, bounded by the agent, the values of its secret env masked:
+    its latest lines, or with `previous` the run before the latest (the one a
+    crash or a restart ended). NOT_FOUND for a unit the node does not have.
+    """
+    FollowUnitLogs: _grpc.UnaryStreamMultiCallable[_agent_pb2.UnitLogsRequest, _agent_pb2.UnitLogsResponse]
+    """The same latest lines, then each new line as the engine writes it, until
+    the caller cancels (`llmgw logs --follow`, the /admin log page).
+    """
     WatchUnits: _grpc.UnaryStreamMultiCallable[_agent_pb2.WatchRequest, _agent_pb2.UnitEvent]
     """Every unit's current state first, then each change as it happens."""
     ReclaimWeights: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ReclaimRequest, _agent_pb2.ReclaimResponse]
@@ -80,7 +87,14 @@ class AgentAsyncStub(AgentStub):
     unit. Idempotent: applying the same request twice changes nothing.
     """
     UnitLogs: _aio.UnaryUnaryMultiCallable[_agent_pb2.UnitLogsRequest, _agent_pb2.UnitLogsResponse]  # type: ignore[assignment]
-    """The last lines a unit's engine wrote (bounded by the agent)."""
+    """A unit's log, bounded by the agent, the values of its secret env masked:
+    its latest lines, or with `previous` the run before the latest (the one a
+    crash or a restart ended). NOT_FOUND for a unit the node does not have.
+    """
+    FollowUnitLogs: _aio.UnaryStreamMultiCallable[_agent_pb2.UnitLogsRequest, _agent_pb2.UnitLogsResponse]  # type: ignore[assignment]
+    """The same latest lines, then each new line as the engine writes it, until
+    the caller cancels (`llmgw logs --follow`, the /admin log page).
+    """
     WatchUnits: _aio.UnaryStreamMultiCallable[_agent_pb2.WatchRequest, _agent_pb2.UnitEvent]  # type: ignore[assignment]
     """Every unit's current state first, then each change as it happens."""
     ReclaimWeights: _aio.UnaryUnaryMultiCallable[_agent_pb2.ReclaimRequest, _agent_pb2.ReclaimResponse]  # type: ignore[assignment]
@@ -125,7 +139,20 @@ class AgentServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.UnitLogsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.UnitLogsResponse, _abc.Awaitable[_agent_pb2.UnitLogsResponse]]:
-        """The last lines a unit's engine wrote (bounded by the agent)."""
+        """A unit's log, bounded by the agent, the values of its secret env masked:
+        its latest lines, or with `previous` the run before the latest (the one a
+        crash or a restart ended). NOT_FOUND for a unit the node does not have.
+        """
+
+    @_abc_1.abstractmethod
+    def FollowUnitLogs(
+        self,
+        request: _agent_pb2.UnitLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.UnitLogsResponse], _abc.AsyncIterator[_agent_pb2.UnitLogsResponse]]:
+        """The same latest lines, then each new line as the engine writes it, until
+        the caller cancels (`llmgw logs --follow`, the /admin log page).
+        """
 
     @_abc_1.abstractmethod
     def WatchUnits(

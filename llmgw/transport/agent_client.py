@@ -15,7 +15,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -26,7 +26,7 @@ from llmgw.proto import agent_pb2_grpc
 from llmgw.proto import conversions as messages
 from llmgw.proto.conversions import UnitChange, UnitResult
 
-__all__ = ["AgentClient", "Declaration", "EngineProgress", "UnitChange", "UnitResult",
+__all__ = ["AgentClient", "Declaration", "EngineProgress", "Logs", "UnitChange", "UnitResult",
            "declaration_to_message"]
 
 
@@ -37,6 +37,22 @@ def declaration_to_message(declared: Declaration) -> pb.ReportRequest:
         item = request.fabrics.add(name=fabric.name, kind=fabric.kind, adapters=fabric.adapters)
         if fabric.gid_index is not None:
             item.gid_index = fabric.gid_index
+    return request
+
+
+@dataclass(frozen=True)
+class Logs:
+    """Lines of a unit's log, and where the agent read them ("journal", "supervise log")."""
+
+    lines: tuple[str, ...]
+    source: str
+
+
+def _logs_request(name: str, lines: int, previous: bool,
+                  since_seconds: float | None) -> pb.UnitLogsRequest:
+    request = pb.UnitLogsRequest(name=name, lines=lines, previous=previous)
+    if since_seconds is not None:
+        request.since_seconds = since_seconds
     return request
 
 
@@ -99,9 +115,26 @@ class AgentClient:
 
     async def unit_logs(self, name: str, lines: int = 100) -> list[str]:
         """The last ``lines`` lines of a unit's log (the agent caps the count)."""
-        request = pb.UnitLogsRequest(name=name, lines=lines)
+        return list((await self.logs(name, lines)).lines)
+
+    async def logs(self, name: str, lines: int = 100, *, previous: bool = False,
+                   since_seconds: float | None = None) -> Logs:
+        """A unit's latest lines, or (``previous``) the run before the latest; only the
+        last ``since_seconds`` by the node's clock. NOT_FOUND for a unit it lacks."""
+        request = _logs_request(name, lines, previous, since_seconds)
         reply = cast(pb.UnitLogsResponse, await self._stub.UnitLogs(request, timeout=self.timeout))
-        return list(reply.lines)
+        return Logs(tuple(reply.lines), reply.source)
+
+    async def follow_logs(self, name: str, lines: int = 100, *,
+                          since_seconds: float | None = None) -> AsyncGenerator[Logs, None]:
+        """The latest lines, then each new one as the engine writes it; the call is
+        cancelled (the agent stops following) when the caller stops iterating."""
+        call = self._stub.FollowUnitLogs(_logs_request(name, lines, False, since_seconds))
+        try:
+            async for item in call:
+                yield Logs(tuple(item.lines), item.source)
+        finally:
+            call.cancel()
 
     async def install_engine(
         self, engine: str, version: str, *, binary: str = "", requirements: str = "",

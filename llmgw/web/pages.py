@@ -41,6 +41,7 @@ from llmgw.store import users
 from llmgw.store.stores import Store
 from llmgw.web import logins
 from llmgw.web.logins import Gate, Visitor
+from llmgw.web.logviews import LogSource
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -54,7 +55,8 @@ SECURITY_HEADERS = {
 PAGE_PREFIXES = ("/login", "/logout", "/chat", "/account", "/admin", "/static/")
 STATIC = {"app.css": "text/css", "chat.js": "text/javascript",
           "refresh.js": "text/javascript", "theme.js": "text/javascript",
-          "favicon.svg": "image/svg+xml", "markdown.js": "text/javascript"}
+          "favicon.svg": "image/svg+xml", "markdown.js": "text/javascript",
+          "logs.js": "text/javascript"}
 MAX_FORM = 64 * 1024
 NOT_OBSERVED = "The daemon has not observed the fleet yet."
 audit = logging.getLogger("llmgw.audit")  # security events: failed logins
@@ -120,8 +122,10 @@ class Pages:
         absent: Callable[[], str] = lambda: NOT_OBSERVED,
         clock: Callable[[], float] = time.time,
         refresh_seconds: int = 10,
+        logs: LogSource | None = None,
     ) -> None:
         self.store = store
+        self.logs = logs  # replicas' logs through the daemon's agents (/admin/logs)
         self.router = router
         self.cluster = cluster
         self.admin = admin
@@ -139,7 +143,13 @@ class Pages:
 
     def install(self, app: web.Application) -> None:
         """Add the pages to ``app`` (the router's) and let the router see sessions."""
-        from llmgw.web import accounts, admins, chats, nodes  # their handlers take this object
+        from llmgw.web import (  # their handlers take this object
+            accounts,
+            admins,
+            chats,
+            logviews,
+            nodes,
+        )
 
         app.middlewares.append(self._middleware)
         add = app.router
@@ -152,6 +162,7 @@ class Pages:
         accounts.install(self, add)
         admins.install(self, add)
         nodes.install(self, add)
+        logviews.install(self, add)
         self.router.page_auth = partial(chats.principal, self)
 
     # -- helpers for the page modules --------------------------------------------------

@@ -6,15 +6,16 @@ it answers ``show`` with recorded output and records every argv.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 from agent_support import unit_name, unit_text
 
-from llmgw.agent import evidence, systemd
+from llmgw.agent import evidence, systemd, unitlogs
 from llmgw.agent.commands import Completed
 from llmgw.agent.settings import SystemdSettings
+from llmgw.agent.unitlogs import Query
 from llmgw.agent.units import UnitChange
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "systemctl"
@@ -63,9 +64,6 @@ def test_commands() -> None:
         "ExecMainStatus,NRestarts,StateChangeTimestampMonotonic,ExecMainExitTimestampMonotonic,"
         "LimitMEMLOCK,LimitNOFILE",
         "--", "a.service", "b.service",
-    ]
-    assert systemd.logs_command("u.service", 50) == [
-        "journalctl", "--unit", "u.service", "--lines", "50", "--no-pager", "--output", "cat"
     ]
     with pytest.raises(ValueError):
         systemd.unit_command("enable", "u.service")
@@ -196,12 +194,22 @@ async def test_observe_lists_unit_files_with_systemd_states(settings: SystemdSet
 async def test_logs_come_from_the_journal(settings: SystemdSettings) -> None:
     Path(settings.unit_dir).mkdir(parents=True)
     (Path(settings.unit_dir) / unit_name()).write_text(unit_text())
-    ctl = Systemctl()
-    lines = await systemd.SystemdBackend(settings, ctl).logs(unit_name(), 2)
-    assert lines[-1].startswith("ERROR") and len(lines) == 2
-    assert ctl.calls == [systemd.logs_command(unit_name(), 2)]
+    Path(settings.env_dir).mkdir(parents=True)
+    (Path(settings.env_dir) / f"{unit_name()}.secret.env").write_text("HF_TOKEN=opensesame-4242\n")
+    calls: list[tuple[list[str], int | None]] = []
+
+    async def journal(argv: Sequence[str], *, max_bytes: int | None = None,
+                      timeout: float | None = None) -> AsyncIterator[bytes]:
+        calls.append((list(argv), max_bytes))
+        yield (recorded("journalctl-cat.txt") + "said opensesame-4242\n").encode()
+
+    backend = systemd.SystemdBackend(settings, Systemctl(), stream=journal)
+    lines = await backend.logs(unit_name(), Query(3))
+    assert lines[-2].startswith("ERROR") and len(lines) == 3
+    assert lines[-1] == "said [redacted]"  # the unit's secret value, masked
+    assert calls == [(unitlogs.journal_command(unit_name(), Query(3)), unitlogs.READ_BYTES_MAX)]
     with pytest.raises(KeyError):
-        await systemd.SystemdBackend(settings, ctl).logs("llmgw-x-r0-s0.service", 2)
+        await backend.logs("llmgw-x-r0-s0.service", Query(2))
 
 
 def test_owns_processes_in_its_units_cgroups(settings: SystemdSettings, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from llmgw import __version__
 from llmgw.agent import monitors, units
 from llmgw.agent.settings import ReadinessSettings
 from llmgw.agent.systemd import SystemdBackend
+from llmgw.agent.unitlogs import Query
 from llmgw.agent.units import Observation, UnitChange
 from llmgw.fleet.types import HostFacts, NodeReport
 from llmgw.onboarding import doctors
@@ -65,7 +66,7 @@ async def test_a_unit_runs_as_a_real_service(systemd_machine: MachineFactory) ->
     assert shown(machine, "MainPID") == str(running.pid)  # the container's own pid
     assert (running.evidence and running.evidence.written) is True
     async def logged() -> list[str]:  # from the machine's journal
-        lines = await b.logs(unit_name(), 20)
+        lines = await b.logs(unit_name(), Query(20))
         return lines if any(f"testengine[{running.pid}]: argv" in ln for ln in lines) else []
 
     await eventually(logged, what="the engine's own lines in the journal")
@@ -161,7 +162,7 @@ async def test_a_slow_stop_is_waited_for_as_long_as_the_unit_allows(
     pid = (await until(b, "running")).pid
 
     async def draining_set_up() -> bool:  # its SIGTERM handler is in place once it listens
-        return any("listening on" in line for line in await b.logs(unit_name(), 20))
+        return any("listening on" in line for line in await b.logs(unit_name(), Query(20)))
 
     await eventually(draining_set_up, timeout=30, what="the engine to listen")
     [removed] = await b.apply([UnitChange(unit_name(), "", action="remove")])
@@ -240,3 +241,46 @@ async def test_after_a_reboot_a_stopped_unit_is_not_someone_elses_stop(
     after = await observed(backend(second, state))
     assert after.process == "stopped"
     assert after.evidence is not None and after.evidence.stopped_by == "", after
+
+
+async def test_previous_is_the_invocation_a_sigkill_ended(
+    systemd_machine: MachineFactory, tmp_path: Path,
+) -> None:
+    """The journal's run before the latest (by invocation id), masked, and a follow whose
+    journalctl is gone once its reader leaves."""
+    machine = systemd_machine(network=False)
+    b = backend(machine)
+    secret = tmp_path / "token"
+    secret.write_text("opensesame-4242\n")
+    await b.apply([UnitChange(unit_name(), unit_text(args="--say-env LICENSE_ID"),
+                              secret_env={"LICENSE_ID": str(secret)})])
+    first = (await until(b, "running")).pid
+
+    async def said(pid: int | None) -> list[str]:
+        lines = await b.logs(unit_name(), Query(50))
+        return lines if f"testengine[{pid}]: env LICENSE_ID=[redacted]" in lines else []
+
+    await eventually(lambda: said(first), timeout=30, what="the first run's lines")
+    assert await b.logs(unit_name(), Query(50, previous=True)) == []
+    machine.run(["kill", "-KILL", str(first)])
+
+    async def restarted() -> Observation | None:
+        found = await observed(b)
+        return found if found.process == "running" and found.pid != first else None
+
+    second = (await eventually(restarted, timeout=30, what="the restart")).pid
+    await eventually(lambda: said(second), timeout=30, what="the second run's lines")
+    previous = await b.logs(unit_name(), Query(100, previous=True))
+    assert f"testengine[{first}]: env LICENSE_ID=[redacted]" in previous
+    assert any("code=killed, status=9/KILL" in line for line in previous), previous
+    assert not any(f"testengine[{second}]" in line for line in previous)
+    assert not any("opensesame-4242" in line for line in previous)
+
+    follow = b.follow(unit_name(), Query(5))
+    assert "opensesame" not in await anext(follow)
+    await follow.aclose()
+
+    def no_journalctl() -> bool:
+        return "journalctl" not in machine.run(["ps", "-eo", "comm"]).stdout
+
+    await eventually(no_journalctl, timeout=15, what="the follow's journalctl gone")

@@ -18,7 +18,7 @@ import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -91,5 +91,15 @@ def backend(machine: Machine, state: Path | None = None,
     """The systemd backend of ``machine``, run from outside: its unit and env files, its
     systemctl, its /proc; drift evidence in ``state`` (default: the machine's own dir)."""
     settings = SystemdSettings(unit_dir=str(machine.units), env_dir=str(machine.env))
-    return SystemdBackend(settings, runner(machine, default_timeout), proc=machine.proc,
-                          state_dir=state or machine.root / "evidence")
+    return SystemdBackend(settings, runner(machine, default_timeout), stream=streamer(machine),
+                          proc=machine.proc, state_dir=state or machine.root / "evidence")
+
+
+def streamer(machine: Machine) -> commands.Streamer:
+    """Stream argv's output from inside ``machine`` (journalctl, for the backend's logs)."""
+
+    def stream(argv: Sequence[str], *, max_bytes: int | None = None,
+               timeout: float | None = None) -> AsyncIterator[bytes]:
+        return commands.stream(machine.command(argv), max_bytes=max_bytes, timeout=timeout)
+
+    return stream

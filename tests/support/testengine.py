@@ -68,6 +68,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         default=float(os.environ.get("TESTENGINE_STOP_DELAY", "0")))
     parser.add_argument("--record")
     parser.add_argument("--record-env", action="append", default=[])
+    parser.add_argument("--say-env", action="append", default=[],
+                        help="print NAME=value of this variable at start (a leaky engine)")
     parser.add_argument("--exit-after", type=float)
     parser.add_argument("--exit-code", type=int, default=1)
     return parser.parse_known_args(argv)
@@ -298,6 +300,8 @@ def main(argv: list[str]) -> int:
     patterns = list(DEFAULT_RECORDED_ENV) + list(args.record_env)
     model = model_name(args)
     log(f"argv {json.dumps(argv)}")
+    for name in args.say_env:
+        log(f"env {name}={os.environ.get(name, '')}")
     if args.fork_worker:
         fork_worker(args.worker_pid_file, args.worker_ignores_sigterm)
     if args.record:
