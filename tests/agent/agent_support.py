@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -123,3 +124,33 @@ def node_settings(fixture: str, root: Path, **overrides: Any) -> Any:
         else:
             data[key] = value
     return settings.Settings.model_validate(data)
+
+
+@contextlib.asynccontextmanager
+async def served_agent(settings: Any, *, monitor: bool = False,
+                       timeout: float = 20) -> AsyncIterator[tuple[Any, Any]]:
+    """An agent served in this process on its unix socket, with a gRPC client to it; at
+    the end every unit it runs is removed (engines outlive an agent otherwise) and it stops.
+    ``monitor`` runs its unit monitor too, as ``llmgw agent serve`` does."""
+    import grpc
+
+    from llmgw.agent import servers
+    from llmgw.proto.conversions import UnitChange
+    from llmgw.transport.agent_client import AgentClient
+
+    agent = servers.Agent(settings)
+    server = await servers.start(agent)
+    watching = asyncio.create_task(agent.monitor.run()) if monitor else None
+    channel = grpc.aio.insecure_channel(f"unix:{settings.socket.path}")
+    try:
+        yield agent, AgentClient(channel, timeout=timeout)
+    finally:
+        # A fresh look, not monitor.units: that snapshot may predate the last apply.
+        names = [u.name for u in await agent.monitor.refresh()]
+        await agent.apply([UnitChange(n, "", action="remove") for n in names])
+        await channel.close()
+        await server.stop(None)
+        if watching is not None:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+        await agent.close()

@@ -7,12 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
-from agent_support import node_settings, short_dir, unit_name, unit_text
+from agent_support import node_settings, served_agent, short_dir, unit_name, unit_text
 
 from llmgw.agent import confines, servers
 from llmgw.discovery.fabrics import Declaration
@@ -72,20 +71,9 @@ def change_for(source: str, model: str = "m1") -> UnitChange:
     return UnitChange(unit_name(model), text)
 
 
-@contextlib.asynccontextmanager
-async def client_of(root: Path) -> AsyncIterator[tuple[servers.Agent, AgentClient]]:
-    settings = node_settings("cpu-only", root)
-    agent = servers.Agent(settings)
-    server = await servers.start(agent)
-    channel = grpc.aio.insecure_channel(f"unix:{settings.socket.path}")
-    try:
-        yield agent, AgentClient(channel, timeout=20)
-    finally:
-        names = [u.name for u in await agent.monitor.refresh()]
-        await agent.apply([UnitChange(n, "", action="remove") for n in names])
-        await channel.close()
-        await server.stop(None)
-        await agent.close()
+def client_of(root: Path) -> contextlib.AbstractAsyncContextManager[
+        tuple[servers.Agent, AgentClient]]:
+    return served_agent(node_settings("cpu-only", root))
 
 
 async def test_the_agent_refuses_a_unit_whose_source_links_out(root: Path) -> None:

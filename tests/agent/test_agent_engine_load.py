@@ -11,10 +11,17 @@ import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import grpc
 import httpx
 import pytest
-from agent_support import eventually, free_port, node_settings, short_dir, unit_name, unit_text
+from agent_support import (
+    eventually,
+    free_port,
+    node_settings,
+    served_agent,
+    short_dir,
+    unit_name,
+    unit_text,
+)
 from aiohttp import web
 
 from llmgw.agent import scrapes, servers
@@ -39,20 +46,10 @@ def spec(engine: str) -> str:
     return "X-Llmgw-Spec=" + json.dumps({"v": 1, "engine": engine}, separators=(",", ":"))
 
 
-@contextlib.asynccontextmanager
-async def agent_client(root: Path) -> AsyncIterator[tuple[servers.Agent, AgentClient]]:
+def agent_client(root: Path) -> contextlib.AbstractAsyncContextManager[
+        tuple[servers.Agent, AgentClient]]:
     settings = node_settings("cpu-only", root, readiness={"probe_timeout": 5.0})
-    agent = servers.Agent(settings)
-    server = await servers.start(agent)
-    channel = grpc.aio.insecure_channel(f"unix:{settings.socket.path}")
-    try:
-        yield agent, AgentClient(channel, timeout=30)
-    finally:
-        names = [u.name for u in await agent.monitor.refresh()]
-        await agent.apply([UnitChange(n, "", action="remove") for n in names])
-        await channel.close()
-        await server.stop(None)
-        await agent.close()
+    return served_agent(settings, timeout=30)
 
 
 @pytest.mark.skipif(not (LLAMA_SERVER.exists() and MODEL.exists()),

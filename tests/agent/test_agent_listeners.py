@@ -10,12 +10,12 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 
-import grpc
 import pytest
 from agent_support import (
     eventually,
     free_port,
     node_settings,
+    served_agent,
     short_dir,
     unit_name,
     unit_text,
@@ -69,21 +69,10 @@ def impostor() -> Iterator[tuple[int, int]]:
 async def agent() -> AsyncIterator[tuple[servers.Agent, AgentClient]]:
     root = short_dir()
     settings = node_settings("cpu-only", root, supervise={"restart_limit": 2})
-    agent = servers.Agent(settings)
-    server = await servers.start(agent)
-    monitor = asyncio.create_task(agent.monitor.run())
-    channel = grpc.aio.insecure_channel(f"unix:{settings.socket.path}")
     try:
-        yield agent, AgentClient(channel, timeout=20)
+        async with served_agent(settings, monitor=True) as served:
+            yield served
     finally:
-        # A fresh look, not monitor.units: that snapshot may predate the last apply.
-        names = [u.name for u in await agent.monitor.refresh()]
-        await agent.apply([UnitChange(n, "", action="remove") for n in names])
-        await channel.close()
-        await server.stop(None)
-        monitor.cancel()
-        await asyncio.gather(monitor, return_exceptions=True)
-        await agent.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -24,6 +24,7 @@ from agent_support import (
     eventually,
     free_port,
     node_settings,
+    served_agent,
     short_dir,
     unit_name,
     unit_text,
@@ -233,21 +234,10 @@ async def test_follow_reads_on_across_a_restart(supervisor: Supervisor,
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[servers.Agent, AgentClient]]:
     root = short_dir()
-    settings = node_settings("cpu-only", root)
-    agent = servers.Agent(settings)
-    server = await servers.start(agent)
-    monitor = asyncio.create_task(agent.monitor.run())
-    channel = grpc.aio.insecure_channel(f"unix:{settings.socket.path}")
     try:
-        yield agent, AgentClient(channel, timeout=20)
+        async with served_agent(node_settings("cpu-only", root), monitor=True) as served:
+            yield served
     finally:
-        names = [u.name for u in await agent.monitor.refresh()]
-        await agent.apply([UnitChange(n, "", action="remove") for n in names])
-        await channel.close()
-        await server.stop(None)
-        monitor.cancel()
-        await asyncio.gather(monitor, return_exceptions=True)
-        await agent.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
