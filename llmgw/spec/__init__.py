@@ -6,11 +6,10 @@ from llmgw.spec.models import (
     Fabric,
     Model,
     Node,
-    Pricing,
     Profile,
     Project,
-    Scaling,
 )
+from llmgw.spec.servings import Pricing, Scaling
 
 __all__ = [
     "Cluster", "ClusterSettings", "Fabric", "Model", "Node", "Pricing", "Profile",

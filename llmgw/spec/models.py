@@ -29,6 +29,7 @@ from llmgw.spec.identifiers import (
 from llmgw.spec.quantities import Duration, Size
 from llmgw.spec.repairs import DriftSettings
 from llmgw.spec.rollouts import Rollout
+from llmgw.spec.servings import Pricing, Routing, Scaling
 
 NAME_PATTERN = identifiers.PATTERNS["name"][0]
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -485,56 +486,6 @@ class Profile(Strict):
     def gpus_per_node(self) -> int:
         """GPUs each node of a replica contributes (0 for CPU profiles)."""
         return 0 if self.cpu else self.world_size // self.nodes
-
-
-class Scaling(Strict):
-    min: int = Field(1, ge=0, le=1000, description="Replicas always running (0: on demand).")
-    max: int = Field(1, ge=1, le=1000, description="Most replicas when demand asks.")
-    idle_timeout: Duration | None = Field(
-        None, description="Stop replicas above `min` after this long without requests."
-    )
-    replace_unreachable: bool = Field(
-        False, description="Place this model's replicas elsewhere even when a node that may "
-        "still run one does not answer, and so may exceed `max` until it comes back. Off: "
-        "a replica that would bring the model to `max` counting one per such node is not "
-        "placed (`llmgw apply --force` places it once).",
-    )
-
-
-class Pricing(Strict):
-    input_per_mtok: float = Field(0.0, ge=0, description="USD per million prompt tokens.")
-    output_per_mtok: float = Field(0.0, ge=0, description="USD per million completion tokens.")
-
-
-class Routing(Strict):
-    policy: Literal["least-outstanding", "prefix"] = Field(
-        "least-outstanding",
-        description="`least-outstanding`: the replica with the fewest requests in flight. "
-        "`prefix`: requests sharing a prompt prefix (a system prompt, a conversation) go to "
-        "the same replica, whose engine has it cached, unless that replica carries more than "
-        "`load_factor` × the average load (consistent hashing with bounded loads).",
-    )
-    prefix_chars: int = Field(
-        1024, ge=64, le=1_000_000,
-        description="How many characters of a request's context (every message but the last, "
-        "roles and text in order; a completion's prompt) make the prefix it is routed by.",
-    )
-    min_prefix_chars: int = Field(
-        256, ge=0, le=1_000_000,
-        description="A context shorter than this is routed by least outstanding: it shares "
-        "too little to be worth a preference.",
-    )
-    load_factor: float = Field(
-        1.25, ge=1.0, le=10.0,
-        description="Most load a replica takes for its prefixes, as a multiple of the average "
-        "(requests in flight); beyond it a prefix spills to the next replica.",
-    )
-    first_byte_timeout: Duration = Field(
-        600.0, gt=0,
-        description="How long the router waits for a replica's first byte (a stream's first "
-        "event, or a whole non-streamed answer) before answering 504. Generous: a long answer "
-        "that is not streamed arrives all at once.",
-    )
 
 
 class Model(Strict):

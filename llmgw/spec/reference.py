@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from llmgw.spec import models, repairs, rollouts
+from llmgw.spec import models, repairs, rollouts, servings
 from llmgw.spec.quantities import format_duration, format_size
 
 # (heading, model, where it appears in a file)
@@ -38,9 +38,9 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("nodes.NAME.gpus[]", models.GpuDecl, "nodes: {NAME: {gpus: [...]}}"),
     ("models.NAME", models.Model, "models: {NAME: ...}"),
     ("models.NAME.profiles[]", models.Profile, "models: {NAME: {profiles: [...]}}"),
-    ("models.NAME.scaling", models.Scaling, "models: {NAME: {scaling: ...}}"),
-    ("models.NAME.pricing", models.Pricing, "models: {NAME: {pricing: ...}}"),
-    ("models.NAME.router", models.Routing, "models: {NAME: {router: ...}}"),
+    ("models.NAME.scaling", servings.Scaling, "models: {NAME: {scaling: ...}}"),
+    ("models.NAME.pricing", servings.Pricing, "models: {NAME: {pricing: ...}}"),
+    ("models.NAME.routing", servings.Routing, "models: {NAME: {routing: ...}}"),
     ("models.NAME.rollout", rollouts.Rollout, "models: {NAME: {rollout: ...}}, or cluster: "
      "{rollout: ...}"),
     ("models.NAME.rollout.probe", rollouts.Probe, "models: {NAME: {rollout: {probe: ...}}}"),
