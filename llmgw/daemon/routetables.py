@@ -75,7 +75,8 @@ def _endpoint(url: object, node: object, replica: object,
 
 
 def merge(demands: Iterable[Demand]) -> Demand:
-    """Several routers' demand as one: waits add up, the latest use and largest want win.
+    """Several routers' demand as one: waits, queues and requests in flight add up, the
+    latest use, the largest want and the slowest first token win.
 
     Watching counts from the router that started last: before it, requests sent to it
     are unknown. A demand with no router behind it (``watched_since`` None) adds nothing.
@@ -83,17 +84,27 @@ def merge(demands: Iterable[Demand]) -> Demand:
     waiting: dict[str, int] = {}
     last_used: dict[str, float] = {}
     wanted: dict[str, int] = {}
+    queued: dict[str, int] = {}
+    in_flight: dict[str, int] = {}
+    replica_in_flight: dict[str, int] = {}
+    first_token: dict[str, float] = {}
     watched: list[float] = []
     for d in demands:
         if d.watched_since is not None:
             watched.append(d.watched_since)
-        for model, n in d.waiting.items():
-            waiting[model] = waiting.get(model, 0) + n
+        for summed, part in ((waiting, d.waiting), (queued, d.queued),
+                             (in_flight, d.in_flight), (replica_in_flight, d.replica_in_flight)):
+            for key, n in part.items():
+                summed[key] = summed.get(key, 0) + n
         for model, at in d.last_used.items():
             last_used[model] = max(at, last_used.get(model, at))
         for model, n in d.wanted.items():
             wanted[model] = max(n, wanted.get(model, n))
-    return Demand(waiting=waiting, last_used=last_used, wanted=wanted,
+        for model, seconds in d.first_token_seconds.items():
+            first_token[model] = max(seconds, first_token.get(model, seconds))
+    return Demand(waiting=waiting, last_used=last_used, wanted=wanted, queued=queued,
+                  in_flight=in_flight, replica_in_flight=replica_in_flight,
+                  first_token_seconds=first_token,
                   watched_since=max(watched) if watched else None)
 
 

@@ -381,3 +381,23 @@ class Demand(Observed):
         None, description="Unix time since which the router has seen every request; None "
         "when no router watched (a plan made outside the daemon).",
     )
+    queued: dict[str, int] = Field(
+        default_factory=dict,
+        description="Model → requests in the routers' admission queues: a replica is ready "
+        "but every one is at its concurrency cap. Summed over routers.",
+    )
+    in_flight: dict[str, int] = Field(
+        default_factory=dict,
+        description="Model → requests the routers have sent to its replicas and not yet "
+        "finished. Summed over routers.",
+    )
+    replica_in_flight: dict[str, int] = Field(
+        default_factory=dict,
+        description="Replica endpoint (its base URL) → requests in flight on it. Summed over "
+        "routers, so that each router balances on every router's load.",
+    )
+    first_token_seconds: dict[str, float] = Field(
+        default_factory=dict,
+        description="Model → median time to first token of its recent requests, in seconds. "
+        "The largest over routers; absent when no recent request had one.",
+    )

@@ -20,3 +20,16 @@ def test_watching_counts_from_the_latest_router(
     result = routetables.merge(demands)
     assert result.watched_since == merged
     assert result.last_used == {"m": 91.0}
+
+
+def test_load_adds_up_over_routers_and_the_slowest_first_token_wins() -> None:
+    one = Demand(watched_since=1.0, queued={"m": 2}, in_flight={"m": 3},
+                 replica_in_flight={"http://a": 1, "http://b": 2},
+                 first_token_seconds={"m": 0.5})
+    two = Demand(watched_since=2.0, queued={"m": 1, "n": 4}, in_flight={"m": 1},
+                 replica_in_flight={"http://b": 5}, first_token_seconds={"m": 1.5, "n": 0.2})
+    result = routetables.merge([one, two])
+    assert result.queued == {"m": 3, "n": 4}
+    assert result.in_flight == {"m": 4}
+    assert result.replica_in_flight == {"http://a": 1, "http://b": 7}
+    assert result.first_token_seconds == {"m": 1.5, "n": 0.2}
