@@ -121,6 +121,7 @@ class Supervisor:
     _slots: dict[str, _Slot] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _hurried: bool = False  # stopping at once: SIGKILL, no SIGTERM grace
+    _applying: set[asyncio.Future[list[UnitResult]]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.ledger = units.Ledger(self.state_dir / "ledger")
@@ -236,6 +237,15 @@ class Supervisor:
     # ---- the Backend interface ---------------------------------------------
 
     async def apply(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
+        """Carry the changes out. Once begun they finish even if the caller leaves (its gRPC
+        call cancelled): a removal cut short in its stop would drop a unit whose engine was
+        signalled but never reaped."""
+        task = asyncio.ensure_future(self._apply(changes))
+        self._applying.add(task)
+        task.add_done_callback(self._applying.discard)
+        return await asyncio.shield(task)
+
+    async def _apply(self, changes: Sequence[UnitChange]) -> list[UnitResult]:
         results = []
         async with self._lock:
             for change in changes:

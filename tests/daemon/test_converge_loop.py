@@ -174,11 +174,6 @@ async def until(check: Callable[[], Any], what: str, loop: Loop, timeout: float 
         await asyncio.sleep(0.1)
 
 
-# The stuck engine a fix replaced leaves its Popen in the in-process agent unreaped about
-# every other run (seen in CI, and 4 of 4 here after test_replace_adoption): the engine is
-# gone (the test checks one stuck engine is left), but Popen.__del__ warns at collection.
-# Not yet found where the supervise backend drops that run; see the session note.
-@pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")
 async def test_a_model_that_never_loads_holds_up_neither_repairs_nor_edits(loop: Any) -> None:
     """One replica that never answers /v1/models: the loop goes on without it.
 
