@@ -257,16 +257,18 @@ def test_up_with_an_account_enrols_bare_nodes_by_node_add() -> None:
     where.chmod(0o755)
     lab = where / "lab"
     try:
-        (port,) = free_ports(1)
+        # Engine ports given too: the default 21000 may be in use on this machine.
+        port, engines = free_ports(101)[:2]
         up = llmgw("lab", "up", "--dir", "lab", "--nodes", "1", "--ssh-port", str(port),
-                   "--account", account, cwd=where, timeout=900)
+                   "--engine-ports", str(engines), "--account", account, cwd=where,
+                   timeout=900)
         assert up.returncode == 0, up.stdout + up.stderr
         assert f"gpu-01: llmgw node add root@127.0.0.1:{port} --name gpu-01" in up.stdout
         assert "    account    " + account + ": " in up.stdout, up.stdout
         assert "    agent      started (supervise backend" in up.stdout, up.stdout
         assert "(node add pins 1 host key)." in up.stdout
         nodes_yaml = (lab / "cluster" / "nodes.yaml").read_text()
-        assert "opt/run/agent.sock" in nodes_yaml and "engine_ports_from: 21000" in nodes_yaml
+        assert "opt/run/agent.sock" in nodes_yaml and f"engine_ports_from: {engines}" in nodes_yaml
         cluster = loading.load(lab / "cluster")
         assert cluster.cluster.ssh.user == account
         fleet = asyncio.run(pools.collect(cluster, lab / "cluster"))
