@@ -40,6 +40,9 @@ class Completed:
 
 Runner = Callable[[Sequence[str]], Awaitable[Completed]]
 DEFAULT_TIMEOUT = 30.0
+# How long a killed command's pipes are read and its exit waited for: a process that
+# left its group (setsid) may hold a pipe open for good.
+DRAIN_BOUND = 30.0
 
 
 class TimedRunner(Protocol):
@@ -64,7 +67,11 @@ async def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> Complete
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
-        await proc.wait()
+        # Read what is left, as stream() does: wait() alone waits for pipes that a full
+        # buffer may have paused.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.communicate(), DRAIN_BOUND)
+        await _reaped(proc)
         return Completed(args, None, error=f"{args[0]} did not finish within {timeout:g}s")
     return Completed(
         args, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
@@ -136,13 +143,26 @@ async def stream(argv: Sequence[str], *, max_bytes: int | None = None,
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
-        # Read both pipes to their end (the group is dead, so it comes at once), which
-        # closes them; a stray holder of the pipe is given a bound, not waited for.
+        # Read both pipes to their end first (the group is dead, so it comes at once):
+        # Python 3.11's wait() returns only once every pipe has closed, and a pipe whose
+        # reader paused on a full buffer (``yes`` cut at max_bytes) never does, so
+        # waiting first hung for good. A stray holder of a pipe is given a bound.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.stdout.read(), 30.0)
+            await asyncio.wait_for(proc.stdout.read(), DRAIN_BOUND)
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(errors, 30.0)
+            await asyncio.wait_for(errors, DRAIN_BOUND)
+        await _reaped(proc)
+
+
+async def _reaped(proc: asyncio.subprocess.Process) -> None:
+    """Wait for a killed ``proc``, bounded: past the bound (a stray holder keeps a pipe
+    open), our ends are closed so that nothing is left open."""
+    try:
+        await asyncio.wait_for(asyncio.shield(proc.wait()), DRAIN_BOUND)
+    except TimeoutError:
+        transport = getattr(proc, "_transport", None)  # asyncio has no public close
+        if transport is not None:
+            transport.close()
 
 
 async def _first_bytes(reader: asyncio.StreamReader, keep: int) -> bytes:

@@ -140,6 +140,17 @@ async def test_a_streamed_command_is_bounded_and_killed_when_its_reader_leaves()
         [c async for c in commands.stream(["sleep", "5"], timeout=0.2)]
 
 
+async def test_a_command_cut_at_its_bound_is_reaped_every_time() -> None:
+    # ``yes`` fills the pipe faster than it is read, so when the stream is cut its
+    # reader has often paused on a full buffer; Python 3.11's wait() then waited for a
+    # pipe that nobody read (a CI run hung here for 300 s). Many tries meet that race.
+    for _ in range(100):
+        got = b"".join([c async for c in commands.stream(["yes"], max_bytes=100_000)])
+        assert len(got) == 100_000
+    done = await commands.run(["yes"], timeout=0.2)  # the same, for run()'s timeout
+    assert done.returncode is None and "did not finish within 0.2s" in done.error
+
+
 # ---- the supervise backend, real engines ------------------------------------------
 
 @pytest.fixture
