@@ -15,6 +15,14 @@ first token is still retried; after that, a failure ends the client's stream
 with an OpenAI-style ``error`` event instead — and so does a stream that ends
 without its last event (``[DONE]``, ``response.completed``): an engine that
 closes a close-delimited body early has not finished, however clean the close.
+A stream is complete once its last event was written to the client, not when
+the engine ends its body: a client that closes on ``[DONE]`` (the openai SDK)
+was served whole, and the pool reads the engine's tail (:mod:`upstreams`).
+
+An engine's 5xx is judged before any retry (:mod:`llmgw.router.faults`): the
+client's fault (``tools param requires --jinja flag``) is answered 400
+``invalid_request_error`` with the engine's message and is not retried, since
+every replica would refuse it alike; it is no failure in the replica's tallies.
 
 Time to first byte is bounded per model (``routing.first_byte_timeout``): an
 engine that accepts a request and never answers gets the client a 504, not a
