@@ -21,7 +21,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.stacks import Stack
 
+from llmgw.applying import gates
 from llmgw.router import faults
+from llmgw.spec.rollouts import Compare
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "engine-errors"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -125,3 +127,26 @@ def test_engine_errors_through_the_router(stack: Stack, name: str, stream: bool)
                  _samples(stack, "llmgw_requests_total").items()}
     assert by_status == {str(answered): 1.0}
     assert [r.status for r in stack.rows()] == [answered]
+
+
+@pytest.mark.parametrize(("name", "decision"), [
+    ("llamacpp-500-tools-no-jinja.json", "promote"),
+    ("vllm-500-engine-dead.json", "rollback"),
+])
+def test_a_rollout_gate_rolls_back_on_server_faults_only(
+        stack: Stack, name: str, decision: str) -> None:
+    old, new = stack.upstreams
+    new.status, new.error_body = _status(name), (RECORDED / name).read_bytes()
+    client = openai.OpenAI(base_url=stack.url + "/v1", api_key=stack.key(), max_retries=0)
+    for upstream in (old, new):
+        stack.route({"chat": [upstream]})
+        for _ in range(20):
+            try:
+                client.chat.completions.create(model="chat", messages=MESSAGES)
+            except openai.APIStatusError:
+                assert upstream is new
+    tallies = stack.call(stack.router.routes.tallies.snapshot)
+    # The time to first token is not what this compares: only the error rate.
+    verdict = gates.judge(Compare(max_ttft_ratio=1000), gates.stats(tallies, [new.url]),
+                          gates.stats(tallies, [old.url]), baked=True)
+    assert verdict.decision == decision, verdict.reason
