@@ -505,6 +505,7 @@ def _change_dict(change: Change) -> dict[str, Any]:
         "drift": change.drift,
         "reasons": list(change.reasons),
         "evidence": list(change.evidence),
+        "drain": change.drain,
         "shards": [
             {
                 "node": s.node, "unit": s.unit, "rank": s.rank, "engine": s.engine,

@@ -84,6 +84,9 @@ class Change:
     # The class of drift this change repairs (llmgw.planning.drifts) and what shows it.
     drift: str = "declared_change"
     evidence: tuple[str, ...] = ()
+    # A destroy the autoscaler asked for: out of the routes and its requests finished
+    # (bounded) before its units stop.
+    drain: bool = False
 
     def phases(self) -> tuple[tuple[UnitOp, ...], ...]:
         """The unit operations of this change, phase by phase.
