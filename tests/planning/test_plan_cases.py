@@ -3,7 +3,8 @@
 One file per case, one harness for all (see :mod:`plan_builders` for the
 fleet shorthand). A case's ``expect`` lists, exactly and in order:
 
-* ``changes``: ``{change: "create m r0 on gpu-01 [0-1]", why: [...]}``
+* ``changes``: ``{change: "create m r0 on gpu-01 [0-1]", why: [...]}``, and
+  ``drain: true`` for a destroy drained first (the autoscaler's scale-down)
 * ``unplaceable``: ``{replicas: "m r1", wanted: ..., why: [...]}`` where each
   ``why`` line is ``profile N (label): nodes: reason`` as plans group them
 * ``unknown``: ``{replica: "m r0 on gpu-02", why: [...]}``
@@ -15,6 +16,9 @@ fleet shorthand). A case's ``expect`` lists, exactly and in order:
 A change lists its class of drift (``drift: engine_crash``) and, when it has
 any, its ``evidence`` as soon as one change of the case says ``drift``: the
 drift cases (75-89, 100-102) all do.
+
+``loads:`` gives each autoscaled model's load history (see
+:func:`plan_builders.loads_from`); without it the autoscaler has none and holds.
 
 ``stable_after_apply: true`` also applies the plan (every new unit ready)
 and checks that planning again changes nothing: placement is stable.
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plan_builders import apply, cluster_from, fleet_from
+from plan_builders import apply, cluster_from, fleet_from, loads_from
 from ruamel.yaml import YAML
 
 from llmgw.fleet.types import Demand
@@ -64,6 +68,7 @@ def summarize(plan: Plan, drift: bool = False) -> dict[str, Any]:
     return {
         "changes": [
             {"change": change_line(c), "why": list(c.reasons),
+             **({"drain": True} if c.drain else {}),
              **({"drift": c.drift} if drift else {}),
              **({"evidence": list(c.evidence)} if drift and c.evidence else {})}
             for c in plan.changes
@@ -102,7 +107,9 @@ def run_case(case: dict[str, Any]) -> tuple[Plan, Any, Any, float]:
                        case.get("sources"))
     demand = Demand.model_validate(case.get("demand") or {})
     policy = Policy(**(case.get("policy") or {}))
-    return plans.plan(cluster, fleet, now, demand, policy=policy), cluster, fleet, now
+    loads = loads_from(case.get("loads"), now)
+    return (plans.plan(cluster, fleet, now, demand, policy=policy, loads=loads), cluster, fleet,
+            now)
 
 
 @pytest.mark.parametrize("path", sorted(CASES.glob("*.yaml")), ids=lambda p: p.stem)
