@@ -162,6 +162,7 @@ class _Planner:
             nodes=tuple(fingerprints.node(name, self.reports.get(name))
                         for name in sorted({*self.cluster.nodes, *self.reports})),
             warnings=tuple(self.warnings),
+            scaling=tuple(w.decided for _, w in sorted(self.wants.items()) if w.decided),
             quotes=replicas.quotes(self.fleet),
         )
 

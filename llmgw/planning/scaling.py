@@ -85,6 +85,7 @@ class Want:
     reason: str  # why this many, for create reasons and unplaceable entries
     down: bool = False  # the autoscaler scales down: the least loaded go, drained
     warning: str = ""  # for the plan's warnings (max reached)
+    decided: str = ""  # the autoscaler's decision, scale or hold (with a target only)
 
 
 def want(
@@ -98,8 +99,9 @@ def want(
     if decision is not None and decision.count != running:
         on_demand = 1 if waiting else 0
         count = max(scaling.min, on_demand, min(decision.count, scaling.max))
-        return Want(count, decision.reason, down=count < running, warning=decision.warning)
-    warning = decision.warning if decision is not None else ""
+        return Want(count, decision.reason, down=count < running, warning=decision.warning,
+                    decided=decision.reason)
+    warning, decided = (decision.warning, decision.reason) if decision else ("", "")
     count = max(scaling.min, min(max(asked, 1 if waiting else 0), scaling.max))
     if count > scaling.min and waiting and asked <= 1:  # the router asked for nothing more
         reason = (f"on demand: {waiting} request{'s' if waiting != 1 else ''} waiting, "
@@ -108,7 +110,7 @@ def want(
         reason = f"demand: the router wants {asked} (max {scaling.max}), {running} running"
     else:
         reason = f"scaling: min {scaling.min}, {running} running"
-    return Want(count, reason, warning=warning)
+    return Want(count, reason, warning=warning, decided=decided)
 
 
 def sample(name: str, cluster: Cluster, fleet: Fleet, demand: Demand, now: float) -> LoadSample:
@@ -214,8 +216,8 @@ def decide(
                             f"{_load(highest, target, scaling.down_window)}")
     if up is None or down is None:
         short = scaling.up_window if up is None else scaling.down_window
-        return hold(f"load history covers {_ago(now - history[0].at)} of "
-                    f"{format_duration(short)}")
+        return hold(f"load history covers {_ago(now - history[0].at)} of the "
+                    f"{format_duration(short)} window")
     return hold(f"{_metric(target)} {_num(value)} (target {_target(target)}), "
                 "not beyond it for a whole window")
 

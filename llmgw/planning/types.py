@@ -184,6 +184,8 @@ class Plan:
     warnings: tuple[str, ...] = ()
     held: tuple[Held, ...] = ()
     holds: tuple[Hold, ...] = ()  # models whose replacement failed its gate (planning.holds)
+    # Each autoscaled model's decision (planning.scaling.decide): a scale or a hold, and why.
+    scaling: tuple[str, ...] = ()
     # Replaces held until their engine version is installed (planning.installs);
     # in memory only: a saved plan keeps their warnings.
     awaiting_install: tuple[Change, ...] = field(default=(), compare=False)

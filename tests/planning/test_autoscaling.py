@@ -46,7 +46,7 @@ def _history(waiting: Sequence[float | None], ready: int = 1, step: float = 10.0
                      (3, "scale m 1 → 3: 7 waiting per replica over 30 s (target 2); max 3"),
                      id="up-never-beyond-max"),
         pytest.param(_scaling(), 1, _history([7, 7, 7]), None,
-                     (1, "hold m at 1: load history covers 20s of 30s"),
+                     (1, "hold m at 1: load history covers 20s of the 30s window"),
                      id="hold-a-history-shorter-than-the-window"),
         pytest.param(_scaling(), 1, (), None,
                      (1, "hold m at 1: no load history (the daemon started, or no daemon "
@@ -56,7 +56,7 @@ def _history(waiting: Sequence[float | None], ready: int = 1, step: float = 10.0
                      (1, "hold m at 1: load unknown (nothing reports waiting per replica)"),
                      id="hold-unknown-load"),
         pytest.param(_scaling(), 1, _history([7, None, 7, 7]), None,
-                     (1, "hold m at 1: load history covers 30s of 1m"),
+                     (1, "hold m at 1: load history covers 30s of the 1m window"),
                      id="hold-a-gap-of-unknown-in-the-window"),
         pytest.param(_scaling(), 2, _history([7, 1, 7, 1, 7, 1, 7], ready=2), None,
                      (2, "hold m at 2: waiting per replica 3.5 (target 2), not beyond it for "

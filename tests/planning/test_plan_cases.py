@@ -10,6 +10,8 @@ fleet shorthand). A case's ``expect`` lists, exactly and in order:
 * ``unknown``: ``{replica: "m r0 on gpu-02", why: [...]}``
 * ``held``: ``{replica: "m r0 on gpu-01", drift: engine_crash, why: [...], evidence: [...]}``
 * ``warnings`` (only checked when given)
+* ``scaling`` (only checked when given): each autoscaled model's decision, a
+  scale or a hold, and why
 * ``ports`` (only checked when given): ``m r1: gpu-01 port 18001`` per new shard
   that serves HTTP, in the order of the changes
 
@@ -93,6 +95,7 @@ def summarize(plan: Plan, drift: bool = False) -> dict[str, Any]:
             for u in plan.unknown
         ],
         "warnings": list(plan.warnings),
+        "scaling": list(plan.scaling),
         "ports": [f"{c.model} r{c.new_replica if c.new_replica is not None else c.replica}: "
                   f"{s.node} port {s.port}"
                   for c in plan.changes if c.action in ("create", "replace")
@@ -131,6 +134,8 @@ def test_case(path: Path) -> None:
     assert actual["held"] == expect.get("held", []), case["description"]
     if "warnings" in expect:
         assert actual["warnings"] == expect["warnings"], case["description"]
+    if "scaling" in expect:
+        assert actual["scaling"] == expect["scaling"], case["description"]
     if "ports" in expect:
         assert actual["ports"] == expect["ports"], case["description"]
     if case.get("stable_after_apply"):
