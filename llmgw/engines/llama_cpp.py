@@ -36,6 +36,8 @@ RESERVED_FLAGS = {
     "n-gpu-layers": "from cpu / gpu_class",
     "ngl": "from cpu / gpu_class",
 }
+# Set from the model's adapters, when it declares any.
+ADAPTER_FLAGS = ("lora", "lora-scaled", "lora-init-without-apply")
 
 
 def command(launch: Launch, selection: Selection) -> Parts:
@@ -51,4 +53,10 @@ def command(launch: Launch, selection: Selection) -> Parts:
         # /metrics: the agent reads the engine's load from it (llmgw.agent.scrapes).
         "--metrics",
     ]
+    if launch.adapters:
+        # Loaded at start, applied to no request unless it asks: the router adds
+        # `lora: [{"id": i, "scale": s}]` (i: the adapter's place in this list) to a request
+        # for an adapter (llmgw.router.loras), and a request for the base model applies none.
+        argv += ["--lora-scaled", ",".join(f"{a.source}:{a.scale:g}" for a in launch.adapters),
+                 "--lora-init-without-apply"]
     return Parts(argv, options_from=len(PROGRAM))

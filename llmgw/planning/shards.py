@@ -108,6 +108,7 @@ def build(
             aux_port=slot.aux_port,
             fabric=fabric,
             download_dir=node.weights_dirs[0] if node.weights_dirs else None,
+            adapters=tuple(model.adapters),
         )
         command = launches.command(launch)
         spec: dict[str, Any] = {
