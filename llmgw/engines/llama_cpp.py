@@ -37,7 +37,7 @@ RESERVED_FLAGS = {
     "ngl": "from cpu / gpu_class",
 }
 # Set from the model's adapters, when it declares any.
-ADAPTER_FLAGS = ("lora", "lora-scaled", "lora-init-without-apply")
+ADAPTER_FLAGS = ("lora", "lora-scaled")
 
 
 def command(launch: Launch, selection: Selection) -> Parts:
@@ -54,9 +54,10 @@ def command(launch: Launch, selection: Selection) -> Parts:
         "--metrics",
     ]
     if launch.adapters:
-        # Loaded at start, applied to no request unless it asks: the router adds
-        # `lora: [{"id": i, "scale": s}]` (i: the adapter's place in this list) to a request
-        # for an adapter (llmgw.router.loras), and a request for the base model applies none.
-        argv += ["--lora-scaled", ",".join(f"{a.source}:{a.scale:g}" for a in launch.adapters),
-                 "--lora-init-without-apply"]
+        # Loaded at start with their scales. A request applies those a `lora` list in its
+        # body names ([{"id": i, "scale": s}], i: the adapter's place here), and every one
+        # at its scale when it names none: --lora-init-without-apply does not change that
+        # (b11434, checked in tests/e2e/test_real_lora.py). So the router names every
+        # adapter in every request (llmgw.router.loras): 0 for those not asked for.
+        argv += ["--lora-scaled", ",".join(f"{a.source}:{a.scale:g}" for a in launch.adapters)]
     return Parts(argv, options_from=len(PROGRAM))

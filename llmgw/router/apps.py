@@ -201,7 +201,7 @@ class Router:
                 stream = payload.get("stream") is True
                 if entry is not None:
                     body, payload = loras.rewrite(body, payload, entry.adapter,
-                                                  entry.selects_per_request)
+                                                  entry.listed_adapters)
                     _check_choices(payload)
                     prompt, output = accounts.estimate(body_bytes, payload,
                                                        request.path == "/v1/embeddings",

@@ -34,8 +34,8 @@ class ModelEntry:
     first_byte_timeout: float = 600.0  # seconds to the engine\'s first byte
     context_tokens: int | None = None  # what it can read and produce; None: not stated
     adapter: AdapterRoute | None = None  # a LoRA adapter of the model ``key``
-    # The engine picks adapters from the body (llama.cpp): a base request may not.
-    selects_per_request: bool = False
+    # Adapters the engine applies unless a request lists them (llama.cpp's; 0 elsewhere).
+    listed_adapters: int = 0
 
     def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float:
         """USD for one request at this model's prices."""
@@ -91,15 +91,16 @@ def from_cluster(cluster: Cluster) -> Catalog:
             load_factor=model.routing.load_factor,
             first_byte_timeout=model.routing.first_byte_timeout,
             context_tokens=context_tokens(model),
-            selects_per_request=bool(model.adapters) and engine(model) == "llama.cpp",
+            listed_adapters=len(model.adapters) if engine(model) == "llama.cpp" else 0,
         )
         for index, adapter in enumerate(model.adapters):
             prices = adapter.pricing or model.pricing
             models[adapter.name] = replace(
                 models[served], served_name=adapter.name,
                 input_per_mtok=prices.input_per_mtok, output_per_mtok=prices.output_per_mtok,
-                adapter=AdapterRoute(served, engine(model), index, adapter.scale),
-                selects_per_request=False,
+                adapter=AdapterRoute(served, engine(model), index, adapter.scale,
+                                     len(model.adapters)),
+                listed_adapters=0,
             )
     budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
     caps = {name: project.max_request_usd for name, project in cluster.projects.items()}

@@ -6,12 +6,13 @@ its model, :mod:`llmgw.engines`), and the body says which adapter:
 
 * **vLLM** serves each ``--lora-modules`` name as a model: the body goes as it is.
 * **SGLang** takes ``base:adapter`` in ``model`` (its OpenAI-compatible form).
-* **llama.cpp** serves one model name; an adapter loaded with
-  ``--lora-init-without-apply`` applies to a request that lists it in ``lora``
-  (``[{"id": i, "scale": s}]``, ``i`` its place in ``--lora-scaled``), and to no
-  other. So ``model`` becomes the base's name and ``lora`` names the adapter.
-  A request for the base model that brings its own ``lora`` is refused: it would
-  get an adapter at the base model's price.
+* **llama.cpp** serves one model name and applies the adapters a request lists in
+  ``lora`` (``[{"id": i, "scale": s}]``, ``i`` the adapter's place in
+  ``--lora-scaled``), or, when it lists none, every adapter at its start-up scale.
+  So every request to such a model lists every adapter: ``model`` becomes the
+  base's name, the adapter asked for gets its scale and the others 0; a request
+  for the base model gets 0 for each. A request for the base model that brings
+  its own ``lora`` is refused: it would get an adapter at the base model's price.
 
 A purely computational module with no side effects.
 """
@@ -33,27 +34,31 @@ class AdapterRoute:
     engine: str  # "vllm" | "sglang" | "llama.cpp"
     index: int  # its place among the model's adapters (llama.cpp's adapter id)
     scale: float = 1.0
+    count: int = 1  # how many adapters the model has
 
 
 def rewrite(body: bytes, payload: dict[str, Any], route: AdapterRoute | None,
-            selects_per_request: bool = False) -> tuple[bytes, dict[str, Any]]:
+            listed: int = 0) -> tuple[bytes, dict[str, Any]]:
     """The body and payload to send for a request to ``route`` (None: the base model).
 
-    ``selects_per_request``: the base model's engine selects adapters from the body
-    (llama.cpp with adapters), so a base request must not carry ``lora`` itself.
-    Raises :class:`ApiError` (400) for such a request.
+    ``listed``: how many adapters the base model's engine applies unless a request
+    lists them (llama.cpp's; 0 elsewhere). Raises :class:`ApiError` (400) for a
+    request to such a base model that lists adapters itself.
     """
     if route is None:
-        if selects_per_request and "lora" in payload:
+        if not listed:
+            return body, payload
+        if "lora" in payload:
             raise ApiError(400, "lora is chosen by the model's name here: name the adapter as "
                            "the model (GET /v1/models lists them)", code="invalid_value",
                            param="lora")
+        changed = {**payload, "lora": [{"id": i, "scale": 0.0} for i in range(listed)]}
+    elif route.engine == "vllm":
         return body, payload
-    if route.engine == "vllm":
-        return body, payload
-    if route.engine == "sglang":
+    elif route.engine == "sglang":
         changed = {**payload, "model": f"{route.parent}:{payload['model']}"}
     else:
         changed = {**payload, "model": route.parent,
-                   "lora": [{"id": route.index, "scale": route.scale}]}
+                   "lora": [{"id": i, "scale": route.scale if i == route.index else 0.0}
+                            for i in range(route.count)]}
     return json.dumps(changed).encode(), changed
