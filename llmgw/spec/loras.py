@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 # --lora-scaled FNAME:SCALE,... and vLLM's/SGLang's name=path.
 _SEPARATORS = (",", ":", "=")
 MAX_ADAPTERS = 64
-# The ranks vLLM's --max-lora-rank accepts (its flag tables' choices, 0.11 to 0.33).
-VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class LoraAdapter(Strict):
@@ -93,22 +91,17 @@ def problems(models: Mapping[str, Model]) -> Iterator[tuple[tuple[str | int, ...
             at = (key, "adapters", index, "name")
             if adapter.name in served:
                 yield at, (f"{where}[{index}]: clients already call model "
-                           f"'{served[adapter.name]}' '{adapter.name}'; an adapter needs a "
-                           "name of its own")
+                           f"'{served[adapter.name]}' by the name '{adapter.name}'; an adapter "
+                           "needs a name of its own")
             elif adapter.name in seen:
                 yield at, (f"{where}[{index}]: adapter '{adapter.name}' is already declared "
                            f"on model '{seen[adapter.name]}'")
             seen.setdefault(adapter.name, key)
             if adapter.scale != 1.0 and engines - {"llama.cpp"}:
                 yield (key, "adapters", index, "scale"), (
-                    f"{where}[{index}]: scale applies to llama.cpp only; "
-                    f"{', '.join(sorted(engines - {'llama.cpp'}))} take the adapter's own "
-                    "lora_alpha (remove scale, or fold it into the adapter)")
-            if adapter.rank is not None and "vllm" in engines and adapter.rank not in VLLM_RANKS:
-                yield (key, "adapters", index, "rank"), (
-                    f"{where}[{index}]: vLLM serves ranks "
-                    f"{', '.join(map(str, VLLM_RANKS))}; declare the next one up from "
-                    f"{adapter.rank}")
+                    f"{where}[{index}]: scale applies to llama.cpp only; vLLM and SGLang "
+                    "read it from the adapter's own lora_alpha (remove scale, or fold it into "
+                    "lora_alpha)")
         if len(engines) > 1:
             # The router rewrites a request for an adapter in the one way its engine
             # expects (llama.cpp: the base name and a lora list; SGLang: base:adapter).
