@@ -11,6 +11,11 @@ What is shown: a request for the adapter is answered and differs from the base
 model's greedy answer; the base still answers as before the adapter was
 asked for, and as an engine without adapters does (llama-server applies every
 loaded adapter to a request that lists none, so the router must list them).
+
+Then the whole loop (``llmgw serve`` on ``cluster.example/local``, as
+test_real_engine.py runs it): the daemon plans the engine with the adapter,
+the router lists and serves it, and a second adapter added to the cluster
+file replaces the replica with both loaded, each answering as itself.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, TypeVar
 import httpx
 import openai
 import pytest
+import test_real_engine
 from support import ggufloras, nodes
 
 from llmgw.engines import launches, profiles
@@ -181,3 +187,53 @@ def test_a_base_request_that_names_adapters_itself_is_refused(served: dict[str, 
         "model": "gemma", "prompt": PROMPT, "max_tokens": 4, "lora": [{"id": 0, "scale": 4}]})
     assert answer.status_code == 400
     assert answer.json()["error"]["param"] == "lora"
+
+
+# -- the whole loop: `llmgw serve` plans the engine with its adapters ------------------------
+
+@pytest.fixture
+def local_cluster(tmp_path: Path) -> Path:
+    """cluster.example/local (as test_real_engine.py copies it) with an adapter declared."""
+    directory: Path = test_real_engine.local_cluster.__wrapped__(tmp_path)
+    adapters = tmp_path / "adapters"
+    adapters.mkdir()
+    ggufloras.write(MODEL, adapters / "noisy.gguf")
+    ggufloras.write(MODEL, adapters / "other.gguf", targets="attn_output", seed=1)
+    path = directory / "cluster.yaml"
+    text = path.read_text()
+    text = text.replace(f"weights_dirs: [{MODEL.parent}]",
+                        f"weights_dirs: [{MODEL.parent}, {adapters}]")
+    assert str(adapters) in text
+    path.write_text(text + f"    adapters:\n      - {{name: gemma-noisy, source: "
+                    f"{adapters}/noisy.gguf, scale: 4}}\n")
+    return directory
+
+
+daemon = test_real_engine.daemon
+
+
+def test_the_daemon_serves_an_adapter_and_a_second_one_added(daemon: dict[str, Any]) -> None:
+    test_real_engine.wait_status(daemon, test_real_engine.ready, "the model to be ready")
+    (pid, argv), = ((p, a) for p, a in test_real_engine.engine_processes().items()
+                    if str(MODEL) in a)
+    adapters = Path(str(daemon["dir"])).parent / "adapters"
+    assert argv[argv.index("--lora-scaled") + 1] == f"{adapters}/noisy.gguf:4"
+
+    client = openai.OpenAI(base_url=f"{daemon['router']}/v1", api_key="unused", max_retries=0)
+    assert sorted(m.id for m in client.models.list()) == ["gemma-noisy", "gemma3-270m"]
+    before = complete(client, "gemma3-270m")
+    assert complete(client, "gemma-noisy") != before
+
+    # A second adapter: the replica is replaced with both loaded, each answers as itself.
+    path = daemon["dir"] / "cluster.yaml"
+    path.write_text(path.read_text() + f"      - {{name: gemma-other, source: "
+                    f"{adapters}/other.gguf, scale: 8}}\n")
+    test_real_engine.wait_status(
+        daemon, lambda s: test_real_engine.ready(s) and pid not in
+        test_real_engine.engine_processes(), "the replacement with two adapters")
+    assert sorted(m.id for m in client.models.list()) == [
+        "gemma-noisy", "gemma-other", "gemma3-270m"]
+    answers = {name: complete(client, name)
+               for name in ("gemma3-270m", "gemma-noisy", "gemma-other")}
+    assert answers["gemma3-270m"] == before
+    assert len(set(answers.values())) == 3, answers
