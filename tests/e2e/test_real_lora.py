@@ -86,23 +86,27 @@ class Loop:
         self.loop.close()
 
 
-def start_engine(argv: tuple[str, ...], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PATH": f"{ENGINE.parent}{os.pathsep}{os.environ['PATH']}"}
+def start_engine(argv: tuple[str, ...], log: Path, env: dict[str, str] | None = None,
+                 bin_dir: Path = ENGINE.parent) -> subprocess.Popen[bytes]:
+    """The engine ``argv``, its program found in ``bin_dir``, output to ``log``."""
+    full = {**os.environ, **(env or {}),
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     with log.open("wb") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full)
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
+def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path,
+                 timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert process.poll() is None, f"llama-server exited:\n{log.read_text()[-3000:]}"
+        assert process.poll() is None, f"the engine exited:\n{log.read_text()[-3000:]}"
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
-    raise AssertionError(f"llama-server not healthy in 60 s:\n{log.read_text()[-3000:]}")
+    raise AssertionError(f"engine not healthy in {timeout:g} s:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture
