@@ -47,14 +47,25 @@ def refusals(changes: Sequence[UnitChange], weights_dirs: Sequence[str]) -> dict
 
 
 def refused(change: UnitChange, weights_dirs: Sequence[str]) -> str | None:
-    """Why ``change`` may not start: its spec's path source resolves out of ``weights_dirs``."""
+    """Why ``change`` may not start: its spec's path source, or one of its LoRA adapters
+    (``adapters``: paths, which are all an adapter may be), resolves out of
+    ``weights_dirs``."""
     if change.action != "start":
         return None
-    text = fetchers.spec_of(change.unit_text, change.name).get("source")
-    if not isinstance(text, str) or not sources.is_path(text):
-        return None
-    try:
-        source = sources.parse(text)
-    except sources.SourceError as exc:
-        return f"refused: {exc}"
-    return refusal(source.path or text, weights_dirs)
+    spec = fetchers.spec_of(change.unit_text, change.name)
+    text = spec.get("source")
+    adapters = spec.get("adapters")
+    paths = [text] if isinstance(text, str) and sources.is_path(text) else []
+    for adapter in adapters if isinstance(adapters, list) else ():
+        if not isinstance(adapter, str) or not sources.is_path(adapter):
+            return f"refused: the LoRA adapter {adapter!r} is not a path on this node"
+        paths.append(adapter)
+    for path in paths:
+        try:
+            source = sources.parse(path)
+        except sources.SourceError as exc:
+            return f"refused: {exc}"
+        why = refusal(source.path or path, weights_dirs)
+        if why is not None:
+            return why
+    return None

@@ -15,10 +15,11 @@ in the table: they are the escape hatch for flags newer than llmgw's tables.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmgw.engines.tables import Option, Table
+from llmgw.spec.loras import LoraAdapter
 from llmgw.spec.models import ArgValue
 
 
@@ -100,3 +101,15 @@ WEIGHTS = "${LLMGW_WEIGHTS}"
 def is_path(source: str) -> bool:
     """A weights source on the node's disk, rather than a repository id."""
     return source.startswith("/") or source == WEIGHTS
+
+
+def adapter_options(adapters: Sequence[LoraAdapter], paths_flag: str) -> list[list[str]]:
+    """vLLM's and SGLang's adapter options: ``--enable-lora``, ``PATHS_FLAG name=path ...``
+    and ``--max-lora-rank`` (the largest rank declared), as :class:`Parts` ``multi`` groups."""
+    if not adapters:
+        return []
+    groups = [["--enable-lora"], [paths_flag, *(f"{a.name}={a.source}" for a in adapters)]]
+    ranks = [a.rank for a in adapters if a.rank is not None]
+    if ranks:
+        groups.append(["--max-lora-rank", str(max(ranks))])
+    return groups

@@ -26,6 +26,7 @@ from typing import Literal
 from llmgw.engines import checks, flags, llama_cpp, nccl, sglang, tables, vllm
 from llmgw.engines.nccl import FabricUse
 from llmgw.engines.parts import Parts
+from llmgw.spec.loras import LoraAdapter
 from llmgw.spec.models import Profile
 
 __all__ = ["Command", "EngineError", "FabricUse", "Finding", "Launch", "command", "findings",
@@ -77,6 +78,7 @@ class Launch:
     aux_port: int | None = None  # SGLang ranks > 0: their placeholder health server
     fabric: FabricUse | None = None
     download_dir: str | None = None
+    adapters: tuple[LoraAdapter, ...] = ()  # the model's LoRA adapters, sources resolved
 
     @property
     def multi_node(self) -> bool:
@@ -168,14 +170,17 @@ def build(launch: Launch) -> tuple[Command, list[Finding]]:
     adapter = _ADAPTERS[launch.engine]
     parts: Parts = adapter.command(launch, selection)
     argv = list(parts.argv)
+    multi = [token for group in parts.multi for token in group]
     if parts.takes_args:
+        found += _adapter_findings(launch, adapter.ADAPTER_FLAGS)
         # A reserved key already has its finding; the table need not add another.
         args = {k: v for k, v in profile.args.items()
                 if k.lstrip("-") not in adapter.RESERVED_FLAGS}
         user = flags.render(args, selection.table)
         found += [Finding(tuple(where.split(".", 1)), message) for where, message in user.problems]
         origins = {flags.spelling(key, selection.table): key for key in args}
-        checked = [*argv[parts.options_from:], *user.argv]
+        checked = [*argv[parts.options_from:], *user.argv,
+                   *(token for group in parts.multi for token in group[:2])]
         for token, message in checks.problems(checked, selection.table):
             key = origins.get(token)
             if key is not None:
@@ -188,7 +193,7 @@ def build(launch: Launch) -> tuple[Command, list[Finding]]:
              if k.lstrip("-") not in adapter.RESERVED_FLAGS}, None, section="unchecked_args")
         found += [Finding(tuple(where.split(".", 1)), message)
                   for where, message in unchecked.problems]
-        argv += [*user.argv, *unchecked.argv]
+        argv += [*multi, *user.argv, *unchecked.argv]
     env = dict(parts.env)
     env.update(_devices(launch, selection))
     if profile.engine == "vllm" and profile.cpu:
@@ -203,6 +208,17 @@ def build(launch: Launch) -> tuple[Command, list[Finding]]:
         env=tuple(sorted(env.items())),
         prelude=tuple(tuple(step) for step in parts.prelude),
     ), found
+
+
+def _adapter_findings(launch: Launch, owned: tuple[str, ...]) -> list[Finding]:
+    """A flag the model's adapters set, set again under args: one of the two would lose."""
+    if not launch.adapters:
+        return []
+    profile = launch.profile
+    return [Finding((section, key), f"{section}.{key} is set by llmgw from the model's "
+                    "adapters; remove it, or declare the adapter under adapters:")
+            for section in ("args", "unchecked_args")
+            for key in sorted(getattr(profile, section)) if key.lstrip("-") in owned]
 
 
 def _devices(launch: Launch, selection: tables.Selection) -> dict[str, str]:
@@ -236,7 +252,8 @@ def command(launch: Launch) -> Command:
     return built
 
 
-def findings(profile: Profile, source: str = "org/model") -> list[Finding]:
+def findings(profile: Profile, source: str = "org/model",
+             adapters: tuple[LoraAdapter, ...] = ()) -> list[Finding]:
     """Everything wrong with a profile's command lines, on a representative placement.
 
     Every rank's argv is rendered (rank 0 and, across nodes, a follower) with
@@ -254,7 +271,7 @@ def findings(profile: Profile, source: str = "org/model") -> list[Finding]:
             gpu_uuids=() if profile.cpu else ("GPU-00000000-0000-0000-0000-000000000000",),
             gpu_indices=() if profile.cpu else (0,),
             host_ip="10.0.0.1" if profile.nodes > 1 else None,
-            aux_port=18002 if rank > 0 else None, download_dir="/models",
+            aux_port=18002 if rank > 0 else None, download_dir="/models", adapters=adapters,
         )
         for finding in build(launch)[1]:
             seen.setdefault((finding.where, finding.message), finding)

@@ -36,6 +36,8 @@ RESERVED_FLAGS = {
     "n-gpu-layers": "from cpu / gpu_class",
     "ngl": "from cpu / gpu_class",
 }
+# Set from the model's adapters, when it declares any.
+ADAPTER_FLAGS = ("lora", "lora-scaled")
 
 
 def command(launch: Launch, selection: Selection) -> Parts:
@@ -51,4 +53,11 @@ def command(launch: Launch, selection: Selection) -> Parts:
         # /metrics: the agent reads the engine's load from it (llmgw.agent.scrapes).
         "--metrics",
     ]
+    if launch.adapters:
+        # Loaded at start with their scales. A request applies those a `lora` list in its
+        # body names ([{"id": i, "scale": s}], i: the adapter's place here), and every one
+        # at its scale when it names none: --lora-init-without-apply does not change that
+        # (b11434, checked in tests/e2e/test_real_lora.py). So the router names every
+        # adapter in every request (llmgw.router.loras): 0 for those not asked for.
+        argv += ["--lora-scaled", ",".join(f"{a.source}:{a.scale:g}" for a in launch.adapters)]
     return Parts(argv, options_from=len(PROGRAM))

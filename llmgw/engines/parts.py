@@ -14,3 +14,6 @@ class Parts:
     env: dict[str, str] = field(default_factory=dict)
     options_from: int = 0  # argv[options_from:] are options the flag table checks
     takes_args: bool = True  # False for a process that is not the engine (a Ray worker)
+    # Options that take several values (vLLM's --lora-modules a=x b=y), appended after
+    # argv: the flag table knows one value per option, so each is checked with its first.
+    multi: list[list[str]] = field(default_factory=list)

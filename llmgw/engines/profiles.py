@@ -26,7 +26,7 @@ def check(cluster: Cluster) -> Iterator[Problem]:
     for name, model in cluster.models.items():
         for index, profile in enumerate(model.profiles):
             source = profile.source or model.source or "org/model"
-            for finding in launches.findings(profile, source):
+            for finding in launches.findings(profile, source, tuple(model.adapters)):
                 if finding.where == ("nodes",):
                     continue  # llmgw.spec.checks already says so, in its own words
                 yield Problem(("models", name, "profiles", index, *finding.where),

@@ -49,6 +49,9 @@ RESERVED_FLAGS = {
     "node-rank": "from the placement",
     "dist-init-addr": "from the placement",
 }
+# Set from the model's adapters, when it declares any. A request names one as
+# `base:adapter` in its `model` (SGLang's OpenAI-compatible form; llmgw.router.loras).
+ADAPTER_FLAGS = ("enable-lora", "lora-paths", "max-lora-rank")
 
 
 def command(launch: Launch, selection: Selection) -> Parts:
@@ -79,4 +82,5 @@ def command(launch: Launch, selection: Selection) -> Parts:
         argv += ["--host", launch.bind_host, "--port", str(launch.port), "--enable-metrics"]
     elif launch.aux_port is not None:
         argv += ["--host", "127.0.0.1", "--port", str(launch.aux_port)]
-    return Parts(argv, options_from=len(PROGRAM))
+    return Parts(argv, options_from=len(PROGRAM),
+                 multi=flags.adapter_options(launch.adapters, "--lora-paths"))

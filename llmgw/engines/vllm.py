@@ -82,6 +82,8 @@ RESERVED_FLAGS = {
     "master-port": "it allocates ports",
     "headless": "from the placement",
 }
+# Set from the model's adapters, when it declares any.
+ADAPTER_FLAGS = ("enable-lora", "lora-modules", "max-lora-rank")
 
 
 def command(launch: Launch, selection: Selection) -> Parts:
@@ -101,9 +103,10 @@ def command(launch: Launch, selection: Selection) -> Parts:
         options += ["--download-dir", launch.download_dir]
     listen = ["--host", launch.bind_host, "--port", str(launch.port)]
     start = len(serve)
+    loras = flags.adapter_options(launch.adapters, "--lora-modules")
 
     if not launch.multi_node:
-        return Parts([*serve, *options, *listen], options_from=start)
+        return Parts([*serve, *options, *listen], options_from=start, multi=loras)
 
     head = addresses.host_port(str(launch.head_address), launch.dist_port)
     if profile.multi_node == "native":
@@ -115,7 +118,7 @@ def command(launch: Launch, selection: Selection) -> Parts:
             "--master-port", str(launch.dist_port),
         ]
         tail = listen if launch.rank == 0 else ["--headless"]
-        return Parts([*serve, *options, *dist, *tail], options_from=start)
+        return Parts([*serve, *options, *dist, *tail], options_from=start, multi=loras)
 
     # Ray: rank 0 starts the Ray head, then vLLM on it; the others join and block.
     # Ray's workers take ports from 10002-19999 by default, across llmgw's engine
@@ -137,7 +140,7 @@ def command(launch: Launch, selection: Selection) -> Parts:
     argv = [*serve, *options, "--distributed-executor-backend", "ray", *listen]
     # Name the cluster explicitly: with two Ray heads on one node, "auto"
     # discovery would pick whichever started last.
-    return Parts(argv, [start_head], {"RAY_ADDRESS": head}, options_from=start)
+    return Parts(argv, [start_head], {"RAY_ADDRESS": head}, options_from=start, multi=loras)
 
 
 def _is_ip(address: str | None) -> bool:

@@ -44,8 +44,13 @@ def parse_argv(argv: list[str]) -> tuple[list[str], dict[str, str | None]]:
             elif index + 1 < len(argv) and not (
                 argv[index + 1].startswith("-") and not _is_number(argv[index + 1])
             ):
-                options[name] = argv[index + 1]
+                values = [argv[index + 1]]
                 index += 1
+                # An option of several values (vLLM's --lora-modules a=x b=y): one value.
+                while index + 1 < len(argv) and not argv[index + 1].startswith("-"):
+                    values.append(argv[index + 1])
+                    index += 1
+                options[name] = " ".join(values)
             else:
                 options[name] = None
         else:

@@ -108,6 +108,7 @@ def build(
             aux_port=slot.aux_port,
             fabric=fabric,
             download_dir=node.weights_dirs[0] if node.weights_dirs else None,
+            adapters=tuple(model.adapters),
         )
         command = launches.command(launch)
         spec: dict[str, Any] = {
@@ -136,6 +137,8 @@ def build(
         }
         if command.prelude:
             spec["prelude"] = [list(step) for step in command.prelude]
+        if model.adapters:  # for the agent's weights_dirs confinement (llmgw.agent.confines)
+            spec["adapters"] = [adapter.source for adapter in model.adapters]
         if weights_dir:
             settings = cluster.cluster.weights
             spec["weights"] = {"source": source, "dir": weights_dir}

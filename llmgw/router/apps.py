@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 
 from llmgw.fleet.types import Demand
 from llmgw.metrics.instruments import UNKNOWN_MODEL, RouterMetrics
-from llmgw.router import accounts, affinities, connections, errors, streams
+from llmgw.router import accounts, affinities, connections, errors, loras, streams
 from llmgw.router.accounts import NOTHING, Accounts, Principal, Reservation
 from llmgw.router.catalogs import Catalog, ModelEntry
 from llmgw.router.demands import Demands
@@ -183,7 +183,7 @@ class Router:
 
     async def _proxied(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
-        label, entry_key, principal = UNKNOWN_MODEL, None, None
+        label, entry_key, principal, name = UNKNOWN_MODEL, None, None, None
         stream, body_bytes, estimated, reservation = False, 0, 0.0, NOTHING
         outcome = Outcome()
         try:
@@ -200,6 +200,8 @@ class Router:
                 self.demands.touch(entry_key, time.time())
                 stream = payload.get("stream") is True
                 if entry is not None:
+                    body, payload = loras.rewrite(body, payload, entry.adapter,
+                                                  entry.listed_adapters)
                     _check_choices(payload)
                     prompt, output = accounts.estimate(body_bytes, payload,
                                                        request.path == "/v1/embeddings",
@@ -246,7 +248,7 @@ class Router:
         finally:
             self.accounts.untrack(reservation)
             cost = self._account(request.path, label, entry_key, principal, stream, outcome,
-                                 started, body_bytes, estimated, reservation)
+                                 started, body_bytes, estimated, reservation, name)
             await self.accounts.settle(reservation, cost)
 
     async def _principal(self, request: web.Request) -> Principal:
@@ -300,8 +302,11 @@ class Router:
         body_bytes: int = 0,
         estimated: float = 0.0,
         reservation: Reservation = NOTHING,
+        served: str | None = None,
     ) -> float:
-        """Metrics and the usage row of a finished request; returns what it cost."""
+        """Metrics and the usage row of a finished request; returns what it cost.
+
+        ``served`` is the name the request asked for: an adapter's has its own prices."""
         ended = time.monotonic()
         status = outcome.status or 500
         self.metrics.finished(label, status, ended - started)
@@ -311,7 +316,7 @@ class Router:
             self.metrics.first_token(label, outcome.first_byte_at - started)
         if key is None or principal is None:
             return 0.0  # no model resolved: nothing to charge, no row
-        entry = self.catalog.by_key(key)
+        entry = self.catalog.priced(key, served)
         usage = outcome.usage
         cost = None
         if usage is None and (outcome.relayed or (outcome.sent and status == CLIENT_CLOSED)):
@@ -350,11 +355,18 @@ class Router:
         for key in self.routes.models():
             entry = self.catalog.by_key(key)
             names.add(entry.served_name if entry else key)
+            names.update(self.catalog.adapters(key))
         names.update(name for name, e in self.catalog.models.items() if e.on_demand)
         return sorted(names)
 
     def _model_card(self, name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": self.started_at, "owned_by": "llmgw"}
+        card = {"id": name, "object": "model", "created": self.started_at, "owned_by": "llmgw"}
+        entry = self.catalog.models.get(name)
+        if entry is not None and entry.adapter is not None:
+            # As vLLM lists its adapters, but `root` is the base's name: a node path
+            # is nothing a client can use.
+            card.update(parent=entry.adapter.parent, root=entry.adapter.parent)
+        return card
 
     async def _ready(self, _: web.Request) -> web.Response:
         models = self.routes.models()

@@ -5,13 +5,17 @@ A :class:`Catalog` is plain data built once per spec load
 daemon reloads the cluster directory.
 
 Clients name models by their served name (``served_name``, default the model
-key); the route table is keyed by model key, as unit labels are.
+key); the route table is keyed by model key, as unit labels are. A LoRA
+adapter is an entry of its own under its name, with its base model's key (its
+requests go to the base's replicas) and an ``adapter`` route saying how the
+engine selects it (:mod:`llmgw.router.loras`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from llmgw.router.loras import AdapterRoute
 from llmgw.spec.models import Cluster, Model
 
 
@@ -29,6 +33,9 @@ class ModelEntry:
     load_factor: float = 1.25
     first_byte_timeout: float = 600.0  # seconds to the engine\'s first byte
     context_tokens: int | None = None  # what it can read and produce; None: not stated
+    adapter: AdapterRoute | None = None  # a LoRA adapter of the model ``key``
+    # Adapters the engine applies unless a request lists them (llama.cpp's; 0 elsewhere).
+    listed_adapters: int = 0
 
     def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float:
         """USD for one request at this model's prices."""
@@ -49,10 +56,23 @@ class Catalog:
 
     def __post_init__(self) -> None:
         # Requests resolve served names; accounting resolves keys: both are a dict lookup.
-        object.__setattr__(self, "_by_key", {e.key: e for e in self.models.values()})
+        # An adapter shares its base model's key; the key means the base.
+        object.__setattr__(self, "_by_key", {e.key: e for e in self.models.values()
+                                             if e.adapter is None})
 
     def by_key(self, key: str) -> ModelEntry | None:
         return self._by_key.get(key)
+
+    def adapters(self, key: str) -> list[str]:
+        """The served names of model ``key``'s adapters."""
+        return sorted(name for name, e in self.models.items()
+                      if e.adapter is not None and e.key == key)
+
+    def priced(self, key: str, served: str | None) -> ModelEntry | None:
+        """The entry whose prices a request for ``served`` on model ``key`` pays: the
+        adapter's, when ``served`` names one of that model, else the model's."""
+        entry = self.models.get(served) if served is not None else None
+        return entry if entry is not None and entry.key == key else self.by_key(key)
 
 
 def from_cluster(cluster: Cluster) -> Catalog:
@@ -71,10 +91,26 @@ def from_cluster(cluster: Cluster) -> Catalog:
             load_factor=model.routing.load_factor,
             first_byte_timeout=model.routing.first_byte_timeout,
             context_tokens=context_tokens(model),
+            listed_adapters=len(model.adapters) if engine(model) == "llama.cpp" else 0,
         )
+        for index, adapter in enumerate(model.adapters):
+            prices = adapter.pricing or model.pricing
+            models[adapter.name] = replace(
+                models[served], served_name=adapter.name,
+                input_per_mtok=prices.input_per_mtok, output_per_mtok=prices.output_per_mtok,
+                adapter=AdapterRoute(served, engine(model), index, adapter.scale,
+                                     len(model.adapters)),
+                listed_adapters=0,
+            )
     budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
     caps = {name: project.max_request_usd for name, project in cluster.projects.items()}
     return Catalog(models=models, budgets=budgets, request_caps=caps, auth=cluster.cluster.auth)
+
+
+def engine(model: Model) -> str:
+    """The engine of the model's first profile (a model with adapters has one engine:
+    :func:`llmgw.spec.loras.problems`)."""
+    return model.profiles[0].engine
 
 
 # The engines' flags that set the context length: vLLM, llama.cpp, SGLang.

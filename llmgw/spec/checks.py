@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from llmgw.spec import gpus, hosts, secrets, sources
+from llmgw.spec import gpus, hosts, loras, secrets, sources
 from llmgw.spec.models import Cluster, Profile
 from llmgw.spec.quantities import count
 
@@ -60,6 +60,8 @@ def check(cluster: Cluster, dropped: set[tuple[str, str]] | None = None) -> list
     problems = [
         *_node_problems(cluster, classes, {n for s, n in dropped if s == "fabrics"}),
         *_model_problems(cluster, classes),
+        *(Problem(("models", *path), message) for path, message in loras.problems(
+            cluster.models)),
     ]
     if partial:
         problems = [p for p in problems if not p.fleet_wide]
@@ -143,6 +145,10 @@ def _model_problems(cluster: Cluster, classes: dict[str, gpus.GpuClass]) -> Iter
                           "(a Hugging Face repo id or a path on the node)", at_key=True)
         yield from _source_problems(cluster, (*base, "source"), f"models.{name}.source",
                                     model.source)
+        for index, adapter in enumerate(model.adapters):
+            yield from _source_problems(cluster, (*base, "adapters", index, "source"),
+                                        f"models.{name}.adapters[{index}].source",
+                                        adapter.source)
         for index, profile in enumerate(model.profiles):
             yield from _source_problems(cluster, (*base, "profiles", index, "source"),
                                         f"models.{name}.profiles[{index}].source",

@@ -173,6 +173,8 @@ def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
             "source": resolve(model.source),
             "profiles": [p.model_copy(update={"source": resolve(p.source)})
                          for p in model.profiles],
+            "adapters": [a.model_copy(update={"source": resolve(a.source)})
+                         for a in model.adapters],
         })
         for name, model in cluster.models.items()
     }

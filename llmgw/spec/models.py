@@ -26,6 +26,7 @@ from llmgw.spec.identifiers import (
     ServedName,
     Variable,
 )
+from llmgw.spec.loras import LoraAdapter
 from llmgw.spec.quantities import Duration, Size
 from llmgw.spec.repairs import DriftSettings
 from llmgw.spec.rollouts import Rollout
@@ -508,6 +509,11 @@ class Model(Strict):
     scaling: Scaling = Field(default_factory=Scaling, description="Replica count.")
     pricing: Pricing = Field(default_factory=Pricing, description="Charged to projects' budgets.")
     routing: Routing = Field(default_factory=Routing, description="How the router picks a replica.")
+    adapters: list[LoraAdapter] = Field(
+        default_factory=list,
+        description="LoRA adapters every replica loads beside the weights; clients call each "
+        "by its `name` (see docs/concepts.md, Adapters).",
+    )
     rollout: Rollout | None = Field(
         None,
         description="Gate of this model's replacements: probe, bake, compare (see "

@@ -65,8 +65,11 @@ def test_a_path_resolves_into_the_weights_dirs(
         assert wanted in why and SECRET not in why
 
 
-def change_for(source: str, model: str = "m1") -> UnitChange:
-    spec = json.dumps({"v": 1, "source": source}, separators=(",", ":"))
+def change_for(source: str, model: str = "m1", adapters: list[str] | None = None) -> UnitChange:
+    doc: dict[str, object] = {"v": 1, "source": source}
+    if adapters is not None:
+        doc["adapters"] = adapters
+    spec = json.dumps(doc, separators=(",", ":"))
     text = unit_text(model).replace('X-Llmgw-Spec={"v":1}', f"X-Llmgw-Spec={spec}")
     return UnitChange(unit_name(model), text)
 
@@ -91,3 +94,31 @@ async def test_the_agent_refuses_a_unit_whose_source_links_out(root: Path) -> No
         [started] = await client.apply_units([change_for(str(models / "inner.gguf"), "m2")])
         assert started.ok and started.changed, started
         assert [u.name for u in await agent.monitor.refresh()] == [unit_name("m2")]
+
+
+@pytest.mark.parametrize(("adapters", "refused"), [
+    pytest.param(["models/inner.gguf"], None, id="an-adapter-inside"),
+    pytest.param(["models/real.gguf", "models/passwd.gguf"], "models/passwd.gguf",
+                 id="an-adapter-links-out"),
+    pytest.param(["etc/passwd"], "etc/passwd", id="an-adapter-outside"),
+])
+def test_a_lora_adapter_resolves_into_the_weights_dirs_too(
+        root: Path, adapters: list[str], refused: str | None) -> None:
+    """An adapter is a file the engine opens as well (llama.cpp --lora-scaled, vLLM
+    --lora-modules): the same confinement as the model's own source."""
+    models = layout(root)
+    change = change_for(str(models / "real.gguf"),
+                        adapters=[str(root / a) for a in adapters])
+    why = confines.refused(change, [str(models)])
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None and str(root / refused) in why and SECRET not in why
+        assert "outside this node's weights_dirs" in why
+
+
+def test_an_adapter_that_is_not_a_path_is_refused(root: Path) -> None:
+    models = layout(root)
+    why = confines.refused(change_for(str(models / "real.gguf"), adapters=["org/lora"]),
+                           [str(models)])
+    assert why == "refused: the LoRA adapter 'org/lora' is not a path on this node"

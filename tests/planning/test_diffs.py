@@ -145,10 +145,20 @@ def test_explain_lists_every_difference_in_order() -> None:
         pytest.param(["-ngl", "99"], [], {"ngl": "99"}, id="single-dash"),
         pytest.param(["--x", "1e3"], [], {"x": "1e3"}, id="exponent-number"),
         pytest.param(["--last"], [], {"last": None}, id="bare-at-end"),
+        pytest.param(["--lora-modules", "a=/x", "b=/y", "--port", "1"], [],
+                     {"lora-modules": "a=/x b=/y", "port": "1"}, id="several-values"),
     ],
 )
 def test_parse_argv(argv: list[str], positional: list[str], options: dict[str, Any]) -> None:
     assert diffs.parse_argv(argv) == (positional, options)
+
+
+def test_an_adapter_added_is_an_args_change() -> None:
+    argv = ["/usr/bin/env", "vllm", "serve", "org/m", "--enable-lora", "--lora-modules",
+            "sql=/m/sql"]
+    old, new = _with(argv=argv), _with(argv=[*argv, "pirate=/m/pirate"])
+    assert diffs.explain(old, new) == [
+        "args changed: lora-modules sql=/m/sql → sql=/m/sql pirate=/m/pirate"]
 
 
 def test_engine_upgrade_names_both_versions() -> None:
