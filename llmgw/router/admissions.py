@@ -124,9 +124,10 @@ class Admissions:
         if queue.depth == 0 and self._available(model, queue):
             return None
         if queue.depth >= limit:
+            queued = "1 request is" if queue.depth == 1 else f"{queue.depth} requests are"
             raise ApiError(503, f"model {model!r} is at capacity: every replica is at its "
-                           f"limit of requests in flight and {queue.depth} requests are "
-                           "queued (the model's routing.queue_limit); retry in 1 s",
+                           f"limit of requests in flight and {queued} queued (the model's "
+                           "routing.queue_limit); retry in 1 s",
                            code="queue_full", type="server_error",
                            headers={"Retry-After": "1"})
         waiter = _Waiter(project, asyncio.get_running_loop().create_future())
