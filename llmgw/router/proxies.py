@@ -3,9 +3,10 @@
 :class:`Proxy` owns the one :class:`aiohttp.ClientSession` (a pooled,
 keep-alive connector) plain requests go through, and the pool of engine
 connections streamed requests go through (:mod:`llmgw.router.upstreams`: the
-engine's socket read is relayed to the client's transport in the same callback,
-with flow control both ways). ``forward`` picks the replica with the fewest
-outstanding requests (a baking canary gets its share first:
+engine's socket read is relayed to the client's transport in the same
+callback, with flow control both ways). ``forward`` picks the replica with the
+fewest outstanding requests, or the least engine-reported load, under the
+model's cap (a baking canary gets its share first:
 :mod:`llmgw.router.routes`); a connection error or a 5xx *before any byte
 reached the client* is retried once on another replica — after a canary, on
 an old one. Each attempt is tallied per replica (``routes.tallies``). For
@@ -84,8 +85,10 @@ class _Retry(Exception):
 
 
 class Proxy:
-    def __init__(self, routes: Routes, connect_timeout: float = 5.0) -> None:
+    def __init__(self, routes: Routes, connect_timeout: float = 5.0,
+                 freed: Callable[[str], None] = lambda _model: None) -> None:
         self.routes = routes
+        self.freed = freed  # a request on the model ended: its admission queue may move
         self.connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
         self._pool = upstreams.Pool(connect_timeout)
@@ -127,17 +130,20 @@ class Proxy:
         affinity: str | None = None,
         load_factor: float = 1.25,
         first_byte_timeout: float = 600.0,
+        cap: int | None = None,
     ) -> web.StreamResponse:
         """Send ``body`` to a ready replica of ``model`` and answer ``request`` with its reply.
 
         ``affinity`` (a prompt-prefix digest) picks by prefix with bounded loads
         instead of least outstanding; a retry goes to the next replica on the ring.
+        ``cap``: no replica gets more requests in flight than this (a retry finding
+        every other replica full answers the first failure).
         """
         tried: list[Upstream] = []
         last_error: ApiError | None = None
         for _ in range(2):
             upstream = self.routes.pick(model, exclude=tried, affinity=affinity,
-                                        load_factor=load_factor)
+                                        load_factor=load_factor, cap=cap)
             if upstream is None:
                 break
             if tried:
@@ -166,6 +172,7 @@ class Proxy:
                     failed = False  # served whole; the client left afterwards
                 self.routes.tallies.end(url, failed=failed,
                                         ttft=(outcome.first_byte_at or time.monotonic()) - began)
+                self.freed(model)
         if last_error is not None:
             raise last_error
         raise ApiError(503, f"no ready replica of {model!r}", code="no_replica",
@@ -186,7 +193,7 @@ class Proxy:
             return await self._attempt_stream(request, upstream, body, strip_usage_chunk,
                                               outcome, can_retry, first_byte_timeout)
         url = upstream.url(request.path)
-        upstream.outstanding += 1
+        upstream.begin()
         reply: aiohttp.ClientResponse | None = None
         done = False
         deadline = asyncio.get_running_loop().time() + first_byte_timeout
@@ -224,7 +231,7 @@ class Proxy:
                 status=reply.status, body=data, headers={"Content-Type": content_type}
             )
         finally:
-            upstream.outstanding -= 1
+            upstream.end()
             if reply is not None:
                 if done:
                     reply.release()  # back to the pool for the next request
@@ -250,7 +257,7 @@ class Proxy:
         deadline = loop.time() + first_byte_timeout
         conn: upstreams.Connection | None = None
         done = False
-        upstream.outstanding += 1
+        upstream.begin()
         try:
             outcome.sent = True
             relay = streams.Relay(strip_usage_chunk)
@@ -291,7 +298,7 @@ class Proxy:
             done = True
             return response
         finally:
-            upstream.outstanding -= 1
+            upstream.end()
             if conn is not None:
                 if done:
                     self._pool.release(base, conn)
