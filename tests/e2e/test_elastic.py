@@ -1,0 +1,125 @@
+"""Autoscaling with real llama-servers and real load, end to end.
+
+``llmgw serve`` runs ``make run``'s local cluster (the supervise backend, the real
+``llama-server`` with Gemma 3 270M), the model scaling between one replica and two on
+``waiting_per_replica``, with windows and a cooldown of seconds so that the test is quick.
+Each replica has two slots (``--parallel 2``) and the router lets two requests at a time
+reach it (``routing.max_in_flight``), so the rest of a burst waits in the router's queue:
+the waiting count the autoscaler reads. The official ``openai`` client sends, in turn
+(``tests/support/bursts.py``):
+
+1. a steady trickle, below the target: the replica count does not move (no flapping);
+2. a burst of streams kept open at once: the waiting count rises, the autoscaler places
+   a second replica, and the burst's time to first token falls once it is ready (the
+   median of the requests begun before it was placed against those begun after it was
+   ready; the ratio is printed);
+3. the trickle again: the waiting count falls, and after the down window and the cooldown
+   the extra replica drains and stops, while requests still arrive.
+
+No request fails during any of it. Wall clock is asserted nowhere: only the order of
+events, the windows as lower bounds (a replica may not go sooner than they allow), and
+time to first token before against after on the same machine in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import bursts, daemons, scaledclusters
+from support.scaledclusters import Replicas, Sample
+
+pytestmark = pytest.mark.skipif(
+    not scaledclusters.built(),
+    reason="the real engine and model are built by `make engine model` (make test does)",
+)
+
+UP_WINDOW, DOWN_WINDOW, COOLDOWN = 2.0, 5.0, 5.0
+TARGET = 2  # requests waiting per ready replica
+SLOTS = 2  # llama-server --parallel, and the router's cap per replica
+SCALING = {"min": 1, "max": 2, "target": {"waiting_per_replica": TARGET},
+           "up_window": f"{UP_WINDOW:g}s", "down_window": f"{DOWN_WINDOW:g}s",
+           "cooldown": f"{COOLDOWN:g}s"}
+ROUTING = {"max_in_flight": SLOTS}
+TRICKLE = 1.0  # requests/s: about one stream in flight, nothing waits
+BURST = 8  # streams open at once: six wait behind one replica's two slots
+AFTER_READY = 8  # burst requests begun once the second replica is ready, to compare
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[daemons.Daemon]:
+    served = scaledclusters.start(tmp_path, scaling=SCALING, routing=ROUTING,
+                                  args={**scaledclusters.ARGS, "parallel": SLOTS})
+    try:
+        yield served
+    finally:
+        served.stop(signal.SIGINT)
+
+
+def one_ready(sample: Sample) -> bool:
+    return len(sample.states) == 1 and sample.ready() == 1
+
+
+async def test_a_burst_scales_out_and_back_in_without_a_failed_request(
+    daemon: daemons.Daemon,
+) -> None:
+    with Replicas(daemon) as replicas:
+        await asyncio.to_thread(replicas.wait, one_ready, "the first replica", 120)
+        load = bursts.Load(f"{daemon.router}/v1", scaledclusters.NAME)
+        marks: dict[str, float] = {}
+
+        def second_ready_and_measured() -> bool:
+            ready = replicas.first(lambda s: s.ready() == 2)
+            if ready is None:
+                return False
+            marks.setdefault("ready", ready.at)
+            begun = [o for o in load.outcomes if o.phase == "burst" and o.started >= ready.at]
+            return len(begun) >= AFTER_READY
+
+        def back_to_one() -> bool:
+            return replicas.first(one_ready, since=load.spans["burst"][1]) is not None
+
+        outcomes = await load.run([
+            bursts.Steady(rate=TRICKLE, seconds=4 * UP_WINDOW),
+            bursts.Burst(concurrency=BURST, seconds=60, until=second_ready_and_measured),
+            bursts.Steady(rate=TRICKLE, seconds=45, name="after", until=back_to_one),
+            bursts.Quiet(seconds=1),
+        ])
+
+    steady = [o for o in outcomes if o.phase == "steady"]
+    burst = [o for o in outcomes if o.phase == "burst"]
+    after = [o for o in outcomes if o.phase == "after"]
+    print(f"\n{len(steady)} steady, {len(burst)} burst, {len(after)} after; "
+          f"{len(replicas.samples)} status samples")
+    assert not bursts.failures(outcomes), bursts.failures(outcomes)[:5]
+
+    # 1. Steady load below the target: one replica throughout, no change.
+    assert replicas.most(steady[0].started, burst[0].started) == 1
+
+    # 2. The burst places a second replica (none before it began), and TTFT falls.
+    placed = replicas.first(lambda s: len(s.states) == 2)
+    assert placed is not None and placed.at > burst[0].started, "no second replica placed"
+    assert "ready" in marks, "the second replica never became ready"
+    before = bursts.first_tokens([o for o in burst if o.started < placed.at])
+    later = bursts.first_tokens([o for o in burst if o.started >= marks["ready"]])
+    assert before and len(later) >= AFTER_READY
+    ratio = bursts.percentile(later, 0.5) / bursts.percentile(before, 0.5)
+    print(f"burst TTFT p50: {bursts.percentile(before, 0.5):.2f} s with one replica "
+          f"({len(before)} requests), {bursts.percentile(later, 0.5):.2f} s with two "
+          f"({len(later)}): ratio {ratio:.2f}")
+    assert ratio < 1, "time to first token did not fall with the second replica"
+
+    # 3. After the burst, the extra replica goes: no sooner than the windows allow, while
+    # the trickle still arrives (it drained: no request failed, checked above).
+    burst_end = load.spans["burst"][1]
+    gone = replicas.first(one_ready, since=burst_end)
+    assert gone is not None, "the extra replica did not stop after the burst"
+    assert gone.at - placed.at >= COOLDOWN
+    assert gone.at - burst_end >= DOWN_WINDOW
+    assert [o for o in after if o.started < gone.at], "no request arrived while it drained"
+    print(f"second replica: placed {placed.at - burst[0].started:.1f} s into the burst, "
+          f"ready {marks['ready'] - placed.at:.1f} s later, gone "
+          f"{gone.at - burst_end:.1f} s after the burst")
