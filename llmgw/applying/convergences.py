@@ -54,7 +54,7 @@ from llmgw.applying.executions import (
 )
 from llmgw.fleet.types import Demand, Fleet
 from llmgw.planning import holds, installs, plans
-from llmgw.planning.scaling import Policy
+from llmgw.planning.scaling import LoadSample, Policy
 from llmgw.planning.types import Change, Plan
 from llmgw.spec.models import Cluster
 from llmgw.spec.rollouts import Hold
@@ -89,6 +89,9 @@ class Request:
     replanned: Callable[[Plan], None] | None = None
     # How the planner treats what it cannot see (``--force`` places beside unseen nodes).
     policy: Policy | None = None
+    # Each model's load history for the autoscaler, given the fleet just observed and the
+    # plan's time (the daemon records a sample in it); None: no history, the count holds.
+    loads: Callable[[Fleet, float], Mapping[str, Sequence[LoadSample]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -176,8 +179,10 @@ class Convergence:
         before = {id(c): c for c in self.pending()}
         fleet = await self.observe()
         cluster = request.cluster
-        plan = plans.plan(cluster, fleet, self.clock(), request.demand,
-                          revision=request.revision, policy=request.policy)
+        now = self.clock()
+        loads = request.loads(fleet, now) if request.loads is not None else None
+        plan = plans.plan(cluster, fleet, now, request.demand,
+                          revision=request.revision, policy=request.policy, loads=loads)
         plan = await self._hold(plan, cluster, request.holds)
         if request.scope is not None:
             plan = request.scope(plan)

@@ -21,6 +21,10 @@ Order, so that nothing is stopped before what replaces it serves:
       let finish). A replacement that failed to become Ready leaves the old
       replica running.
 
+A destroy the autoscaler asked for (``Change.drain``) makes no first call: it is
+drained first (out of the routes, its requests in flight let finish, bounded),
+then its units are removed, in a task of its own.
+
 With ``gating``, replacements of a gated model run in waves of at most
 ``max_surge`` (create before destroy) and ``max_unavailable`` (destroy before
 create) (:mod:`llmgw.planning.waves`); a model's next wave starts once its own
@@ -295,6 +299,11 @@ class Execution:
                 self._drop(change, why)
             else:
                 live.append(change)
+        drained = [c for c in live if c.drain]
+        live = [c for c in live if not c.drain]
+        for change in drained:  # no first call: drained first, then removed, on its own
+            self._settling[id(change)] = asyncio.create_task(
+                self._drain_remove(change), name=f"drain-{change.model}-r{change.replica}")
         await _call_all(self.agents, _first_calls(live), self.outcomes, self._emit)
         for change in live:
             if id(change) in self._superseded:
@@ -302,6 +311,19 @@ class Execution:
                 continue
             self._settling[id(change)] = asyncio.create_task(
                 self._settle(change), name=f"settle-{change.model}-r{change.replica}")
+
+    async def _drain_remove(self, change: Change) -> None:
+        """A scale-down: out of every router's routes, its requests in flight finished
+        (bounded by the traffic's drain timeout), then its units removed."""
+        try:
+            if self.gating is not None:
+                urls = bakes.head_urls(change, self.gating.traffic)[1]
+                head = change.removes[0]
+                self._emit(change, head.node, head.unit, "draining", ", ".join(urls))
+                await self.gating.traffic.drain(urls)
+            await _call_all(self.agents, _first_calls([change]), self.outcomes, self._emit)
+        finally:
+            self._pending.pop(id(change), None)
 
     def _drop(self, change: Change, why: str) -> None:
         outcome = self.outcomes[id(change)]

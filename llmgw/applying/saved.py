@@ -96,6 +96,7 @@ def _change(data: dict[str, Any]) -> Change:
         new_replica=data.get("new_replica"),
         drift=str(data.get("drift") or "declared_change"),
         evidence=tuple(str(line) for line in data.get("evidence") or ()),
+        drain=data.get("drain") is True,
         shards=tuple(
             _checked(Shard(
                 model=model, replica=data.get("new_replica") or replica, rank=int(s["rank"]),

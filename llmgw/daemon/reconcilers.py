@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import stat
 import time
 from collections.abc import Callable, Coroutine
@@ -41,9 +42,10 @@ import watchfiles
 from llmgw.applying import executions, records
 from llmgw.applying.convergences import Convergence, Finished, Request
 from llmgw.applying.executions import Outcome, Step, Waiting
-from llmgw.daemon import routetables
+from llmgw.daemon import loadhistories, routetables
 from llmgw.daemon.canaries import RouterTraffic
 from llmgw.daemon.leaders import LEASE, Leadership, NotLeader
+from llmgw.daemon.loadhistories import LoadHistories
 from llmgw.engines import profiles
 from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.metrics.collectors import FleetCollector
@@ -123,6 +125,7 @@ class Daemon:
         self.store = store
         self.router_id = router_id  # our own router's id in the store's demand signals
         self._signals = Demand()  # other routers' demand, from the store
+        self.loads = LoadHistories()  # each autoscaled model's load, sampled at each plan
         self.first_lead_iteration_at: float | None = None  # clock(), per leadership term
         self.traffic = RouterTraffic(lambda: self.cluster, self.observe, router, store,
                                      router_id)
@@ -224,8 +227,10 @@ class Daemon:
     async def _sleep(self, stop: asyncio.Event) -> None:
         waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
         try:
-            await asyncio.wait(waiters, timeout=self.cluster.cluster.drift_interval,
-                               return_when=asyncio.FIRST_COMPLETED)
+            # Autoscaled models are planned often enough to judge their windows.
+            timeout = min(self.cluster.cluster.drift_interval,
+                          loadhistories.tick(self.cluster) or math.inf)
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiter in waiters:
                 waiter.cancel()
@@ -244,8 +249,10 @@ class Daemon:
         log.debug("reconciling (%s)", ", ".join(sorted(reasons or {"request"})))
         if self.first_lead_iteration_at is None:
             self.first_lead_iteration_at = self.clock()
-        prepared = await self.converging.prepare(
-            Request(self.cluster, state.revision, self._demand()))
+        demand = self._demand()
+        prepared = await self.converging.prepare(Request(
+            self.cluster, state.revision, demand,
+            loads=lambda fleet, now: self.loads.record(self.cluster, fleet, demand, now)))
         plan = prepared.plan
         state.held = list(self.converging.held)
         state.plan, state.planned_at = plan, self.clock()

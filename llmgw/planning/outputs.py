@@ -154,6 +154,7 @@ def _texts(plan: Plan, said: Callable[[str], str]) -> Plan:
                    for h in plan.held),
         holds=tuple(replace(h, reason=said(h.reason)) for h in plan.holds),
         warnings=each(plan.warnings),
+        scaling=each(plan.scaling),
         quotes={},
     )
 
@@ -193,6 +194,8 @@ def text(plan: Plan) -> str:
         out += ["Held (not replaced again until a commit changes the model or "
                 "`llmgw apply --retry`):", ""]
         out += [f"  = {hold.model}: {hold.line()}" for hold in plan.holds] + [""]
+    if plan.scaling:
+        out += ["Autoscaling:", *(f"  ~ {line}" for line in plan.scaling), ""]
     if plan.warnings:
         out += ["Warnings:", *(f"  - {w}" for w in plan.warnings), ""]
     out.append(plan.summary())
@@ -492,7 +495,8 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "warnings": list(plan.warnings),
     } | ({"holds": [{"model": h.model, "revision": h.revision, "digest": h.digest,
                      "reason": h.reason, "held_at": h.held_at, "line": h.line()}
-                    for h in plan.holds]} if plan.holds else {})
+                    for h in plan.holds]} if plan.holds else {}) | (
+        {"scaling": list(plan.scaling)} if plan.scaling else {})
 
 
 def _change_dict(change: Change) -> dict[str, Any]:
@@ -505,6 +509,7 @@ def _change_dict(change: Change) -> dict[str, Any]:
         "drift": change.drift,
         "reasons": list(change.reasons),
         "evidence": list(change.evidence),
+        "drain": change.drain,
         "shards": [
             {
                 "node": s.node, "unit": s.unit, "rank": s.rank, "engine": s.engine,

@@ -6,7 +6,9 @@ The steps, in order:
    hold its GPUs, ports and memory. Units of removed models or nodes, and
    duplicates, are destroyed. Replicas with a shard on a node that did not
    answer are *unknown*: kept, counted, never placed a second time.
-2. Scale down: replicas over ``max``, and idle ones above the wanted count.
+2. Scale down: replicas over ``max``, the autoscaler's (:func:`.scaling.decide`,
+   from ``loads``: the least loaded, drained first), and idle ones above the
+   wanted count.
 3. Each remaining replica: unchanged (nothing to do), failed (restart),
    changed spec or no longer fitting (replace — create before destroy when
    capacity allows, destroy then create otherwise; never destroyed when the
@@ -24,6 +26,7 @@ clock, and the same inputs give the same plan byte for byte.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -44,7 +47,7 @@ from llmgw.planning import (
 from llmgw.planning.nodes import Capacity
 from llmgw.planning.placements import Placement, Request
 from llmgw.planning.replicas import ObservedReplica
-from llmgw.planning.scaling import Policy, Want
+from llmgw.planning.scaling import LoadSample, Policy, Want
 from llmgw.planning.types import (
     Attempt,
     CapacityRow,
@@ -72,13 +75,16 @@ def plan(
     *,
     revision: str | None = None,
     policy: Policy | None = None,
+    loads: Mapping[str, Sequence[LoadSample]] | None = None,
 ) -> Plan:
     """The changes that bring ``fleet`` to what ``cluster`` asks for, at time ``now``.
 
     ``revision`` names the cluster directory's git revision in the plan;
-    ``demand`` is what the router has seen (default: nothing).
+    ``demand`` is what the router has seen (default: nothing); ``loads`` each
+    model's load history, oldest first, for ``scaling.target`` (none: it holds).
     """
     planner = _Planner(cluster, fleet, now, demand or Demand(), policy or Policy())
+    planner.loads = loads or {}
     return drifts.settle(installs.noted(planner.run(revision), planner.reports), cluster,
                          fleet, now)
 
@@ -101,6 +107,7 @@ class _Planner:
         self.now = now
         self.demand = demand
         self.policy = policy
+        self.loads: Mapping[str, Sequence[LoadSample]] = {}
         self.capacity = Capacity(cluster, fleet)
         observation = replicas.collect(cluster, fleet)
         self.observed = observation.replicas
@@ -155,6 +162,7 @@ class _Planner:
             nodes=tuple(fingerprints.node(name, self.reports.get(name))
                         for name in sorted({*self.cluster.nodes, *self.reports})),
             warnings=tuple(self.warnings),
+            scaling=tuple(w.decided for _, w in sorted(self.wants.items()) if w.decided),
             quotes=replicas.quotes(self.fleet),
         )
 
@@ -243,8 +251,11 @@ class _Planner:
         for name in sorted(self.cluster.models):
             model = self.cluster.models[name]
             alive = self.alive[name]
-            want = scaling.want(name, model, self.demand, len(alive))
+            youngest = max((t for r in alive if (t := r.since()) is not None), default=None)
+            want = scaling.want(name, model, self.demand, len(alive), self.loads.get(name, ()),
+                                self.now, youngest)
             self.wants[name] = want
+            self.warnings += [want.warning] if want.warning else []
             known = [r for r in alive if (name, r.replica) not in self.unknown_keys]
             if len(alive) > model.scaling.max:
                 self._adopt(known, len(alive) - model.scaling.max)
@@ -256,6 +267,9 @@ class _Planner:
                 ordered = sorted(known, key=lambda r: (not self._troubled(r), -r.replica))
                 reason = f"over max: {count(len(alive), 'replica')}, max {model.scaling.max}"
                 victims = [(r, reason) for r in ordered[:extra]]
+            elif len(alive) > want.count and want.down:
+                victims = [(r, want.reason) for r in scaling.down_victims(
+                    known, len(alive) - want.count, self.cluster, self.demand)]
             elif len(alive) > want.count:
                 idle = []
                 for replica in known:
@@ -269,7 +283,7 @@ class _Planner:
                 victims = [(r, f"{why}; min {model.scaling.min}")
                            for _, _, r, why in idle[:extra]]
             for replica, reason in victims:
-                self._destroy(replica, (reason,))
+                self._destroy(replica, (reason,), drain=want.down)
                 alive.remove(replica)
 
     def _adopt(self, known: list[ObservedReplica], surplus: int) -> None:
@@ -568,13 +582,14 @@ class _Planner:
 
     def _destroy(
         self, replica: ObservedReplica, reasons: tuple[str, ...], *, release: bool = True,
+        drain: bool = False,
     ) -> None:
         key = (replica.model, replica.replica)
         self.touched.add(key)
         if release:
             self._release(key)
         self.destroys.append(Change("destroy", replica.model, replica.replica, reasons,
-                                    removes=self._observed_shards(replica)))
+                                    removes=self._observed_shards(replica), drain=drain))
 
     def _restart_troubled(self, replica: ObservedReplica, built: tuple[Shard, ...]) -> None:
         troubled = [s for s in built if replica.members[s.rank].unit.state in TROUBLED_STATES]

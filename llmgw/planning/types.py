@@ -84,6 +84,9 @@ class Change:
     # The class of drift this change repairs (llmgw.planning.drifts) and what shows it.
     drift: str = "declared_change"
     evidence: tuple[str, ...] = ()
+    # A destroy the autoscaler asked for: out of the routes and its requests finished
+    # (bounded) before its units stop.
+    drain: bool = False
 
     def phases(self) -> tuple[tuple[UnitOp, ...], ...]:
         """The unit operations of this change, phase by phase.
@@ -181,6 +184,8 @@ class Plan:
     warnings: tuple[str, ...] = ()
     held: tuple[Held, ...] = ()
     holds: tuple[Hold, ...] = ()  # models whose replacement failed its gate (planning.holds)
+    # Each autoscaled model's decision (planning.scaling.decide): a scale or a hold, and why.
+    scaling: tuple[str, ...] = ()
     # Replaces held until their engine version is installed (planning.installs);
     # in memory only: a saved plan keeps their warnings.
     awaiting_install: tuple[Change, ...] = field(default=(), compare=False)

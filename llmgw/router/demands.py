@@ -36,11 +36,12 @@ class Demands:
             self._waiting.pop(model, None)
 
     def snapshot(self) -> Demand:
-        """Demand now. A model with waiting requests wants one replica: the router cannot
-        know more until one serves, and the planner caps it at ``scaling.max``."""
+        """Demand now. A model with requests waiting for a replica wants one (on demand,
+        0 → 1). How many more its load asks for is not the router's call: the planner
+        decides from the load history (:func:`llmgw.planning.scaling.decide`)."""
         return Demand(
             waiting=dict(self._waiting),
             last_used=dict(self._last_used),
-            wanted={model: min(1, self._max_replicas.get(model, 1)) for model in self._waiting},
+            wanted={model: 1 for model in self._waiting},
             watched_since=self.watched_since,
         )

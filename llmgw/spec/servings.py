@@ -9,10 +9,46 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llmgw.spec.bases import Strict
 from llmgw.spec.quantities import Duration
+
+
+class Target(Strict):
+    """The load each ready replica should carry; exactly one field is set."""
+
+    waiting_per_replica: float | None = Field(
+        None, gt=0, le=1_000_000,
+        description="Requests waiting per ready replica: queued in the engines (as they "
+        "report it), in the routers' admission queues, and waiting for a replica.",
+    )
+    in_flight_per_replica: float | None = Field(
+        None, gt=0, le=1_000_000,
+        description="Requests in flight per ready replica (sent by the routers, not finished).",
+    )
+    first_token_seconds: Duration | None = Field(
+        None, gt=0,
+        description="Median time to first token of the model's recent requests.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Target:
+        given = [name for name in type(self).model_fields if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("a scaling target sets exactly one of waiting_per_replica, "
+                             "in_flight_per_replica, first_token_seconds"
+                             + (f" (it sets {', '.join(given)})" if given else ""))
+        return self
+
+    @property
+    def name(self) -> str:
+        """The field that is set."""
+        return next(n for n in type(self).model_fields if getattr(self, n) is not None)
+
+    @property
+    def value(self) -> float:
+        return float(getattr(self, self.name))
 
 
 class Scaling(Strict):
@@ -26,6 +62,23 @@ class Scaling(Strict):
         "still run one does not answer, and so may exceed `max` until it comes back. Off: "
         "a replica that would bring the model to `max` counting one per such node is not "
         "placed (`llmgw apply --force` places it once).",
+    )
+    target: Target | None = Field(
+        None, description="Autoscale between `min` and `max` to hold this load per ready "
+        "replica, e.g. `{waiting_per_replica: 2}`. None: `max` is reached only by what the "
+        "router asks (one replica on demand).",
+    )
+    up_window: Duration = Field(
+        30.0, gt=0, description="The load must stay above the target this long before a "
+        "scale-up.",
+    )
+    down_window: Duration = Field(
+        300.0, gt=0, description="The load must stay below the target this long before a "
+        "scale-down.",
+    )
+    cooldown: Duration = Field(
+        300.0, ge=0, description="After any change of the replica count, no scale-down for "
+        "this long.",
     )
 
 

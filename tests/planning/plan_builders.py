@@ -73,6 +73,7 @@ from llmgw.fleet.types import (
 from llmgw.planning import shards
 from llmgw.planning.nodes import FIRST_PORT
 from llmgw.planning.placements import Placement, Slot
+from llmgw.planning.scaling import LoadSample
 from llmgw.spec import gpus as gpu_table
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import parse_size
@@ -83,6 +84,33 @@ def cluster_from(data: Mapping[str, Any]) -> Cluster:
     sections = dict(copy.deepcopy(dict(data)))
     sections.setdefault("cluster", {"name": "test"})
     return Cluster.model_validate(sections)
+
+
+def loads_from(data: Mapping[str, Any] | None, now: float) -> dict[str, tuple[LoadSample, ...]]:
+    """Each model's load history (``loads:``), as the daemon would hand it to the planner::
+
+        loads:
+          gemma: {from: -60, every: 10, ready: 1, waiting: [7, 7, 7, 7, 7, 7, 7]}
+
+    One sample per value, ``every`` seconds from ``from`` (relative to now). ``ready``,
+    ``in_flight`` and ``first_token`` are one value for every sample or a list like
+    ``waiting``; ``null`` is an unknown figure. ``[]`` is no history (a restarted daemon).
+    """
+    out: dict[str, tuple[LoadSample, ...]] = {}
+    for model, spec in (data or {}).items():
+        lists = {k: spec.get(k) for k in ("ready", "waiting", "in_flight", "first_token")}
+        length = max((len(v) for v in lists.values() if isinstance(v, list)), default=0)
+
+        def at(key: str, i: int, lists: dict[str, Any] = lists) -> Any:
+            value = lists[key]
+            return value[i] if isinstance(value, list) else value
+
+        start, step = now + float(spec.get("from", 0)), float(spec.get("every", 10))
+        out[model] = tuple(
+            LoadSample(start + i * step, int(at("ready", i) or 0), at("waiting", i),
+                       at("in_flight", i), at("first_token", i))
+            for i in range(length))
+    return out
 
 
 def fleet_from(

@@ -3,18 +3,24 @@
 One file per case, one harness for all (see :mod:`plan_builders` for the
 fleet shorthand). A case's ``expect`` lists, exactly and in order:
 
-* ``changes``: ``{change: "create m r0 on gpu-01 [0-1]", why: [...]}``
+* ``changes``: ``{change: "create m r0 on gpu-01 [0-1]", why: [...]}``, and
+  ``drain: true`` for a destroy drained first (the autoscaler's scale-down)
 * ``unplaceable``: ``{replicas: "m r1", wanted: ..., why: [...]}`` where each
   ``why`` line is ``profile N (label): nodes: reason`` as plans group them
 * ``unknown``: ``{replica: "m r0 on gpu-02", why: [...]}``
 * ``held``: ``{replica: "m r0 on gpu-01", drift: engine_crash, why: [...], evidence: [...]}``
 * ``warnings`` (only checked when given)
+* ``scaling`` (only checked when given): each autoscaled model's decision, a
+  scale or a hold, and why
 * ``ports`` (only checked when given): ``m r1: gpu-01 port 18001`` per new shard
   that serves HTTP, in the order of the changes
 
 A change lists its class of drift (``drift: engine_crash``) and, when it has
 any, its ``evidence`` as soon as one change of the case says ``drift``: the
 drift cases (75-89, 100-102) all do.
+
+``loads:`` gives each autoscaled model's load history (see
+:func:`plan_builders.loads_from`); without it the autoscaler has none and holds.
 
 ``stable_after_apply: true`` also applies the plan (every new unit ready)
 and checks that planning again changes nothing: placement is stable.
@@ -30,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plan_builders import apply, cluster_from, fleet_from
+from plan_builders import apply, cluster_from, fleet_from, loads_from
 from ruamel.yaml import YAML
 
 from llmgw.fleet.types import Demand
@@ -64,6 +70,7 @@ def summarize(plan: Plan, drift: bool = False) -> dict[str, Any]:
     return {
         "changes": [
             {"change": change_line(c), "why": list(c.reasons),
+             **({"drain": True} if c.drain else {}),
              **({"drift": c.drift} if drift else {}),
              **({"evidence": list(c.evidence)} if drift and c.evidence else {})}
             for c in plan.changes
@@ -88,6 +95,7 @@ def summarize(plan: Plan, drift: bool = False) -> dict[str, Any]:
             for u in plan.unknown
         ],
         "warnings": list(plan.warnings),
+        "scaling": list(plan.scaling),
         "ports": [f"{c.model} r{c.new_replica if c.new_replica is not None else c.replica}: "
                   f"{s.node} port {s.port}"
                   for c in plan.changes if c.action in ("create", "replace")
@@ -102,7 +110,9 @@ def run_case(case: dict[str, Any]) -> tuple[Plan, Any, Any, float]:
                        case.get("sources"))
     demand = Demand.model_validate(case.get("demand") or {})
     policy = Policy(**(case.get("policy") or {}))
-    return plans.plan(cluster, fleet, now, demand, policy=policy), cluster, fleet, now
+    loads = loads_from(case.get("loads"), now)
+    return (plans.plan(cluster, fleet, now, demand, policy=policy, loads=loads), cluster, fleet,
+            now)
 
 
 @pytest.mark.parametrize("path", sorted(CASES.glob("*.yaml")), ids=lambda p: p.stem)
@@ -124,6 +134,8 @@ def test_case(path: Path) -> None:
     assert actual["held"] == expect.get("held", []), case["description"]
     if "warnings" in expect:
         assert actual["warnings"] == expect["warnings"], case["description"]
+    if "scaling" in expect:
+        assert actual["scaling"] == expect["scaling"], case["description"]
     if "ports" in expect:
         assert actual["ports"] == expect["ports"], case["description"]
     if case.get("stable_after_apply"):
