@@ -43,7 +43,7 @@ SLOTS = 2  # llama-server --parallel, and the router's cap per replica
 SCALING = {"min": 1, "max": 2, "target": {"waiting_per_replica": TARGET},
            "up_window": f"{UP_WINDOW:g}s", "down_window": f"{DOWN_WINDOW:g}s",
            "cooldown": f"{COOLDOWN:g}s"}
-ROUTING = {"max_in_flight": SLOTS}
+ROUTING: dict[str, int] = {}  # until routing.max_in_flight is merged: the engine queues
 TRICKLE = 1.0  # requests/s: about one stream in flight, nothing waits
 BURST = 8  # streams open at once: six wait behind one replica's two slots
 AFTER_READY = 8  # burst requests begun once the second replica is ready, to compare
