@@ -252,6 +252,9 @@ def _text_change(change: Change) -> list[str]:
     kind = drifts.title(change.drift)
     out += [f"      why ({kind}): {reason}" for reason in change.reasons]
     out += [f"      evidence: {line}" for line in change.evidence]
+    if change.drain:
+        out.append("      drained first: out of the routes, then stopped once its requests "
+                   "in flight finish")
     if change.shards:
         first = change.shards[0]
         out.append(f"      {_describe(first)}")
