@@ -498,9 +498,14 @@ def endpoints(cluster: Cluster, fleet: Fleet) -> dict[str, list[Endpoint]]:
         for unit in report.units:
             if unit.state == "ready" and unit.rank == 0 and unit.port is not None:
                 if unit.model in cluster.models:
-                    table.setdefault(unit.model, []).append(
-                        Endpoint(f"http://{host}:{unit.port}", node=name, replica=unit.replica)
-                    )
+                    load = unit.load
+                    running, waiting = (load.requests_running, load.requests_waiting) if (
+                        load is not None) else (None, None)
+                    table.setdefault(unit.model, []).append(Endpoint(
+                        f"http://{host}:{unit.port}", node=name, replica=unit.replica,
+                        # The engine's own load, where it said both; else the router counts.
+                        load=running + waiting if running is not None and waiting is not None
+                        else None, load_at=load.scraped_at if load is not None else None))
     return table
 
 

@@ -11,13 +11,18 @@ leader is gone: nothing here ever empties a router's table on an error.
 * The leader publishes ``{"routes": {model: [[url, node, replica], ...]}}``
   after every observation, fenced by its lease epoch
   (:meth:`Store.publish_routes`): a deposed leader's write is refused. A
-  canary baking behind a rollout gate has a fourth item, its share.
+  canary baking behind a rollout gate has a fourth item, its share. A top-level
+  ``"load": {url: [load, scraped_at]}`` carries each replica's engine-reported
+  load (requests running + waiting) where its agent scraped one; a reader
+  that does not know the key ignores it.
 * Each router polls it every ``interval`` (0.5 s) and applies a table with a
   newer sequence number, and writes its own demand (requests waiting, last
   use per model) under its id; the leader merges every router's demand heard
   from within 30 s into the scaling decision (:func:`merge`). The same record
   carries the router's per-replica tallies (:mod:`llmgw.router.tallies`),
-  which a rollout gate adds up (:func:`read_tallies`).
+  which a rollout gate adds up (:func:`read_tallies`), and its requests in
+  flight per replica: each router reads the others' (:func:`read_signals`,
+  skipping its own) and balances and caps on every router's load.
 
 Usage::
 
@@ -32,6 +37,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -48,21 +54,47 @@ SIGNAL_MAX_AGE = 30.0  # a router not heard from for this long has stopped
 
 
 def encode(table: Mapping[str, Sequence[Endpoint]]) -> str:
-    return json.dumps({"routes": {
+    doc: dict[str, Any] = {"routes": {
         model: [[e.base_url, e.node, e.replica] + ([e.share] if e.share else [])
                 for e in endpoints]
         for model, endpoints in sorted(table.items())
-    }}, separators=(",", ":"))
+    }}
+    load = {e.base_url: [e.load, e.load_at] for endpoints in table.values()
+            for e in endpoints if e.load is not None}
+    if load:
+        doc["load"] = dict(sorted(load.items()))
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def decode(doc: str) -> dict[str, list[Endpoint]]:
     """The table in ``doc``; ValueError when it is not one (a newer llmgw's, say)."""
     try:
-        routes = json.loads(doc)["routes"]
-        return {str(model): [_endpoint(*item) for item in endpoints]
+        parsed = json.loads(doc)
+        routes = parsed["routes"]
+        load = _loads(parsed.get("load"))
+        return {str(model): [_loaded(_endpoint(*item), load) for item in endpoints]
                 for model, endpoints in routes.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a routing table: {exc}") from None
+
+
+def _loads(raw: object) -> dict[str, tuple[int, float | None]]:
+    """The ``load`` key: url → (load, scraped at); an entry that is not one is left out,
+    since a replica without a report is balanced on requests in flight, not refused."""
+    if not isinstance(raw, dict):
+        return {}
+    found = {}
+    for url, item in raw.items():
+        if (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
+                and not isinstance(item[0], bool) and item[0] >= 0
+                and (item[1] is None or isinstance(item[1], int | float))):
+            found[str(url)] = (item[0], None if item[1] is None else float(item[1]))
+    return found
+
+
+def _loaded(endpoint: Endpoint, load: Mapping[str, tuple[int, float | None]]) -> Endpoint:
+    found = load.get(endpoint.base_url)
+    return endpoint if found is None else replace(endpoint, load=found[0], load_at=found[1])
 
 
 def _endpoint(url: object, node: object, replica: object,
@@ -163,6 +195,8 @@ class Follower:
         try:
             if not self.leading():
                 await self._follow()
+            others = await read_signals(self.store, skip=self.router_id)
+            self.router.set_others(others.replica_in_flight)
             record = {"router": self.router_id,
                       "demand": self.router.demand().model_dump(mode="json"),
                       "tallies": self.router.tallies()}

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 UNKNOWN_MODEL = "-"
@@ -64,6 +65,17 @@ class RouterMetrics:
             "llmgw_requests_waiting", "Requests waiting for a model to have a ready replica.",
             ["model"], registry=registry, multiprocess_mode="livesum",
         )
+        self.queue_depth_gauge = Gauge(
+            "llmgw_router_queue_depth",
+            "Requests in the model's admission queue: every ready replica is at its cap.",
+            ["model"], registry=registry, multiprocess_mode="livesum",
+        )
+        self.queue_wait_hist = Histogram(
+            "llmgw_router_queue_wait_seconds",
+            "Time a request waited in the model's admission queue (requests that waited; "
+            "one that timed out counts its whole queue_timeout).",
+            ["model"], buckets=QUEUE_BUCKETS, registry=registry,
+        )
         self.endpoints = Gauge(
             "llmgw_router_endpoints", "Ready endpoints in the router's route table, by model.",
             ["model"], registry=registry, multiprocess_mode="max",
@@ -101,6 +113,12 @@ class RouterMetrics:
         if hist is None:
             hist = self._ttft[model] = self.ttft.labels(model)
         hist.observe(seconds)
+
+    def queue_depth(self, model: str, depth: int) -> None:
+        self.queue_depth_gauge.labels(model).set(depth)
+
+    def queue_wait(self, model: str, seconds: float) -> None:
+        self.queue_wait_hist.labels(model).observe(seconds)
 
     def used_tokens(self, model: str, prompt: int | None, completion: int | None) -> None:
         children = self._tokens.get(model)

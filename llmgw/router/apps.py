@@ -34,6 +34,7 @@ from llmgw.fleet.types import Demand
 from llmgw.metrics.instruments import UNKNOWN_MODEL, RouterMetrics
 from llmgw.router import accounts, affinities, connections, errors, streams
 from llmgw.router.accounts import NOTHING, Accounts, Principal, Reservation
+from llmgw.router.admissions import Admissions
 from llmgw.router.catalogs import Catalog, ModelEntry
 from llmgw.router.demands import Demands
 from llmgw.router.errors import ApiError
@@ -88,7 +89,9 @@ class Router:
         self.accounts = Accounts(store, catalog, self.settings.flush_interval, router_id,
                                  self.settings.heartbeat_interval)
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
-        self.proxy = Proxy(self.routes, self.settings.connect_timeout)
+        self.admissions = Admissions(self.routes.free)
+        self.proxy = Proxy(self.routes, self.settings.connect_timeout,
+                           freed=self._freed)
         self.store = store
         self.started_at = int(time.time())
         # Who is asking when a request has no Authorization header: the pages' session
@@ -100,6 +103,7 @@ class Router:
         """Use a new spec's models, prices, budgets and auth mode from now on."""
         self.catalog = catalog
         self.accounts.catalog = catalog
+        self.admissions.configure({e.key: e.max_in_flight for e in catalog.models.values()})
 
     def update_routes(self, model_to_endpoints: Mapping[str, Sequence[Endpoint]]) -> None:
         """``routes.update`` plus the endpoint gauge; what the daemon should call.
@@ -108,9 +112,22 @@ class Router:
         """
         self.routes.update(model_to_endpoints)
         self.metrics.set_endpoints(self.routes.counts())
+        self.admissions.pump_all()  # a new replica, or one gone: queues may move
+
+    def set_others(self, replica_in_flight: Mapping[str, int]) -> None:
+        """Other routers' requests in flight by replica URL (their merged demand records):
+        balancing and caps count them from now on."""
+        self.routes.set_others(replica_in_flight)
+        self.admissions.pump_all()
 
     def demand(self) -> Demand:
-        return self.demands.snapshot()
+        return self.demands.snapshot(
+            queued=self.admissions.depths(), in_flight=self.routes.in_flight(),
+            replica_in_flight=self.routes.replica_in_flight())
+
+    def _freed(self, model: str) -> None:
+        if self.admissions.pump(model):
+            self.metrics.queue_depth(model, self.admissions.depth(model))
 
     def tallies(self) -> dict[str, dict[str, Any]]:
         """Per-replica requests, errors, TTFT and in-flight counts (rollout gates)."""
@@ -217,12 +234,15 @@ class Router:
                 if entry is not None and entry.prefix_chars:
                     affinity = affinities.key(payload, entry.prefix_chars, entry.min_prefix_chars)
                 await self._wait_for_replica(name, entry_key, entry)
+                if entry is not None and entry.max_in_flight is not None:
+                    await self._admit(entry, principal)
                 response = await self.proxy.forward(
                     request, entry_key, body, stream=stream, strip_usage_chunk=strip,
                     outcome=outcome, on_retry=lambda: self.metrics.retries.labels(label).inc(),
                     affinity=affinity, load_factor=entry.load_factor if entry else 1.25,
                     first_byte_timeout=(entry.first_byte_timeout if entry
                                         else self.settings.first_byte_timeout),
+                    cap=entry.max_in_flight if entry else None,
                 )
                 outcome.status = outcome.status or response.status
                 return response
@@ -261,6 +281,24 @@ class Router:
             return None, name
         raise ApiError(404, f"model not found: {name!r} is not served here; GET /v1/models "
                        "lists the models", code="model_not_found", param="model")
+
+    async def _admit(self, entry: ModelEntry, principal: Principal) -> None:
+        """Wait in the model's admission queue while every replica is at its cap."""
+        key = entry.key
+        project = principal.project or principal.user or ""
+        admissions = self.admissions
+        try:
+            waited = await admissions.admit(key, project, cap=entry.max_in_flight,
+                                            limit=entry.queue_limit,
+                                            timeout=entry.queue_timeout)
+        except ApiError as error:
+            if error.code == "queue_timeout":
+                self.metrics.queue_wait(key, entry.queue_timeout)
+            raise
+        finally:
+            self.metrics.queue_depth(key, admissions.depth(key))
+        if waited is not None:
+            self.metrics.queue_wait(key, waited)
 
     async def _wait_for_replica(self, name: str, key: str, entry: ModelEntry | None) -> None:
         if self.routes.has(key):
@@ -303,6 +341,8 @@ class Router:
         self.metrics.finished(label, status, ended - started)
         if outcome.first_byte_at is not None:
             self.metrics.first_token(label, outcome.first_byte_at - started)
+            if key is not None:
+                self.demands.first_token(key, outcome.first_byte_at - started, time.time())
         if key is None or principal is None:
             return 0.0  # no model resolved: nothing to charge, no row
         entry = self.catalog.by_key(key)

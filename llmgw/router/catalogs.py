@@ -29,6 +29,10 @@ class ModelEntry:
     load_factor: float = 1.25
     first_byte_timeout: float = 600.0  # seconds to the engine\'s first byte
     context_tokens: int | None = None  # what it can read and produce; None: not stated
+    # The admission queue (llmgw.router.admissions): requests per replica, None: no cap.
+    max_in_flight: int | None = None
+    queue_limit: int = 1000
+    queue_timeout: float = 30.0
 
     def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float:
         """USD for one request at this model's prices."""
@@ -71,6 +75,9 @@ def from_cluster(cluster: Cluster) -> Catalog:
             load_factor=model.routing.load_factor,
             first_byte_timeout=model.routing.first_byte_timeout,
             context_tokens=context_tokens(model),
+            max_in_flight=model.routing.max_in_flight or engine_slots(model),
+            queue_limit=model.routing.queue_limit,
+            queue_timeout=model.routing.queue_timeout,
         )
     budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
     caps = {name: project.max_request_usd for name, project in cluster.projects.items()}
@@ -90,3 +97,20 @@ def context_tokens(model: Model) -> int | None:
              if isinstance(value := args.get(flag), int | str) and not isinstance(value, bool)
              and str(value).isdigit() and int(value) > 0]
     return max(found) if found else None
+
+
+# The engines' flags that bound the requests they run at once: llama.cpp, vLLM, SGLang.
+SLOT_FLAGS = ("parallel", "np", "max-num-seqs", "max-running-requests")
+
+
+def engine_slots(model: Model) -> int | None:
+    """The fewest requests any of ``model``'s profiles lets its engine run at once, from
+    its args; None when none says (the engine's default is then unknown to llmgw, and the
+    router sets no cap). The smallest, since the router does not know which profile a
+    replica runs: a cap too low queues a little early, one too high overruns an engine."""
+    found = [int(value) for profile in model.profiles
+             for args in (profile.args, profile.unchecked_args)
+             for flag in SLOT_FLAGS
+             if isinstance(value := args.get(flag), int | str) and not isinstance(value, bool)
+             and str(value).isdigit() and int(value) > 0]
+    return min(found) if found else None

@@ -3,18 +3,19 @@
 :class:`Proxy` owns the one :class:`aiohttp.ClientSession` (a pooled,
 keep-alive connector) plain requests go through, and the pool of engine
 connections streamed requests go through (:mod:`llmgw.router.upstreams`: the
-engine's socket read is relayed to the client's transport in the same callback,
-with flow control both ways). ``forward`` picks the replica with the fewest
-outstanding requests (a baking canary gets its share first:
+engine's socket read is relayed to the client's transport in the same
+callback, with flow control both ways). ``forward`` picks the replica with the
+fewest outstanding requests, or the least engine-reported load, under the
+model's cap (a baking canary gets its share first:
 :mod:`llmgw.router.routes`); a connection error or a 5xx *before any byte
-reached the client* is retried once on another replica — after a canary, on
-an old one. Each attempt is tallied per replica (``routes.tallies``). For
-a stream that point is the first chunk: the client's response starts only
-once the engine has sent one, so a replica dying between its headers and its
-first token is still retried; after that, a failure ends the client's stream
-with an OpenAI-style ``error`` event instead — and so does a stream that ends
-without its last event (``[DONE]``, ``response.completed``): an engine that
-closes a close-delimited body early has not finished, however clean the close.
+reached the client* is retried once on another replica — after a canary, on an
+old one. Each attempt is tallied per replica (``routes.tallies``). For a
+stream that point is the first chunk: the client's response starts only once
+the engine has sent one, so a replica dying between its headers and its first
+token is still retried; after that, a failure ends the client's stream with an
+OpenAI-style ``error`` event instead — and so does a stream that ends without
+its last event (``[DONE]``, ``response.completed``): an engine that closes a
+close-delimited body early has not finished, however clean the close.
 
 Time to first byte is bounded per model (``routing.first_byte_timeout``): an
 engine that accepts a request and never answers gets the client a 504, not a
@@ -72,8 +73,10 @@ class _Retry(Exception):
 
 
 class Proxy:
-    def __init__(self, routes: Routes, connect_timeout: float = 5.0) -> None:
+    def __init__(self, routes: Routes, connect_timeout: float = 5.0,
+                 freed: Callable[[str], None] = lambda _model: None) -> None:
         self.routes = routes
+        self.freed = freed  # a request on the model ended: its admission queue may move
         self.connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
         self._pool = upstreams.Pool(connect_timeout)
@@ -115,17 +118,20 @@ class Proxy:
         affinity: str | None = None,
         load_factor: float = 1.25,
         first_byte_timeout: float = 600.0,
+        cap: int | None = None,
     ) -> web.StreamResponse:
         """Send ``body`` to a ready replica of ``model`` and answer ``request`` with its reply.
 
         ``affinity`` (a prompt-prefix digest) picks by prefix with bounded loads
         instead of least outstanding; a retry goes to the next replica on the ring.
+        ``cap``: no replica gets more requests in flight than this (a retry finding
+        every other replica full answers the first failure).
         """
         tried: list[Upstream] = []
         last_error: ApiError | None = None
         for _ in range(2):
             upstream = self.routes.pick(model, exclude=tried, affinity=affinity,
-                                        load_factor=load_factor)
+                                        load_factor=load_factor, cap=cap)
             if upstream is None:
                 break
             if tried:
@@ -152,6 +158,7 @@ class Proxy:
             finally:
                 self.routes.tallies.end(url, failed=failed,
                                         ttft=(outcome.first_byte_at or time.monotonic()) - began)
+                self.freed(model)
         if last_error is not None:
             raise last_error
         raise ApiError(503, f"no ready replica of {model!r}", code="no_replica",
@@ -172,7 +179,7 @@ class Proxy:
             return await self._attempt_stream(request, upstream, body, strip_usage_chunk,
                                               outcome, can_retry, first_byte_timeout)
         url = upstream.url(request.path)
-        upstream.outstanding += 1
+        upstream.begin()
         reply: aiohttp.ClientResponse | None = None
         done = False
         deadline = asyncio.get_running_loop().time() + first_byte_timeout
@@ -211,7 +218,7 @@ class Proxy:
                 status=reply.status, body=data, headers={"Content-Type": content_type}
             )
         finally:
-            upstream.outstanding -= 1
+            upstream.end()
             if reply is not None:
                 if done:
                     reply.release()  # back to the pool for the next request
@@ -237,7 +244,7 @@ class Proxy:
         deadline = loop.time() + first_byte_timeout
         conn: upstreams.Connection | None = None
         done = False
-        upstream.outstanding += 1
+        upstream.begin()
         try:
             outcome.sent = True
             relay = streams.Relay(strip_usage_chunk)
@@ -280,7 +287,7 @@ class Proxy:
             done = True
             return response
         finally:
-            upstream.outstanding -= 1
+            upstream.end()
             if conn is not None:
                 if done:
                     self._pool.release(base, conn)

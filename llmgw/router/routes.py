@@ -19,6 +19,16 @@ With an ``affinity`` key, the replica comes from the model's hash ring with
 bounded loads (:mod:`llmgw.router.affinities`), so requests sharing a prompt
 prefix meet the engine that has it cached; without one, least outstanding.
 
+**Load** is what balancing compares (:meth:`Upstream.load`): where the
+engine reported its own (requests running plus waiting, scraped by the
+agent and carried in the route table), that figure plus the requests this
+router started on it since that report; otherwise least outstanding — this
+router's requests in flight plus the other routers' (``set_others``: their
+demand records, merged through the store). A **cap** (``routing.max_in_flight``)
+counts requests in flight, this router's and the others': a replica at its
+cap is not picked, and :meth:`Routes.free` says how many more the model's
+replicas take (the admission queue's measure, :mod:`llmgw.router.admissions`).
+
 A **canary** (an endpoint with a ``share``: a new replica baking behind a
 rollout gate) gets that share of the model's requests, counted, not drawn at
 random: with share 0.1, every tenth. Every other request, and a retry after a
@@ -30,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from yarl import URL
 
@@ -46,6 +56,10 @@ class Endpoint:
     node: str = ""
     replica: int | None = None
     share: float | None = None  # a canary: the share of the model's requests it gets
+    # The engine's own load (requests running + waiting) at its last scrape, and that
+    # scrape's unix time; None: not reported. Not part of the endpoint's identity.
+    load: int | None = field(default=None, compare=False)
+    load_at: float | None = field(default=None, compare=False)
 
 
 @dataclass(eq=False)
@@ -53,6 +67,10 @@ class Upstream:
     endpoint: Endpoint
     outstanding: int = 0
     picked: int = field(default=0)  # total picks; breaks ties in round-robin order
+    others: int = 0  # requests other routers have in flight here (their last records)
+    reported: int | None = None  # the engine's own load at its last report
+    reported_at: float | None = None
+    since: int = 0  # requests this router started here since that report
     _urls: dict[str, URL] = field(default_factory=dict, repr=False)
 
     def url(self, path: str) -> URL:
@@ -61,6 +79,29 @@ class Upstream:
         if url is None:
             url = self._urls[path] = URL(self.endpoint.base_url + path, encoded=True)
         return url
+
+    def load(self) -> int:
+        """What balancing compares: the engine's report plus what started since, else
+        every router's requests in flight."""
+        if self.reported is not None:
+            return self.reported + self.since
+        return self.outstanding + self.others
+
+    def in_flight(self) -> int:
+        """Requests every router has in flight here: what a cap bounds."""
+        return self.outstanding + self.others
+
+    def begin(self) -> None:
+        self.outstanding += 1
+        self.since += 1
+
+    def end(self) -> None:
+        self.outstanding -= 1
+
+    def report(self, endpoint: Endpoint) -> None:
+        """Take the engine's load from a fresh table; a new scrape restarts ``since``."""
+        if endpoint.load_at != self.reported_at or endpoint.load != self.reported:
+            self.reported, self.reported_at, self.since = endpoint.load, endpoint.load_at, 0
 
 
 class Routes:
@@ -86,11 +127,13 @@ class Routes:
                 url = endpoint.base_url.rstrip("/")
                 upstream = by_url.get(url) or self._by_url.get(url)
                 if upstream is None or upstream.endpoint != endpoint:
-                    fresh = Upstream(Endpoint(url, endpoint.node, endpoint.replica,
-                                              endpoint.share))
+                    fresh = Upstream(replace(endpoint, base_url=url))
                     if upstream is not None:
-                        fresh.outstanding = upstream.outstanding
+                        fresh.outstanding, fresh.others = upstream.outstanding, upstream.others
+                        fresh.reported, fresh.reported_at = upstream.reported, upstream.reported_at
+                        fresh.since = upstream.since
                     upstream = fresh
+                upstream.report(endpoint)
                 by_url[url] = upstream
                 upstreams.append(upstream)
             if upstreams:
@@ -122,28 +165,53 @@ class Routes:
     def has(self, model: str) -> bool:
         return model in self._table
 
+    def set_others(self, replica_in_flight: Mapping[str, int]) -> None:
+        """Other routers' requests in flight by replica URL (absent: none)."""
+        for url, upstream in self._by_url.items():
+            upstream.others = max(0, int(replica_in_flight.get(url, 0)))
+
+    def free(self, model: str, cap: int | None) -> int | None:
+        """How many more requests ``model``'s replicas take under ``cap`` each; None: no cap."""
+        if cap is None:
+            return None
+        return sum(max(0, cap - u.in_flight()) for u in self._table.get(model, ()))
+
+    def in_flight(self) -> dict[str, int]:
+        """Model → this router's requests in flight on its replicas."""
+        return {model: n for model, upstreams in self._table.items()
+                if (n := sum(u.outstanding for u in upstreams))}
+
+    def replica_in_flight(self) -> dict[str, int]:
+        """Replica URL → this router's requests in flight there (none left out)."""
+        return {url: u.outstanding for url, u in self._by_url.items() if u.outstanding}
+
     def pick(
         self, model: str, exclude: Collection[Upstream] = (), *,
-        affinity: str | None = None, load_factor: float = 1.25,
+        affinity: str | None = None, load_factor: float = 1.25, cap: int | None = None,
     ) -> Upstream | None:
         """The upstream of ``model`` to send a request to, not one in ``exclude``.
 
         With ``affinity`` (a prompt-prefix digest), the first replica on the
         model's ring from that digest whose load stays under ``load_factor`` ×
-        the average; otherwise the one with the fewest outstanding requests,
+        the average; otherwise the one with the least load (:meth:`Upstream.load`),
         ties to the one picked least often, so equal replicas share work in
         turn instead of the first one taking every request of a quiet period.
-        A canary gets its share first (see the module's docstring).
+        A canary gets its share first (see the module's docstring). With ``cap``,
+        a replica with that many requests in flight is not picked (None when all are).
         """
         canaries = self._canaries.get(model)
         if canaries:
             chosen = self._canary(model, canaries, exclude)
-            if chosen is not None:
+            if chosen is not None and (cap is None or chosen.in_flight() < cap):
                 chosen.picked += 1
                 return chosen
+        if cap is not None:
+            full = [u for u in self._table.get(model, ()) if u.in_flight() >= cap]
+            if full:
+                exclude = [*exclude, *full]
         if affinity is not None and model in self._rings:
             chosen = self._rings[model].pick(
-                affinity, load=lambda u: u.outstanding, load_factor=load_factor,
+                affinity, load=Upstream.load, load_factor=load_factor,
                 allowed=lambda u: u not in exclude,
             )
             if chosen is not None:
@@ -157,8 +225,8 @@ class Routes:
         for upstream in upstreams:
             if upstream in exclude:
                 continue
-            if best is None or (upstream.outstanding, upstream.picked) < (
-                best.outstanding, best.picked
+            if best is None or (upstream.load(), upstream.picked) < (
+                best.load(), best.picked
             ):
                 best = upstream
         if best is not None:

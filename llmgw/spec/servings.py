@@ -116,3 +116,20 @@ class Routing(Strict):
         "event, or a whole non-streamed answer) before answering 504. Generous: a long answer "
         "that is not streamed arrives all at once.",
     )
+    max_in_flight: int | None = Field(
+        None, ge=1, le=100_000,
+        description="Most requests the router sends to one replica at once; more wait in the "
+        "model's admission queue. Unset: the engine's own slots where a profile's args set "
+        "them (llama.cpp `parallel`/`np`, vLLM `max-num-seqs`, SGLang "
+        "`max-running-requests`; the smallest of the profiles), else no cap.",
+    )
+    queue_limit: int = Field(
+        1000, ge=0, le=1_000_000,
+        description="Most requests queued for this model (every replica at its cap); one more "
+        "is answered 503 `queue_full` with `Retry-After: 1`. 0: no queue.",
+    )
+    queue_timeout: Duration = Field(
+        30.0, gt=0,
+        description="How long a request may wait in the queue before it is answered 503 "
+        "`queue_timeout` with `Retry-After: 1`.",
+    )

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,10 @@ class Upstream:
     drop_after_chunks: int | None = None  # stream: close after this many chunks
     chunk_delays: list[float] = field(default_factory=list)  # pause before each chunk
     hold: asyncio.Event | None = None  # wait for this before answering
+    delay: float = 0.0  # seconds each request takes before its answer
+    delay_spread: float = 0.0  # ... give or take up to this much, drawn at random
+    active: int = 0  # requests being answered now
+    peak: int = 0  # the most answered at once
     omit_usage: bool = False  # answer without a usage object (an engine that reports none)
     reply: list[str] = field(default_factory=list)  # chat streams: these pieces, not WORDS
     received: list[Received] = field(default_factory=list)
@@ -81,9 +86,13 @@ class Upstream:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received.append(Received(request.path, dict(request.headers), body))
+        self.active += 1
+        self.peak = max(self.peak, self.active)
         try:
             if self.hold is not None:
                 await self.hold.wait()
+            if self.delay:
+                await asyncio.sleep(self.delay + random.uniform(-1, 1) * self.delay_spread)
             if self.drop:
                 assert request.transport is not None
                 request.transport.close()
@@ -101,6 +110,8 @@ class Upstream:
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+        finally:
+            self.active -= 1
 
     async def _stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
