@@ -9,12 +9,13 @@ the waiting count the autoscaler reads. The official ``openai`` client sends, in
 (``tests/support/bursts.py``):
 
 1. a steady trickle, below the target: the replica count does not move (no flapping);
-2. a burst of streams kept open at once: the waiting count rises, the autoscaler places
-   a second replica, and the burst's time to first token falls once it is ready (the
-   median of the requests begun before it was placed against those begun after it was
-   ready; the ratio is printed);
+2. a burst of streams kept open at once: the waiting count rises past the target (the
+   plan's reason says how far), the autoscaler places a second replica, and the burst's
+   time to first token falls once it is ready (the median of the requests begun before
+   it was placed against those begun after it was ready; the ratio is printed);
 3. the trickle again: the waiting count falls, and after the down window and the cooldown
-   the extra replica drains and stops, while requests still arrive.
+   a replica drains and stops, while requests still arrive. The plan decides twice in all:
+   1 → 2 and 2 → 1.
 
 No request fails during any of it. Wall clock is asserted nowhere: only the order of
 events, the windows as lower bounds (a replica may not go sooner than they allow), and
@@ -24,10 +25,12 @@ time to first token before against after on the same machine in the same run.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from support import bursts, daemons, scaledclusters
 from support.scaledclusters import Replicas, Sample
@@ -43,7 +46,7 @@ SLOTS = 2  # llama-server --parallel, and the router's cap per replica
 SCALING = {"min": 1, "max": 2, "target": {"waiting_per_replica": TARGET},
            "up_window": f"{UP_WINDOW:g}s", "down_window": f"{DOWN_WINDOW:g}s",
            "cooldown": f"{COOLDOWN:g}s"}
-ROUTING: dict[str, int] = {}  # until routing.max_in_flight is merged: the engine queues
+ROUTING = {"max_in_flight": SLOTS}
 TRICKLE = 1.0  # requests/s: about one stream in flight, nothing waits
 BURST = 8  # streams open at once: six wait behind one replica's two slots
 AFTER_READY = 8  # burst requests begun once the second replica is ready, to compare
@@ -89,6 +92,7 @@ async def test_a_burst_scales_out_and_back_in_without_a_failed_request(
             bursts.Quiet(seconds=1),
         ])
 
+    queued = _queued(daemon)
     steady = [o for o in outcomes if o.phase == "steady"]
     burst = [o for o in outcomes if o.phase == "burst"]
     after = [o for o in outcomes if o.phase == "after"]
@@ -96,8 +100,19 @@ async def test_a_burst_scales_out_and_back_in_without_a_failed_request(
           f"{len(replicas.samples)} status samples")
     assert not bursts.failures(outcomes), bursts.failures(outcomes)[:5]
 
+    # The cap held the burst in the router's queue, as the autoscaler's waiting count.
+    print(f"{queued[0]:g} requests waited in the router's queue, {queued[1]:.0f} s in all")
+    assert queued[0] > 0
+
     # 1. Steady load below the target: one replica throughout, no change.
     assert replicas.most(steady[0].started, burst[0].started) == 1
+    # The plan's own words: one scale-up for the burst, one scale-down after it, no other.
+    decided = re.findall(rf"~ scale {scaledclusters.NAME} (\d) → (\d): (.*)",
+                         daemon.log.read_text())
+    print("\n".join(f"{a} → {b}: {why}" for a, b, why in decided))
+    assert [(a, b) for a, b, _ in decided] == [("1", "2"), ("2", "1")], decided
+    waiting = re.match(r"(\d+(?:\.\d+)?) waiting per replica", decided[0][2])
+    assert waiting is not None and float(waiting.group(1)) > TARGET, decided[0]
 
     # 2. The burst places a second replica (none before it began), and TTFT falls.
     placed = replicas.first(lambda s: len(s.states) == 2)
@@ -114,12 +129,24 @@ async def test_a_burst_scales_out_and_back_in_without_a_failed_request(
 
     # 3. After the burst, the extra replica goes: no sooner than the windows allow, while
     # the trickle still arrives (it drained: no request failed, checked above).
-    burst_end = load.spans["burst"][1]
-    gone = replicas.first(one_ready, since=burst_end)
+    # The burst stops sending at its last request's start; what it queued drains after.
+    stopped = max(o.started for o in burst)
+    gone = replicas.first(one_ready, since=load.spans["burst"][1])
     assert gone is not None, "the extra replica did not stop after the burst"
     assert gone.at - placed.at >= COOLDOWN
-    assert gone.at - burst_end >= DOWN_WINDOW
+    assert gone.at - stopped >= DOWN_WINDOW
     assert [o for o in after if o.started < gone.at], "no request arrived while it drained"
     print(f"second replica: placed {placed.at - burst[0].started:.1f} s into the burst, "
-          f"ready {marks['ready'] - placed.at:.1f} s later, gone "
-          f"{gone.at - burst_end:.1f} s after the burst")
+          f"ready {marks['ready'] - placed.at:.1f} s later; one replica again "
+          f"{gone.at - stopped:.1f} s after the burst's last request")
+
+
+def _queued(daemon: daemons.Daemon) -> tuple[float, float]:
+    """How many requests waited in the router's admission queue, and for how long in all."""
+    text = httpx.get(f"{daemon.metrics}/metrics", timeout=10).text
+    found = {}
+    for part in ("count", "sum"):
+        line = re.search(rf'^llmgw_router_queue_wait_seconds_{part}\{{model="'
+                         rf'{scaledclusters.NAME}"\}} (\S+)$', text, re.M)
+        found[part] = float(line.group(1)) if line else 0.0
+    return found["count"], found["sum"]
