@@ -13,9 +13,10 @@ for ``--burst`` seconds, the trickle again for ``--tail`` seconds.
 
 Columns: time to first token of the burst's requests (p50, p95), requests served in the
 burst and in the whole run (an answer whose stream finished), failed requests, and
-replica-seconds over the whole run: each replica from its first report to its last,
-loading included. On GPUs that figure is the GPU-seconds used; here the replicas run on
-the CPU. Printed, never asserted.
+replica-seconds over the whole run (``run``: from the first request to the last answer):
+each replica from its first report to its last, loading included. On GPUs that figure,
+times the GPUs per replica, is the GPU-seconds used; here the replicas run on the CPU.
+Printed, never asserted.
 
     .venv/bin/python tests/bench/elastic.py [--concurrency 8] [--burst 30] [--tail 20]
 """
@@ -96,13 +97,14 @@ def table(rows: list[Row], args: argparse.Namespace, load: float) -> str:
         f"load average at start: {load:.1f}",
         "",
         "| autoscaling | TTFT p50 | TTFT p95 | served (burst) | served (run) | failed | "
-        "replica-seconds | most replicas | second replica placed |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "replica-seconds | run | most replicas | second replica placed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        placed = "—" if row.scaled_up_after is None else f"{row.scaled_up_after:.1f} s in"
+        placed = ("—" if row.scaled_up_after is None
+                  else f"{row.scaled_up_after:.1f} s into the burst")
         lines.append(f"| {row.mode} | {row.p50:.2f} s | {row.p95:.2f} s | {row.burst_served} "
-                     f"| {row.served} | {row.failed} | {row.replica_seconds:.0f} of "
+                     f"| {row.served} | {row.failed} | {row.replica_seconds:.0f} | "
                      f"{row.seconds:.0f} s | {row.most} | {placed} |")
     off, on = rows
     lines += ["", f"on / off: TTFT p50 {on.p50 / off.p50:.2f}x, p95 {on.p95 / off.p95:.2f}x, "
