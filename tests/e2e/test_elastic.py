@@ -13,10 +13,10 @@ the waiting count the autoscaler reads. The official ``openai`` client sends, in
    plan's reason says how far), the autoscaler places a second replica, and the burst's
    time to first token falls once it is ready (the median of the requests begun before
    it was placed against those begun after it was ready; the ratio is printed);
-3. two streams open at once, as many as one replica's slots: the waiting count falls, and
+3. three streams kept open, one more than a replica's slots: the waiting count falls, and
    after the down window and the cooldown a replica drains and stops. Each replica holds
-   one of the streams when the plan picks one to go, so a replica stopped before its
-   streams ended would fail a request. The plan decides twice in all: 1 → 2 and 2 → 1.
+   at least one of the streams when the plan picks one to go, so a replica stopped
+   before its streams ended would fail a request. The plan decides twice in all: 1 → 2 and 2 → 1.
 
 No request fails during any of it. Wall clock is asserted nowhere: only the order of
 events, the windows as lower bounds (a replica may not go sooner than they allow), and
@@ -50,9 +50,10 @@ SCALING = {"min": 1, "max": 2, "target": {"waiting_per_replica": TARGET},
 ROUTING = {"max_in_flight": SLOTS}
 TRICKLE = 1.0  # requests/s: about one stream in flight, nothing waits
 BURST = 8  # streams open at once: six wait behind one replica's two slots
-# After the burst, one replica's worth of streams open at once: nothing waits, and each
-# replica has a request in flight when one of them is told to go, so it must drain.
-AFTER = SLOTS
+# After the burst, one stream more than a replica's slots, kept open: nothing waits while
+# two replicas serve them, and with the cap each of the two holds at least one when the
+# plan picks one to go, so a scale-down that did not drain would cut a stream.
+AFTER = SLOTS + 1
 AFTER_READY = 8  # burst requests begun once the second replica is ready, to compare
 
 
