@@ -14,7 +14,8 @@ for ``--burst`` seconds, the trickle again for ``--tail`` seconds.
 Columns: time to first token of the burst's requests (p50, p95), requests served in the
 burst and in the whole run (an answer whose stream finished), failed requests, and
 replica-seconds over the whole run (``run``: from the first request to the last answer):
-each replica from its first report to its last, loading included. On GPUs that figure,
+each replica from its first report to its last, loading included; with autoscaling, when
+the second replica was placed and when one was left again. On GPUs that figure,
 times the GPUs per replica, is the GPU-seconds used; here the replicas run on the CPU.
 Printed, never asserted.
 
@@ -58,6 +59,7 @@ class Row:
     seconds: float
     most: int
     scaled_up_after: float | None  # seconds into the burst when a second replica was placed
+    one_again_after: float | None  # seconds after the burst's last request: one replica left
 
 
 async def measure(mode: str, args: argparse.Namespace, tmp: Path) -> Row:
@@ -80,11 +82,15 @@ async def measure(mode: str, args: argparse.Namespace, tmp: Path) -> Row:
             firsts = bursts.first_tokens(burst)
             start = load.spans["burst"][0]
             placed = replicas.first(lambda s: len(s.states) >= 2, since=start)
+            stopped = max(o.started for o in burst)  # the burst's last request
+            one = None if placed is None else replicas.first(
+                lambda s: len(s.states) == 1, since=placed.at)
             return Row(mode, bursts.percentile(firsts, 0.5), bursts.percentile(firsts, 0.95),
                        sum(o.ok for o in burst), sum(o.ok for o in outcomes),
                        len(bursts.failures(outcomes)), replicas.replica_seconds(begun, ended),
                        ended - begun, replicas.most(begun, ended),
-                       None if placed is None else placed.at - start)
+                       None if placed is None else placed.at - start,
+                       None if one is None else one.at - stopped)
     finally:
         daemon.stop(signal.SIGINT)
 
@@ -97,15 +103,17 @@ def table(rows: list[Row], args: argparse.Namespace, load: float) -> str:
         f"load average at start: {load:.1f}",
         "",
         "| autoscaling | TTFT p50 | TTFT p95 | served (burst) | served (run) | failed | "
-        "replica-seconds | run | most replicas | second replica placed |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "replica-seconds | run | most replicas | second replica placed | one again |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         placed = ("—" if row.scaled_up_after is None
                   else f"{row.scaled_up_after:.1f} s into the burst")
+        again = ("—" if row.one_again_after is None
+                 else f"{row.one_again_after:.1f} s after the burst's last request")
         lines.append(f"| {row.mode} | {row.p50:.2f} s | {row.p95:.2f} s | {row.burst_served} "
                      f"| {row.served} | {row.failed} | {row.replica_seconds:.0f} | "
-                     f"{row.seconds:.0f} s | {row.most} | {placed} |")
+                     f"{row.seconds:.0f} s | {row.most} | {placed} | {again} |")
     off, on = rows
     lines += ["", f"on / off: TTFT p50 {on.p50 / off.p50:.2f}x, p95 {on.p95 / off.p95:.2f}x, "
               f"burst requests served {on.burst_served / max(off.burst_served, 1):.2f}x, "
