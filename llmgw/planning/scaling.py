@@ -187,6 +187,8 @@ def decide(
     if latest.ready < running:
         return hold(f"{latest.ready} of {running} replicas ready")
     up = _over(history, now, scaling.up_window, target, above=True)
+    if up is not None and math.isnan(up[1]):
+        return hold(f"load unknown during the {format_duration(scaling.up_window)} up_window")
     if up is not None and up[0]:
         lowest = up[1]
         asked = math.ceil(latest.ready * lowest / target.value - 1e-9)
@@ -202,24 +204,32 @@ def decide(
                    if asked > scaling.max else "")
         return Decision(count, f"scale {name} {running} → {count}: {load}"
                         + (f"; max {scaling.max}" if asked > scaling.max else ""), warning)
+    covers = f"load history covers {_ago(now - history[0].at)} of the"
+    if up is None:
+        return hold(f"{covers} {format_duration(scaling.up_window)} up_window")
+    now_at = f"{_metric(target)} {_num(value)} (target {_target(target)})"
     down = _over(history, now, scaling.down_window, target, above=False)
+    if down is None:
+        return hold(f"{now_at}, not above it for all of the up_window; {covers} "
+                    f"{format_duration(scaling.down_window)} down_window")
+    if math.isnan(down[1]):
+        return hold(f"load unknown during the {format_duration(scaling.down_window)} "
+                    "down_window")
+    if not down[0]:
+        return hold(f"{now_at}, not above it for all of the up_window nor below it for all "
+                    "of the down_window")
     floor = max(scaling.min, 1)
-    if down is not None and down[0] and running > floor:
-        changed = _last_change(history, youngest)
-        if changed is not None and now - changed < scaling.cooldown:
-            return hold(f"cooldown: the replica count changed {_ago(now - changed)} ago "
-                        f"(cooldown {format_duration(scaling.cooldown)})")
-        highest = down[1]
-        count = max(floor, math.ceil(latest.ready * highest / target.value - 1e-9))
-        if count < running:
-            return Decision(count, f"scale {name} {running} → {count}: at most "
-                            f"{_load(highest, target, scaling.down_window)}")
-    if up is None or down is None:
-        short = scaling.up_window if up is None else scaling.down_window
-        return hold(f"load history covers {_ago(now - history[0].at)} of the "
-                    f"{format_duration(short)} window")
-    return hold(f"{_metric(target)} {_num(value)} (target {_target(target)}), "
-                "not beyond it for a whole window")
+    highest = down[1]
+    count = max(floor, math.ceil(latest.ready * highest / target.value - 1e-9))
+    if count >= running:
+        return hold(f"at most {_load(highest, target, scaling.down_window)}; "
+                    + (f"{running} carry it" if running > floor else f"at the floor {floor}"))
+    changed = _last_change(history, youngest)
+    if changed is not None and now - changed < scaling.cooldown:
+        return hold(f"cooldown: the replica count changed {_ago(now - changed)} ago "
+                    f"(cooldown {format_duration(scaling.cooldown)})")
+    return Decision(count, f"scale {name} {running} → {count}: at most "
+                    f"{_load(highest, target, scaling.down_window)}")
 
 
 def _over(
@@ -235,7 +245,7 @@ def _over(
     values = [per_replica(s, target) for s in history[first:] if s.at <= now]
     known = [v for v in values if v is not None]
     if len(known) != len(values):
-        return False, 0.0
+        return False, math.nan  # unknown for part of the window: neither above nor below
     if above:
         return all(v > target.value for v in known), min(known)
     return all(v < target.value for v in known), max(known)

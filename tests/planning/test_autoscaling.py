@@ -46,7 +46,7 @@ def _history(waiting: Sequence[float | None], ready: int = 1, step: float = 10.0
                      (3, "scale m 1 → 3: 7 waiting per replica over 30 s (target 2); max 3"),
                      id="up-never-beyond-max"),
         pytest.param(_scaling(), 1, _history([7, 7, 7]), None,
-                     (1, "hold m at 1: load history covers 20s of the 30s window"),
+                     (1, "hold m at 1: load history covers 20s of the 30s up_window"),
                      id="hold-a-history-shorter-than-the-window"),
         pytest.param(_scaling(), 1, (), None,
                      (1, "hold m at 1: no load history (the daemon started, or no daemon "
@@ -56,11 +56,11 @@ def _history(waiting: Sequence[float | None], ready: int = 1, step: float = 10.0
                      (1, "hold m at 1: load unknown (nothing reports waiting per replica)"),
                      id="hold-unknown-load"),
         pytest.param(_scaling(), 1, _history([7, None, 7, 7]), None,
-                     (1, "hold m at 1: load history covers 30s of the 1m window"),
+                     (1, "hold m at 1: load unknown during the 30s up_window"),
                      id="hold-a-gap-of-unknown-in-the-window"),
         pytest.param(_scaling(), 2, _history([7, 1, 7, 1, 7, 1, 7], ready=2), None,
-                     (2, "hold m at 2: waiting per replica 3.5 (target 2), not beyond it for "
-                         "a whole window"),
+                     (2, "hold m at 2: waiting per replica 3.5 (target 2), not above it for "
+                         "all of the up_window nor below it for all of the down_window"),
                      id="hold-flapping-load"),
         pytest.param(_scaling(), 3, _history([7, 7, 7, 7], ready=2), None,
                      (3, "hold m at 3: 2 of 3 replicas ready"),
@@ -75,8 +75,8 @@ def _history(waiting: Sequence[float | None], ready: int = 1, step: float = 10.0
                      (2, "scale m 3 → 2: at most 0 waiting per replica over 60 s (target 2)"),
                      id="down-never-under-min"),
         pytest.param(_scaling(min=0), 1, _history([0] * 7), NOW - 3600,
-                     (1, "hold m at 1: waiting per replica 0 (target 2), not beyond it for a "
-                         "whole window"),
+                     (1, "hold m at 1: at most 0 waiting per replica over 60 s (target 2); "
+                         "at the floor 1"),
                      id="down-never-to-zero-that-is-the-idle-timeouts-call"),
         pytest.param(_scaling(), 3, _history([0] * 7, ready=3), NOW - 30,
                      (3, "hold m at 3: cooldown: the replica count changed 30s ago "
