@@ -518,7 +518,11 @@ async def _command(argv: list[str], what: str, *, timeout: float | None = None) 
         if process.returncode is None:  # timed out, or the agent is stopping
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, 9)
-            await process.wait()
+            # Read what is left rather than wait() alone: in Python 3.11 wait() returns
+            # only once the pipe has closed, and a reader paused on a full buffer (pip
+            # is chatty) never closes it (see commands.stream).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.communicate(), 30.0)
     text = out.decode(errors="replace")
     if process.returncode != 0:
         raise InstallError(f"{what} exited {process.returncode}: {_why(text)}")

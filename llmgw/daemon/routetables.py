@@ -51,6 +51,9 @@ from llmgw.store.stores import Store, StoreError
 
 log = logging.getLogger("llmgw.routes")
 SIGNAL_MAX_AGE = 30.0  # a router not heard from for this long has stopped
+# Other routers' requests in flight count for balancing and caps only this fresh: a router
+# that died with requests in flight must not hold a replica's slots for 30 s.
+IN_FLIGHT_MAX_AGE = 5.0
 
 
 def encode(table: Mapping[str, Sequence[Endpoint]]) -> str:
@@ -140,10 +143,12 @@ def merge(demands: Iterable[Demand]) -> Demand:
                   watched_since=max(watched) if watched else None)
 
 
-async def read_signals(store: Store, skip: str | None = None) -> Demand:
-    """Every live router's demand, merged; ``skip`` leaves out one (the caller's own)."""
+async def read_signals(store: Store, skip: str | None = None,
+                       max_age: float = SIGNAL_MAX_AGE) -> Demand:
+    """Every live router's demand, merged; ``skip`` leaves out one (the caller's own);
+    ``max_age``: routers heard from within that many seconds."""
     found: list[Demand] = []
-    for doc in await store.signals(SIGNAL_MAX_AGE):
+    for doc in await store.signals(max_age):
         try:
             record = json.loads(doc)
             if record.get("router") != skip:
@@ -195,7 +200,8 @@ class Follower:
         try:
             if not self.leading():
                 await self._follow()
-            others = await read_signals(self.store, skip=self.router_id)
+            others = await read_signals(self.store, skip=self.router_id,
+                                        max_age=IN_FLIGHT_MAX_AGE)
             self.router.set_others(others.replica_in_flight)
             record = {"router": self.router_id,
                       "demand": self.router.demand().model_dump(mode="json"),

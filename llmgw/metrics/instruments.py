@@ -61,6 +61,12 @@ class RouterMetrics:
             "Requests retried on another replica after a failure before the first byte.",
             ["model"], registry=registry,
         )
+        self.engine_errors = Counter(
+            "llmgw_engine_errors",
+            "Engines' 5xx answers by whose fault they are (client: the request, answered "
+            "400; server: the engine) and the recognised reason (router/faults.py).",
+            ["model", "status", "fault", "reason"], registry=registry,
+        )
         self.waiting = Gauge(
             "llmgw_requests_waiting", "Requests waiting for a model to have a ready replica.",
             ["model"], registry=registry, multiprocess_mode="livesum",
@@ -107,6 +113,9 @@ class RouterMetrics:
         if hist is None:
             hist = self._latency[model] = self.latency.labels(model)
         hist.observe(seconds)
+
+    def engine_error(self, model: str, status: int, fault: str, reason: str) -> None:
+        self.engine_errors.labels(model, str(status), fault, reason).inc()
 
     def first_token(self, model: str, seconds: float) -> None:
         hist = self._ttft.get(model)

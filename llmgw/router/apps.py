@@ -252,13 +252,17 @@ class Router:
             outcome.status = error.status
             return error.response()
         except asyncio.CancelledError:
-            outcome.status = CLIENT_CLOSED
+            # A client that hangs up after its answer's last event (the openai SDK closes
+            # on [DONE]) was served: its status stays the engine's.
+            if not outcome.complete:
+                outcome.status = CLIENT_CLOSED
             raise
         except ConnectionResetError:
             # The client hung up while we wrote to it. aiohttp's attempt to send this
             # answer fails quietly on the closed transport; raising would log a traceback.
-            outcome.status = CLIENT_CLOSED
-            return web.Response(status=CLIENT_CLOSED)
+            if not outcome.complete:
+                outcome.status = CLIENT_CLOSED
+            return web.Response(status=outcome.status)
         finally:
             self.accounts.untrack(reservation)
             cost = self._account(request.path, label, entry_key, principal, stream, outcome,
@@ -339,6 +343,8 @@ class Router:
         ended = time.monotonic()
         status = outcome.status or 500
         self.metrics.finished(label, status, ended - started)
+        for fault in outcome.engine_errors:
+            self.metrics.engine_error(label, fault.status, fault.fault, fault.reason)
         if outcome.first_byte_at is not None:
             self.metrics.first_token(label, outcome.first_byte_at - started)
             if key is not None:

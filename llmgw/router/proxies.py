@@ -8,14 +8,22 @@ callback, with flow control both ways). ``forward`` picks the replica with the
 fewest outstanding requests, or the least engine-reported load, under the
 model's cap (a baking canary gets its share first:
 :mod:`llmgw.router.routes`); a connection error or a 5xx *before any byte
-reached the client* is retried once on another replica — after a canary, on an
-old one. Each attempt is tallied per replica (``routes.tallies``). For a
-stream that point is the first chunk: the client's response starts only once
-the engine has sent one, so a replica dying between its headers and its first
-token is still retried; after that, a failure ends the client's stream with an
-OpenAI-style ``error`` event instead — and so does a stream that ends without
-its last event (``[DONE]``, ``response.completed``): an engine that closes a
-close-delimited body early has not finished, however clean the close.
+reached the client* is retried once on another replica — after a canary, on
+an old one. Each attempt is tallied per replica (``routes.tallies``). For
+a stream that point is the first chunk: the client's response starts only
+once the engine has sent one, so a replica dying between its headers and its
+first token is still retried; after that, a failure ends the client's stream
+with an OpenAI-style ``error`` event instead — and so does a stream that ends
+without its last event (``[DONE]``, ``response.completed``): an engine that
+closes a close-delimited body early has not finished, however clean the close.
+A stream is complete once its last event was written to the client, not when
+the engine ends its body: a client that closes on ``[DONE]`` (the openai SDK)
+was served whole, and the pool reads the engine's tail (:mod:`upstreams`).
+
+An engine's 5xx is judged before any retry (:mod:`llmgw.router.faults`): the
+client's fault (``tools param requires --jinja flag``) is answered 400
+``invalid_request_error`` with the engine's message and is not retried, since
+every replica would refuse it alike; it is no failure in the replica's tallies.
 
 Time to first byte is bounded per model (``routing.first_byte_timeout``): an
 engine that accepts a request and never answers gets the client a 504, not a
@@ -33,7 +41,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -41,7 +49,7 @@ from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 from yarl import URL
 
-from llmgw.router import framings, streams, upstreams, usages
+from llmgw.router import faults, framings, streams, upstreams, usages
 from llmgw.router.errors import ApiError
 from llmgw.router.routes import Routes, Upstream
 
@@ -62,6 +70,10 @@ class Outcome:
     sent: bool = False  # the request reached an engine
     relayed: int = 0  # stream events relayed to the client
     relay: streams.Relay | None = None  # the stream's relay while it runs (live counts)
+    # The answer is whole at the client: a stream's last event was written to it. A
+    # client that hangs up after that (the openai SDK closes on [DONE]) left nothing.
+    complete: bool = False
+    engine_errors: list[faults.Fault] = field(default_factory=list)  # 5xx, per attempt
 
 
 class _Retry(Exception):
@@ -156,6 +168,8 @@ class Proxy:
                 failed = error.status >= 500
                 raise
             finally:
+                if failed is None and outcome.complete:
+                    failed = False  # served whole; the client left afterwards
                 self.routes.tallies.end(url, failed=failed,
                                         ttft=(outcome.first_byte_at or time.monotonic()) - began)
                 self.freed(model)
@@ -194,9 +208,6 @@ class Proxy:
                 raise _Retry(_unreachable(upstream, exc)) from exc
             except aiohttp.ClientConnectionError as exc:
                 raise _Retry(_unreachable(upstream, exc)) from exc
-            if reply.status >= 500 and can_retry:
-                raise _Retry(ApiError(reply.status, f"replica {_name(upstream)} answered "
-                                      f"{reply.status}"))
             content_type = reply.headers.get("Content-Type", "application/json")
             try:
                 async with asyncio.timeout_at(deadline):
@@ -205,6 +216,8 @@ class Proxy:
                 raise _too_slow(upstream, first_byte_timeout) from exc
             except aiohttp.ClientError as exc:
                 raise _Retry(_unreachable(upstream, exc)) from exc
+            if reply.status >= 500:
+                _judge(upstream, reply.status, data, outcome, can_retry)
             if reply.status < 400 and _close_delimited(reply) and not _is_json(data):
                 # Ended by closing the connection, so a cut-short answer looks whole at
                 # the HTTP level; only the document can tell.
@@ -252,12 +265,10 @@ class Proxy:
             try:
                 async with asyncio.timeout_at(deadline):
                     conn, head = await self._open(base, message)
-                    if head.status >= 500 and can_retry:
-                        raise _Retry(ApiError(head.status, f"replica {_name(upstream)} "
-                                              f"answered {head.status}"))
                     content_type = head.headers.get("content-type", "application/json")
-                    if not content_type.startswith("text/event-stream"):
-                        whole = await self._whole(upstream, conn, head, content_type, outcome)
+                    if head.status >= 500 or not content_type.startswith("text/event-stream"):
+                        whole = await self._whole(upstream, conn, head, content_type, outcome,
+                                                  can_retry)
                         done = True
                         return whole
                     out = b""
@@ -319,9 +330,10 @@ class Proxy:
 
     async def _whole(
         self, upstream: Upstream, conn: upstreams.Connection, head: framings.Head,
-        content_type: str, outcome: Outcome,
+        content_type: str, outcome: Outcome, can_retry: bool,
     ) -> web.Response:
-        """A stream request answered with a document (an error, usually): read it whole."""
+        """A stream request answered with a document (an error, usually): read it whole;
+        a 5xx is judged (:func:`_judge`) before it is retried or passed on."""
         parts: list[bytes] = []
         size = 0
 
@@ -341,6 +353,8 @@ class Proxy:
             raise ApiError(502, f"replica {_name(upstream)} answered with a document over "
                            f"{_MAX_DOCUMENT} bytes", code="upstream_failed")
         data = b"".join(parts)
+        if head.status >= 500:
+            _judge(upstream, head.status, data, outcome, can_retry)
         if head.status < 400 and head.body == framings.CLOSE and not _is_json(data):
             raise ApiError(502, f"replica {_name(upstream)} closed the connection "
                            "before its answer was complete", code="upstream_failed")
@@ -372,26 +386,30 @@ class Proxy:
         if first:
             outcome.first_byte_at = time.monotonic()
             await response.write(first)  # a client that hung up raises here: no retry
+            outcome.complete = relay.finished
             writer, transport = request.writer, request.transport
             assert isinstance(writer, StreamWriter) and transport is not None
-            sink = _Sink(relay.feed, transport, request.protocol, writer.chunked)
+            sink = _Sink(relay, transport, request.protocol, writer.chunked, outcome)
             backlog = conn.early()
             conn.attach(sink)
             if backlog and not sink(backlog):
                 conn.pause()
             ended = conn.ended
-            while not ended.done():
+            # Done at the last event, not at the engine's end of the body: a client that
+            # has [DONE] may close at once, and the engine's last chunk can come later.
+            while not ended.done() and not outcome.complete:
                 sink.stalled = stalled = asyncio.get_running_loop().create_future()
                 await asyncio.wait((stalled, ended), return_when=asyncio.FIRST_COMPLETED)
-                if stalled.done():
+                if stalled.done() and not outcome.complete:
                     if transport.is_closing():
                         raise ConnectionResetError("the client hung up")
                     await writer.drain()
                     conn.resume()
-            failure = ended.exception()
+            if not outcome.complete:
+                failure = ended.exception()
         elif conn.ended.done():
             failure = conn.ended.exception()
-        if failure is None:
+        if failure is None and not outcome.complete:
             rest = relay.finish()
             if rest:
                 await response.write(rest)
@@ -405,7 +423,14 @@ class Proxy:
             event = {"error": {"message": error.message, "type": "server_error",
                                "param": None, "code": "upstream_failed"}}
             await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        await response.write_eof()
+        else:
+            outcome.complete = True
+        try:
+            await response.write_eof()
+        except ConnectionResetError:
+            if not outcome.complete:
+                raise
+            # The client read the last event and closed first: nothing of its answer is lost.
         return response
 
 
@@ -415,29 +440,40 @@ class _Sink:
     Runs inside the engine connection's ``data_received``: one call and at most one
     write per read, however many events it holds. Returns False (the engine
     connection stops reading) when the client's transport is past its high-water
-    mark or closing, and wakes the handler through ``stalled``.
+    mark or closing, and wakes the handler through ``stalled``. Once the stream's
+    last event is written, the answer is complete (``outcome.complete``, set here,
+    in the same callback, so a client that closes right after cannot make it a
+    499); the handler is woken, and what the engine sends after that is dropped.
     """
 
-    __slots__ = ("feed", "transport", "protocol", "chunked", "stalled")
+    __slots__ = ("relay", "transport", "protocol", "chunked", "outcome", "stalled")
 
-    def __init__(self, feed: Callable[[bytes], bytes], transport: asyncio.BaseTransport,
-                 protocol: Any, chunked: bool) -> None:
-        self.feed = feed
+    def __init__(self, relay: streams.Relay, transport: asyncio.BaseTransport,
+                 protocol: Any, chunked: bool, outcome: Outcome) -> None:
+        self.relay = relay
         self.transport = transport
         self.protocol = protocol
         self.chunked = chunked
+        self.outcome = outcome
         self.stalled: asyncio.Future[None] | None = None
 
     def __call__(self, payload: bytes) -> bool:
+        if self.outcome.complete:
+            return True  # the body's tail after the last event: nothing for the client
         transport = self.transport
         if transport.is_closing():
             return self._stall()
-        out = self.feed(payload)
+        relay = self.relay
+        out = relay.feed(payload)
         if out:
             if self.chunked:
                 transport.write(b"%x\r\n%b\r\n" % (len(out), out))  # type: ignore[attr-defined]
             else:
                 transport.write(out)  # type: ignore[attr-defined]
+        if relay.finished:
+            self.outcome.complete = True
+            self._stall()  # wakes the handler, which ends the client's answer
+            return True
         if self.protocol.writing_paused:
             return self._stall()
         return True
@@ -447,6 +483,19 @@ class _Sink:
         if stalled is not None and not stalled.done():
             stalled.set_result(None)
         return False
+
+
+def _judge(upstream: Upstream, status: int, body: bytes, outcome: Outcome,
+           can_retry: bool) -> None:
+    """An engine's 5xx: a client fault is answered 400 here, not retried (every replica
+    would refuse it alike); a server fault is retried while another replica is left."""
+    fault = faults.classify(status, body)
+    outcome.engine_errors.append(fault)
+    if fault.client:
+        raise ApiError(400, fault.message or f"the engine refused the request ({status})",
+                       code=fault.reason, type="invalid_request_error")
+    if can_retry:
+        raise _Retry(ApiError(status, f"replica {_name(upstream)} answered {status}"))
 
 
 def _request_bytes(url: URL, body: bytes) -> bytes:

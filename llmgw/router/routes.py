@@ -21,8 +21,11 @@ prefix meet the engine that has it cached; without one, least outstanding.
 
 **Load** is what balancing compares (:meth:`Upstream.load`): where the
 engine reported its own (requests running plus waiting, scraped by the
-agent and carried in the route table), that figure plus the requests this
-router started on it since that report; otherwise least outstanding — this
+agent and carried in the route table), that figure moved by how this
+router's own requests in flight there changed since (one started since adds
+one; one that was running at the report and has ended takes one off, so the
+figure neither drifts up between reports nor forgets what it just sent);
+otherwise least outstanding — this
 router's requests in flight plus the other routers' (``set_others``: their
 demand records, merged through the store). A **cap** (``routing.max_in_flight``)
 counts requests in flight, this router's and the others': a replica at its
@@ -70,7 +73,7 @@ class Upstream:
     others: int = 0  # requests other routers have in flight here (their last records)
     reported: int | None = None  # the engine's own load at its last report
     reported_at: float | None = None
-    since: int = 0  # requests this router started here since that report
+    at_report: int = 0  # this router's requests in flight here when the report came
     _urls: dict[str, URL] = field(default_factory=dict, repr=False)
 
     def url(self, path: str) -> URL:
@@ -81,10 +84,10 @@ class Upstream:
         return url
 
     def load(self) -> int:
-        """What balancing compares: the engine's report plus what started since, else
-        every router's requests in flight."""
+        """What balancing compares: the engine's report moved by this router's change
+        in flight since it, else every router's requests in flight."""
         if self.reported is not None:
-            return self.reported + self.since
+            return max(0, self.reported + self.outstanding - self.at_report)
         return self.outstanding + self.others
 
     def in_flight(self) -> int:
@@ -93,15 +96,15 @@ class Upstream:
 
     def begin(self) -> None:
         self.outstanding += 1
-        self.since += 1
 
     def end(self) -> None:
         self.outstanding -= 1
 
     def report(self, endpoint: Endpoint) -> None:
-        """Take the engine's load from a fresh table; a new scrape restarts ``since``."""
+        """Take the engine's load from a fresh table; a new scrape is the new baseline."""
         if endpoint.load_at != self.reported_at or endpoint.load != self.reported:
-            self.reported, self.reported_at, self.since = endpoint.load, endpoint.load_at, 0
+            self.reported, self.reported_at = endpoint.load, endpoint.load_at
+            self.at_report = self.outstanding
 
 
 class Routes:
@@ -131,7 +134,7 @@ class Routes:
                     if upstream is not None:
                         fresh.outstanding, fresh.others = upstream.outstanding, upstream.others
                         fresh.reported, fresh.reported_at = upstream.reported, upstream.reported_at
-                        fresh.since = upstream.since
+                        fresh.at_report = upstream.at_report
                     upstream = fresh
                 upstream.report(endpoint)
                 by_url[url] = upstream

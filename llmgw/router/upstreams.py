@@ -277,6 +277,7 @@ class Pool:
         # is dropped by us before the engine closes it under a request.
         self.idle_timeout = idle_timeout
         self._idle: dict[str, list[Connection]] = {}
+        self._tails: set[Connection] = set()  # released before their body ended
 
     async def acquire(self, base_url: str, fresh: bool = False) -> tuple[Connection, bool]:
         """A connection to ``base_url``, and whether it was used before (never if ``fresh``)."""
@@ -302,7 +303,24 @@ class Pool:
         return conn, False
 
     def release(self, base_url: str, conn: Connection) -> None:
-        """Keep ``conn`` for the next request if its response ended cleanly; else close it."""
+        """Keep ``conn`` for the next request if its response ended cleanly; else close it.
+
+        A stream is released once its last event was relayed, which may be before
+        the engine ends the body (its last chunk): the tail is then read here, for
+        at most ``idle_timeout`` seconds, and the connection kept if it ends cleanly.
+        """
+        if not conn.ended.done():
+            self._tails.add(conn)
+            timer = conn.loop.call_later(self.idle_timeout, conn.close)
+
+            def ended(_: object) -> None:
+                timer.cancel()
+                self._tails.discard(conn)
+                self.release(base_url, conn)
+
+            conn.ended.add_done_callback(ended)
+            conn.resume()  # paused by a slow client, perhaps: the tail must be read
+            return
         idle = self._idle.setdefault(base_url, [])
         if conn.reusable and len(idle) < self.max_idle:
             conn.idle_since = time.monotonic()
@@ -311,6 +329,8 @@ class Pool:
             conn.close()
 
     def close(self) -> None:
+        for conn in list(self._tails):
+            conn.close()
         for idle in self._idle.values():
             for conn in idle:
                 conn.close()

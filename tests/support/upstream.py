@@ -48,6 +48,8 @@ class Upstream:
     peak: int = 0  # the most answered at once
     omit_usage: bool = False  # answer without a usage object (an engine that reports none)
     reply: list[str] = field(default_factory=list)  # chat streams: these pieces, not WORDS
+    linger: float = 0.0  # stream: pause after the last event before ending the body
+    error_body: bytes | None = None  # with ``status``: answer this body (a recorded one)
     received: list[Received] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)  # time.time() of each stream chunk
     cancelled: int = 0  # requests whose client went away before the answer ended
@@ -97,6 +99,9 @@ class Upstream:
                 assert request.transport is not None
                 request.transport.close()
                 raise ConnectionResetError("dropped on purpose")
+            if self.status is not None and self.error_body is not None:
+                return web.Response(status=self.status, body=self.error_body,
+                                    content_type="application/json")
             if self.status is not None:
                 return web.json_response(
                     {"error": {"message": f"{self.name} failing on purpose", "type": "server_error",
@@ -129,6 +134,10 @@ class Upstream:
             await response.write(event)
             self.sent_at.append(time.time())
             sent += 1
+        if self.linger:
+            # As an engine that writes its last chunk apart from [DONE]: a client that
+            # has [DONE] may be gone by then.
+            await asyncio.sleep(self.linger)
         await response.write_eof()
         return response
 
