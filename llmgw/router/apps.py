@@ -309,7 +309,7 @@ class Router:
     async def _wait_for_replica(self, name: str, key: str, entry: ModelEntry | None) -> None:
         if self.routes.has(key):
             return
-        self.demands.wait_started(key, entry.max_replicas if entry else 1)
+        self.demands.wait_started(key)
         self.metrics.waiting.labels(key).inc()
         try:
             ready = await self.routes.wait_ready(key, self.settings.wait_timeout)

@@ -24,7 +24,6 @@ class ModelEntry:
     key: str  # the name in models: (route table key)
     served_name: str
     on_demand: bool  # scaling.min == 0: requests wait for it to load
-    max_replicas: int = 1
     input_per_mtok: float = 0.0
     output_per_mtok: float = 0.0
     # Prefix affinity (llmgw.router.affinities); prefix_chars 0: least outstanding.
@@ -87,7 +86,6 @@ def from_cluster(cluster: Cluster) -> Catalog:
             key=key,
             served_name=served,
             on_demand=model.scaling.min == 0,
-            max_replicas=model.scaling.max,
             input_per_mtok=model.pricing.input_per_mtok,
             output_per_mtok=model.pricing.output_per_mtok,
             prefix_chars=model.routing.prefix_chars if model.routing.policy == "prefix" else 0,

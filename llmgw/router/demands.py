@@ -30,16 +30,14 @@ class Demands:
         self.watched_since = watched_since  # when this router began to see requests
         self._waiting: dict[str, int] = {}
         self._last_used: dict[str, float] = {}
-        self._max_replicas: dict[str, int] = {}
         self._first_tokens: dict[str, deque[tuple[float, float]]] = {}  # (unix time, s)
 
     def touch(self, model: str, now: float) -> None:
         """A request for ``model`` arrived at unix time ``now``."""
         self._last_used[model] = now
 
-    def wait_started(self, model: str, max_replicas: int = 1) -> None:
+    def wait_started(self, model: str) -> None:
         self._waiting[model] = self._waiting.get(model, 0) + 1
-        self._max_replicas[model] = max_replicas
 
     def wait_ended(self, model: str) -> None:
         left = self._waiting.get(model, 0) - 1

@@ -19,7 +19,7 @@ def test_first_token_is_the_median_of_the_recent_window() -> None:
 
 def test_the_snapshot_carries_queued_and_in_flight_and_leaves_wanted_alone() -> None:
     demands = Demands(watched_since=0.0)
-    demands.wait_started("m", max_replicas=4)
+    demands.wait_started("m")
     snapshot = demands.snapshot(queued={"m": 3}, in_flight={"m": 2},
                                 replica_in_flight={"http://a:1": 2})
     assert (snapshot.queued, snapshot.in_flight, snapshot.replica_in_flight) == (
