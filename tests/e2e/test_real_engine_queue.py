@@ -14,7 +14,6 @@ is skipped with the command that provides them.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import threading
 import time
 import urllib.error
@@ -24,54 +23,22 @@ from pathlib import Path
 
 import openai
 import pytest
-from support import nodes
+from support import llamaservers
 from support.stacks import Stack
 
 from llmgw.router import Settings
 from llmgw.spec.models import Cluster
 
-ROOT = Path(__file__).parents[2]
-ENGINE = ROOT / ".cache" / "engine" / "bin" / "llama-server"
-MODEL = ROOT / ".cache" / "models" / "gemma3-270m-q4_k_m.gguf"
 SLOTS, BURST = 2, 6
 
-pytestmark = pytest.mark.skipif(
-    not (ENGINE.exists() and MODEL.exists()),
-    reason="the real engine and model are not built: run `make engine model` (make test does)",
-)
+pytestmark = pytest.mark.skipif(not llamaservers.BUILT, reason=llamaservers.NOT_BUILT)
 
 
 @pytest.fixture
 def llama(tmp_path: Path) -> Iterator[str]:
-    port = nodes.free_port()
-    log = tmp_path / "llama.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(  # noqa: S603 - our own build, fixed arguments
-            [str(ENGINE), "--model", str(MODEL), "--alias", "gemma", "--host", "127.0.0.1",
-             "--port", str(port), "--n-gpu-layers", "0", "--parallel", str(SLOTS),
-             "--threads", "1", "--ctx-size", "2048", "--metrics"],
-            stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(1200):
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as answer:  # noqa: S310
-                    if answer.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            assert process.poll() is None, log.read_text()
-            time.sleep(0.1)
-        else:
-            raise AssertionError(f"llama-server did not become healthy: {log.read_text()}")
+    with llamaservers.serving(tmp_path / "llama.log", "--parallel", str(SLOTS),
+                              "--metrics") as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture

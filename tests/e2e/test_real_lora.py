@@ -21,10 +21,7 @@ file replaces the replica with both loaded, each answering as itself.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import threading
-import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +31,9 @@ import openai
 import pytest
 import test_real_engine
 from support import ggufloras, nodes
+from support.llamaservers import start as start_engine
+from support.llamaservers import stop as stop_engine
+from support.llamaservers import wait_healthy
 
 from llmgw.engines import launches, profiles
 from llmgw.router import Endpoint, Router, catalogs
@@ -86,29 +86,6 @@ class Loop:
         self.loop.close()
 
 
-def start_engine(argv: tuple[str, ...], log: Path, env: dict[str, str] | None = None,
-                 bin_dir: Path = ENGINE.parent) -> subprocess.Popen[bytes]:
-    """The engine ``argv``, its program found in ``bin_dir``, output to ``log``."""
-    full = {**os.environ, **(env or {}),
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    with log.open("wb") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full)
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path,
-                 timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"the engine exited:\n{log.read_text()[-3000:]}"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"engine not healthy in {timeout:g} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[dict[str, Any]]:
     directory = tmp_path / "cluster"
@@ -139,12 +116,7 @@ def served(tmp_path: Path) -> Iterator[dict[str, Any]]:
         if router is not None:
             loop.run(router.close(runner))
         loop.close()
-        engine.terminate()
-        try:
-            engine.wait(30)
-        except subprocess.TimeoutExpired:
-            engine.kill()
-            engine.wait(10)
+        stop_engine(engine, 30)
 
 
 def complete(client: openai.OpenAI, model: str) -> str:

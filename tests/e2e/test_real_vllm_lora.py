@@ -21,7 +21,10 @@ import openai
 import pytest
 import vllmharness as vh
 from support import nodes
-from test_real_lora import Loop, start_engine, wait_healthy
+from support.llamaservers import start as start_engine
+from support.llamaservers import stop as stop_engine
+from support.llamaservers import wait_healthy
+from test_real_lora import Loop
 
 from llmgw.engines import launches, profiles
 from llmgw.router import Endpoint, Router, catalogs
@@ -65,12 +68,7 @@ def served(tmp_path: Path) -> Iterator[dict[str, Any]]:
         if router is not None:
             loop.run(router.close(runner))
         loop.close()
-        engine.terminate()
-        try:
-            engine.wait(60)
-        except subprocess.TimeoutExpired:
-            engine.kill()
-            engine.wait(10)
+        stop_engine(engine, 60)
 
 
 def loading_text(profile: dict[str, Any]) -> str:
