@@ -9,6 +9,7 @@ import aiohttp
 import openai
 import pytest
 from support.stacks import Stack
+from support.waits import until
 
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -91,7 +92,7 @@ async def test_least_outstanding_requests(stack: Stack) -> None:
             async with session.post(stack.url + "/v1/chat/completions", json=BODY) as r:
                 return r.status
         held = asyncio.create_task(ask())  # both idle: the first in the table takes it
-        await _until(lambda: len(slow.received) == 1)
+        await until(lambda: len(slow.received) == 1)
         # `fast` has served many more requests, but none is outstanding there, while one is
         # on `slow`: every new request goes to `fast`, not in turn to both.
         for _ in range(5):
@@ -102,14 +103,6 @@ async def test_least_outstanding_requests(stack: Stack) -> None:
         # Both idle again: ties go to the replica picked less often.
         assert await ask() == 200
         assert len(slow.received) == 2
-
-
-async def _until(condition, timeout: float = 10) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 async def _get(url: str) -> str:

@@ -10,12 +10,13 @@ import resource
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import openai
 import pytest
 from support.stacks import CPU, Stack, StackFactory
+from support.waits import until
 
 from llmgw.router import connections
 from llmgw.spec.models import Cluster
@@ -23,14 +24,6 @@ from llmgw.store import usages
 
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 HALF = b"POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nAuthoriz"
-
-
-async def _until(condition: Callable[[], bool], timeout: float = 30) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 async def get(stack: Stack, path: str) -> int:
@@ -123,14 +116,14 @@ async def test_a_locked_store_stalls_nothing_and_loses_no_row(
         await c.close()
         # The background flush tries, fails on the lock, keeps the row; meanwhile the
         # loop answers.
-        await _until(lambda: "could not write 1 usage rows" in caplog.text)
+        await until(lambda: "could not write 1 usage rows" in caplog.text, timeout=30)
         assert await get(stack, "/health") == 200
         assert stack.run(usages.recent(stack.db)) == []
     finally:
         locker.rollback()
         locker.close()
     # Kept and retried by the background flush (the test does not flush): written once.
-    await _until(lambda: len(stack.run(usages.recent(stack.db))) == 1)
+    await until(lambda: len(stack.run(usages.recent(stack.db))) == 1, timeout=30)
     # Several more flushes: no second copy.
     accounts, flushed = stack.router.accounts, []
     flush = accounts.flush
@@ -140,7 +133,7 @@ async def test_a_locked_store_stalls_nothing_and_loses_no_row(
         flushed.append(True)
 
     accounts.flush = counted  # type: ignore[method-assign]
-    await _until(lambda: len(flushed) >= 3)
+    await until(lambda: len(flushed) >= 3, timeout=30)
     assert [r.status for r in stack.run(usages.recent(stack.db))] == [200]
 
 
@@ -149,7 +142,7 @@ async def test_rows_are_written_in_the_background(stack: Stack) -> None:
     await c.chat.completions.create(**BODY)  # type: ignore[call-overload]
     await c.close()
     # No flush called here: only the router's own flusher can write it.
-    await _until(lambda: len(stack.run(usages.recent(stack.db))) == 1)
+    await until(lambda: len(stack.run(usages.recent(stack.db))) == 1, timeout=30)
 
 
 def slow_cluster(timeout: str) -> Cluster:

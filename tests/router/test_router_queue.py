@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from support.stacks import CPU, Stack, StackFactory
+from support.waits import until
 
 from llmgw.router import Endpoint
 from llmgw.spec.models import Cluster
@@ -94,7 +95,7 @@ async def test_a_full_queue_is_a_503_queue_full_with_retry_after(
     client = aclient(stack)
     busy = asyncio.ensure_future(client.chat.completions.create(**BODY))
     queued = asyncio.ensure_future(client.chat.completions.create(**BODY))
-    await _until(lambda: stack.router.admissions.depth("chat") == 1)
+    await until(lambda: stack.router.admissions.depth("chat") == 1)
     with pytest.raises(openai.APIStatusError) as caught:
         await client.chat.completions.create(**BODY)
     assert _error(caught) == (503, "1", "queue_full")
@@ -112,7 +113,7 @@ async def test_waiting_past_the_queue_timeout_is_a_503_queue_timeout(
     hold = stack.upstreams[0].hold = stack.run(_event())
     client = aclient(stack)
     busy = asyncio.ensure_future(client.chat.completions.create(**BODY))
-    await _until(lambda: len(stack.upstreams[0].received) == 1)
+    await until(lambda: len(stack.upstreams[0].received) == 1)
     with pytest.raises(openai.APIStatusError) as caught:
         await client.chat.completions.create(**BODY, stream=True)
     assert _error(caught) == (503, "1", "queue_timeout")
@@ -132,11 +133,11 @@ async def test_a_client_that_leaves_the_queue_is_not_sent(make_stack: StackFacto
     hold = stack.upstreams[0].hold = stack.run(_event())
     client = aclient(stack)
     busy = asyncio.ensure_future(client.chat.completions.create(**BODY))
-    await _until(lambda: len(stack.upstreams[0].received) == 1)
+    await until(lambda: len(stack.upstreams[0].received) == 1)
     leaving = asyncio.ensure_future(client.chat.completions.create(**BODY))
-    await _until(lambda: stack.router.admissions.depth("chat") == 1)
+    await until(lambda: stack.router.admissions.depth("chat") == 1)
     leaving.cancel()  # the client hangs up while queued
-    await _until(lambda: stack.router.admissions.depth("chat") == 0)
+    await until(lambda: stack.router.admissions.depth("chat") == 0)
     stack.loop.call_soon_threadsafe(hold.set)
     await busy
     await client.close()
@@ -201,7 +202,7 @@ async def test_a_small_project_keeps_its_wait_while_a_big_one_saturates(
           f"{depth} queued at the end")
     assert depth > 2 * REPLICAS * CAP  # saturated: the big project's line kept growing
     assert ratio <= 2.0
-    await _until(lambda: stack.router.admissions.depth("chat") == 0)
+    await until(lambda: stack.router.admissions.depth("chat") == 0)
     assert max(u.peak for u in stack.upstreams) <= CAP
 
 
@@ -240,7 +241,7 @@ async def test_balancing_and_caps_count_other_routers_requests(
     # Every slot taken by other routers: a request queues until their counts drop.
     stack.call(stack.router.set_others, {first.url: 2, second.url: 2})
     waiting = asyncio.ensure_future(client.chat.completions.create(**BODY))
-    await _until(lambda: stack.router.admissions.depth("chat") == 1)
+    await until(lambda: stack.router.admissions.depth("chat") == 1)
     stack.call(stack.router.set_others, {first.url: 1, second.url: 2})
     await waiting
     await client.close()
@@ -251,8 +252,3 @@ async def _event() -> asyncio.Event:
     return asyncio.Event()
 
 
-async def _until(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)

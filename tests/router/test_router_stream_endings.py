@@ -16,6 +16,7 @@ import aiohttp
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 from support.stacks import Stack
+from support.waits import until
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 STREAMS = 20
@@ -26,14 +27,6 @@ def requests_by_status(stack: Stack) -> dict[str, float]:
     return {s.labels["status"]: s.value for family in text_string_to_metric_families(text)
             for s in family.samples
             if s.name == "llmgw_requests_total" and s.labels["model"] == "chat"}
-
-
-async def _until(condition, timeout: float = 10) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 def test_streams_the_openai_sdk_finished_are_recorded_200(stack: Stack) -> None:
@@ -69,7 +62,7 @@ async def test_the_engine_is_let_finish_its_body_after_the_last_event(stack: Sta
     assert body.endswith(b"data: [DONE]\n\n")
     await asyncio.sleep(0.6)  # past the engine's linger: it ended its body by now
     assert upstream.cancelled == 0
-    await _until(lambda: bool(stack.rows()))
+    await until(lambda: bool(stack.rows()))
     assert [r.status for r in stack.rows()] == [200]
 
 
@@ -84,6 +77,6 @@ async def test_a_client_gone_before_the_last_event_is_still_499(stack: Stack) ->
                                             "stream": True})
         await response.content.readuntil(b"\n\n")
         response.close()
-    await _until(lambda: upstream.cancelled == 1)
-    await _until(lambda: bool(stack.rows()))
+    await until(lambda: upstream.cancelled == 1)
+    await until(lambda: bool(stack.rows()))
     assert [r.status for r in stack.rows()] == [499]
