@@ -129,13 +129,14 @@ class Routes:
             for endpoint in endpoints:
                 url = endpoint.base_url.rstrip("/")
                 upstream = by_url.get(url) or self._by_url.get(url)
-                if upstream is None or upstream.endpoint != endpoint:
-                    fresh = Upstream(replace(endpoint, base_url=url))
-                    if upstream is not None:
-                        fresh.outstanding, fresh.others = upstream.outstanding, upstream.others
-                        fresh.reported, fresh.reported_at = upstream.reported, upstream.reported_at
-                        fresh.at_report = upstream.at_report
-                    upstream = fresh
+                if upstream is None:
+                    upstream = Upstream(replace(endpoint, base_url=url))
+                elif upstream.endpoint != endpoint:
+                    # The same replica, changed (a canary's share set or lifted): the same
+                    # object, since a request in flight ends on the one it began on. A copy
+                    # would keep that request's count for ever, and a replica at its cap
+                    # would take no request again.
+                    upstream.endpoint = replace(endpoint, base_url=url)
                 upstream.report(endpoint)
                 by_url[url] = upstream
                 upstreams.append(upstream)

@@ -52,3 +52,19 @@ def test_without_a_report_every_routers_requests_in_flight_count() -> None:
     assert routes.pick("m") is b
     assert routes.free("m", cap=4) == 4  # a is full (1 + 3 others), b has 4
     assert routes.pick("m", exclude=[b], cap=4) is None
+
+
+def test_a_request_in_flight_across_a_change_of_its_replica_is_counted_once() -> None:
+    # A canary promoted while a request runs on it: the share is lifted, the replica is the
+    # same. The request ends on the upstream it began on; the count must come back to 0, or
+    # the replica stays at its cap (1 here) and takes nothing again.
+    routes = Routes()
+    routes.update({"m": [Endpoint("http://a:1", share=0.5)]})
+    began_on = upstream(routes, "http://a:1")
+    began_on.begin()
+    routes.update({"m": [Endpoint("http://a:1")]})
+    assert routes.free("m", cap=1) == 0
+    began_on.end()
+    assert routes.free("m", cap=1) == 1
+    assert routes.pick("m", cap=1) is not None
+    assert upstream(routes, "http://a:1").endpoint.share is None
