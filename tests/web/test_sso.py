@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 from support.oidcproviders import (
     CLIENT_ID,
     CLIENT_SECRET,
@@ -30,6 +31,7 @@ from support.oidcproviders import (
 from support.stacks import Stack, cluster
 
 from llmgw.router import Settings
+from llmgw.spec import checks
 from llmgw.spec.models import Cluster
 from llmgw.store import users
 from llmgw.web import oidcs
@@ -248,3 +250,43 @@ def test_a_group_change_takes_effect_at_the_next_login_and_logout_ends_both(
     assert page.text_content(".who") == "alice (admin)"
     user = sso.user("alice")
     assert user is not None and user.admin and user.projects == ("research",)
+
+
+# -- the configuration -------------------------------------------------------------------
+
+@pytest.mark.parametrize(("web", "error"), [
+    pytest.param({"local_logins": False}, "local_logins: false needs oidc", id="nobody-logs-in"),
+    pytest.param({"oidc": {"issuer": "http://idp.example.com", "client_id": "llmgw"}},
+                 "https URL", id="plain-http-issuer"),
+    pytest.param({"oidc": {"issuer": "https://idp.example.com", "client_id": "llmgw",
+                           "client_secret_file": "s3cret-value"}},
+                 "absolute path to a file, not the secret itself; got a value of 12",
+                 id="secret-inline"),
+])
+def test_a_web_section_that_cannot_work_is_refused(web: dict[str, Any], error: str) -> None:
+    doc = cluster().model_dump(mode="json", exclude_none=True)
+    doc["cluster"]["web"] = web
+    with pytest.raises(ValidationError, match=error) as raised:
+        Cluster.model_validate(doc)
+    # What `llmgw validate` prints of an error is its message: never the secret.
+    assert all("s3cret-value" not in e["msg"] for e in raised.value.errors())
+
+
+def test_a_group_granting_an_undefined_project_is_a_located_problem(tmp_path: Path) -> None:
+    spec = sso_cluster(cluster(research=None), "https://idp.example.com", tmp_path / "s")
+    doc = spec.model_dump(mode="json", exclude_none=True)
+    doc["cluster"]["web"]["oidc"]["groups"]["contractors"] = {"projects": ["reserch"]}
+    problems = [p for p in checks.check(Cluster.model_validate(doc)) if p.path[0] == "cluster"]
+    assert [(p.path, p.message) for p in problems] == [(
+        ("cluster", "web", "oidc", "groups", "contractors", "projects", 0),
+        "group 'contractors' grants project 'reserch', which is not defined "
+        "(projects: research)")]
+    assert [p for p in checks.check(spec) if p.path[0] == "cluster"] == []
+
+
+@pytest.mark.parametrize(("claimed", "name"), [
+    ("alice", "alice"), ("Alice.Smith@Corp", "alice.smith-corp"),
+    ("  bob  ", "bob"), ("ÉVE", "ve"), ("@@@", None), ("x" * 80, "x" * 63),
+])
+def test_a_claimed_name_becomes_a_valid_user_name_or_none(claimed: str, name: str | None) -> None:
+    assert oidcs.user_name(claimed) == name
