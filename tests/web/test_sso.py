@@ -61,13 +61,17 @@ def sso_cluster(base: Cluster, issuer: str, secret_file: Path, **web: Any) -> Cl
 
 
 @pytest.fixture
-def sso(tmp_path: Path) -> Iterator[Sso]:
+def sso(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sso]:
+    """llmgw and the provider; on SQLite, or on PostgreSQL where a test asks (indirect)."""
+    store = None
+    if getattr(request, "param", "sqlite") == "postgresql":
+        store = request.getfixturevalue("postgres_db").settings
     base = cluster(research=None, ops=None)
     current = [base]
     now = [0.0]
     transport = Rewriting()
     clock = lambda: time.time() + now[0]  # noqa: E731
-    stack = Stack(tmp_path, base, Settings(), 1, pages=True, pages_options={
+    stack = Stack(tmp_path, base, Settings(), 1, store, pages=True, pages_options={
         "cluster": lambda: current[0], "clock": clock,
         "relying": oidcs.Relying(transport=transport, clock=clock)})
     provider = None
@@ -89,6 +93,7 @@ def sign_in(sso: Sso, client: httpx.Client, login: str = "alice") -> httpx.Respo
     return client.get(callback, follow_redirects=False)
 
 
+@pytest.mark.parametrize("sso", ["sqlite", "postgresql"], indirect=True)
 def test_a_provider_login_makes_a_user_with_its_groups_projects_and_a_session(
         sso: Sso) -> None:
     with httpx.Client(timeout=30) as client:
@@ -173,6 +178,14 @@ def test_a_mismatched_or_replayed_state_is_refused(sso: Sso) -> None:
         assert replay.status_code == 401 and "would not exchange the code" in replay.text
 
 
+def test_a_provider_whose_discovery_names_another_issuer_is_refused(sso: Sso) -> None:
+    sso.current[0] = sso_cluster(sso.current[0], sso.provider.issuer + "/",
+                                 Path(sso.current[0].cluster.web.oidc.client_secret_file or ""))
+    with httpx.Client(timeout=30) as client:
+        answer = client.get(f"{sso.stack.url}/login/oidc", follow_redirects=False)
+    assert answer.status_code == 502 and "names another issuer" in answer.text
+
+
 def test_a_session_ends_at_session_ttl(sso: Sso) -> None:
     with httpx.Client(timeout=30) as client:
         assert sign_in(sso, client).status_code == 200
@@ -228,6 +241,7 @@ def test_a_login_through_the_providers_page_lands_on_chat_signed_in(
     assert page.locator("nav >> text=Admin").count() == 0
 
 
+@pytest.mark.parametrize("sso", ["sqlite", "postgresql"], indirect=True)
 def test_a_group_change_takes_effect_at_the_next_login_and_logout_ends_both(
         sso: Sso, browser: Any) -> None:
     page = browser.new_page()
