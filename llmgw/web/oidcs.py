@@ -171,7 +171,7 @@ class Relying:
         if pending is None:
             raise SignOnError("this sign-in was not started in this browser, or was already "
                               "used: sign in again", "state")
-        if not hmac.compare_digest(pending.state, query.get("state", "")):
+        if not hmac.compare_digest(pending.state.encode(), query.get("state", "").encode()):
             raise SignOnError("the provider's answer does not belong to this sign-in (state "
                               "mismatch): sign in again", "state")
         if "error" in query:

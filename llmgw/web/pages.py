@@ -336,7 +336,7 @@ class Pages:
             # SameSite=Strict keeps the new session cookie off a redirect of that navigation;
             # the page's own navigation is same-site.
             response = self.render(request, "continue.html", title="Signed in", target=(
-                target or ("/admin" if user.admin else "/chat")))
+                _next(target) or ("/admin" if user.admin else "/chat")))  # the cookie's: re-checked
         response.del_cookie(oidcs.PENDING_COOKIE, path=oidcs.PENDING_PATH)  # spent either way
         await self.gate.conclude(request, response, method="oidc", account=account,
                                  user=user, reason=reason)

@@ -138,10 +138,11 @@ class Rewriting(http.AsyncBaseTransport):  # type: ignore[misc]
         return http.Response(answer.status_code, headers=headers, content=body)
 
 
-def provider_login(client: httpx.Client, llmgw: str, login: str) -> str:
-    """Sign ``login`` in at the provider's page, starting at llmgw; the callback URL to
-    llmgw that the provider redirected to (not yet followed)."""
-    answer = client.get(f"{llmgw}/login/oidc", follow_redirects=False)
+def provider_login(client: httpx.Client, llmgw: str, login: str, next_path: str = "") -> str:
+    """Sign ``login`` in at the provider's page, starting at llmgw (for ``next_path``); the
+    callback URL to llmgw that the provider redirected to (not yet followed)."""
+    answer = client.get(f"{llmgw}/login/oidc", params={"next": next_path} if next_path else None,
+                        follow_redirects=False)
     for _ in range(10):
         assert answer.status_code in (302, 303), answer.text[:300]
         location = str(answer.url.join(answer.headers["location"]))

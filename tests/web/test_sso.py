@@ -106,6 +106,14 @@ def test_a_provider_login_makes_a_user_with_its_groups_projects_and_a_session(
         f"{sso.provider.issuer} alice")
 
 
+def test_a_login_for_a_page_returns_to_it_and_a_foreign_next_is_dropped(sso: Sso) -> None:
+    for asked, landing in [("/account", "/account"), ("//evil.example.com/", "/chat")]:
+        with httpx.Client(timeout=30) as client:
+            callback = provider_login(client, sso.stack.url, "alice", next_path=asked)
+            answer = client.get(callback, follow_redirects=False)
+            assert answer.status_code == 200 and f'url={landing}"' in answer.text
+
+
 def test_the_authorization_request_uses_pkce_s256_state_and_nonce(sso: Sso) -> None:
     with httpx.Client(timeout=30) as client:
         start = client.get(f"{sso.stack.url}/login/oidc", follow_redirects=False)
@@ -160,7 +168,7 @@ def test_a_mismatched_or_replayed_state_is_refused(sso: Sso) -> None:
     with httpx.Client(timeout=30) as client:
         callback = provider_login(client, sso.stack.url, "alice")
         url = httpx.URL(callback)
-        forged = url.copy_set_param("state", "x" * 43)
+        forged = url.copy_set_param("state", "é" + "x" * 42)  # not even ASCII: still a 401
         answer = client.get(forged, follow_redirects=False)
         assert answer.status_code == 401 and "state mismatch" in answer.text
         # The refusal spent the pending sign-in: even the right state is now refused.
