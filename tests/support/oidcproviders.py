@@ -37,7 +37,8 @@ CLIENT_SECRET = "test-client-secret-5f1c9a"  # noqa: S105 - the test provider's 
 
 
 class OidcProvider:
-    def __init__(self, tmp: Path, redirect_uri: str, post_logout_uri: str) -> None:
+    def __init__(self, tmp: Path, redirect_uri: str, post_logout_uri: str, *,
+                 userinfo_only: bool = False) -> None:
         if not MODULE.exists():
             pytest.skip("oidc-provider is not installed (make oidc-provider installs it)")
         self.key = RSAKey.generate_key(2048, parameters={"kid": "test-1", "use": "sig",
@@ -48,6 +49,7 @@ class OidcProvider:
         config = tmp / "provider.json"
         config.write_text(json.dumps({
             "module": str(MODULE), "accounts": str(self.accounts_file),
+            "conform": userinfo_only,
             "jwks": {"keys": [self.key.as_dict(private=True)]},
             "client": {"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
                        "redirect_uris": [redirect_uri],

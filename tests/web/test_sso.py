@@ -62,9 +62,10 @@ def sso_cluster(base: Cluster, issuer: str, secret_file: Path, **web: Any) -> Cl
 
 @pytest.fixture
 def sso(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sso]:
-    """llmgw and the provider; on SQLite, or on PostgreSQL where a test asks (indirect)."""
-    store = None
-    if getattr(request, "param", "sqlite") == "postgresql":
+    """llmgw and the provider; on SQLite, or where a test asks (indirect) on PostgreSQL, or
+    with a provider that gives the groups at userinfo only ("userinfo")."""
+    store, kind = None, getattr(request, "param", "sqlite")
+    if kind == "postgresql":
         store = request.getfixturevalue("postgres_db").settings
     base = cluster(research=None, ops=None)
     current = [base]
@@ -76,7 +77,8 @@ def sso(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sso]:
         "relying": oidcs.Relying(transport=transport, clock=clock)})
     provider = None
     try:
-        provider = OidcProvider(tmp_path, stack.url + oidcs.CALLBACK, stack.url + "/login")
+        provider = OidcProvider(tmp_path, stack.url + oidcs.CALLBACK, stack.url + "/login",
+                                userinfo_only=kind == "userinfo")
         secret = tmp_path / "oidc-secret"
         secret.write_text(CLIENT_SECRET + "\n")
         spec = lambda **web: sso_cluster(base, provider.issuer, secret, **web)  # noqa: E731
@@ -112,6 +114,16 @@ def test_a_login_for_a_page_returns_to_it_and_a_foreign_next_is_dropped(sso: Sso
             callback = provider_login(client, sso.stack.url, "alice", next_path=asked)
             answer = client.get(callback, follow_redirects=False)
             assert answer.status_code == 200 and f'url={landing}"' in answer.text
+
+
+@pytest.mark.parametrize("sso", ["userinfo"], indirect=True)
+def test_groups_absent_from_the_id_token_are_read_from_userinfo(sso: Sso) -> None:
+    sso.provider.set_account("alice", groups=["ml-research", "llm-admins"])
+    with httpx.Client(timeout=30) as client:
+        assert sign_in(sso, client).status_code == 200
+    assert "groups" not in claims_of(sso.transport.seen[0]), "the ID token had the groups"
+    user = sso.user("alice")
+    assert user is not None and user.admin and user.projects == ("research",)
 
 
 def test_the_authorization_request_uses_pkce_s256_state_and_nonce(sso: Sso) -> None:

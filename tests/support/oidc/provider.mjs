@@ -6,7 +6,8 @@
 //   {"module": ".../node_modules/oidc-provider/lib/index.js",
 //    "client": {client_id, client_secret, redirect_uris, post_logout_redirect_uris},
 //    "jwks": {"keys": [a private JWK]},        // so the test can sign tokens of its own
-//    "accounts": "accounts.json"}              // {"<login>": {"groups": [...], ...}}
+//    "accounts": "accounts.json",              // {"<login>": {"groups": [...], ...}}
+//    "conform": false}                         // true: claims at userinfo only
 //
 // Listens on 127.0.0.1, on a port the kernel picks, and prints one line,
 // {"issuer": "http://127.0.0.1:PORT"}, once it serves. Logins use the
@@ -44,7 +45,9 @@ const provider = new Provider(issuer, {
     profile: ['preferred_username', 'name'],
     groups: ['groups'],
   },
-  conformIdTokenClaims: false, // the groups in the ID token, as many providers put them
+  // false: the groups in the ID token, as many providers put them; true ("conform" in
+  // CONFIG.json): the code flow's ID token carries sub alone, the rest only at userinfo.
+  conformIdTokenClaims: Boolean(config.conform),
   features: { devInteractions: { enabled: true }, rpInitiatedLogout: { enabled: true } },
   async findAccount(ctx, id) {
     const account = accounts()[id];
