@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 SYSDEPS_STAMP := $(CACHE)/.sysdeps
 
 .PHONY: install sysdeps lint test test-fast run bench engine engine-flags model proto clean docs \
-  mutation vllm vllm-lock screenshots
+  mutation vllm vllm-lock screenshots oidc-provider
 
 install: $(STAMP)
 
@@ -54,6 +54,23 @@ $(SYSDEPS_STAMP):
 	  systemd-container >/dev/null; }
 	touch $@
 
+# The OpenID provider the single sign-on tests start (node-oidc-provider, tests/web/test_sso*.py):
+# npm installs the committed lock of tests/support/oidc into .cache/node, without running any
+# package's install scripts. The stamp name hashes the lock: editing it reinstalls.
+NODE_DIR := $(CACHE)/node
+NODE_LOCK := tests/support/oidc/package-lock.json
+NODE_STAMP := $(NODE_DIR)/.installed-$(shell sha256sum $(NODE_LOCK) | cut -c1-16)
+
+oidc-provider: $(NODE_STAMP)
+
+$(NODE_STAMP): $(NODE_LOCK) tests/support/oidc/package.json
+	command -v npm >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	rm -rf $(NODE_DIR) && mkdir -p $(NODE_DIR)
+	cp tests/support/oidc/package.json $(NODE_LOCK) $(NODE_DIR)/
+	cd $(NODE_DIR) && npm ci --ignore-scripts --no-audit --no-fund
+	touch $@
+
 lint: install
 	$(BIN)/ruff check llmgw tests tools
 	$(BIN)/mypy llmgw
@@ -61,12 +78,12 @@ lint: install
 
 # The real engines and model are built first: the end-to-end tests serve them.
 # --durations: the 40 slowest tests close the log, so what makes the suite long is seen in CI.
-test: install sysdeps engine model vllm lint
+test: install sysdeps oidc-provider engine model vllm lint
 	PATH="$(abspath $(ENGINE_DIR)/bin):$$PATH" $(BIN)/pytest -q --durations=40
 
 # The fast tier, without the lint step, for a quick loop while editing: every test but
 # the end-to-end, browser and docs-session ones (markers: docs/testing.md).
-test-fast: install sysdeps
+test-fast: install sysdeps oidc-provider
 	$(BIN)/pytest -q -x -m "not e2e and not browser and not docs_session"
 
 # The screenshots of docs/web.md: docs/images/<page>-<width>-<scheme>.png for /admin (and

@@ -62,10 +62,23 @@ def check(cluster: Cluster, dropped: set[tuple[str, str]] | None = None) -> list
         *_model_problems(cluster, classes),
         *(Problem(("models", *path), message) for path, message in loras.problems(
             cluster.models)),
+        *_sso_problems(cluster, {n for s, n in dropped if s == "projects"}),
     ]
     if partial:
         problems = [p for p in problems if not p.fleet_wide]
     return problems
+
+
+def _sso_problems(cluster: Cluster, dropped: set[str]) -> Iterator[Problem]:
+    """A group of ``cluster.web.oidc.groups`` that grants a project the cluster lacks."""
+    oidc = cluster.cluster.web.oidc
+    for group, grant in (oidc.groups.items() if oidc else ()):
+        for i, project in enumerate(grant.projects):
+            if project not in cluster.projects and project not in dropped:
+                known = ", ".join(sorted(cluster.projects)) or "none"
+                yield Problem(("cluster", "web", "oidc", "groups", group, "projects", i),
+                              f"group {group!r} grants project {project!r}, which is not "
+                              f"defined (projects: {known})")
 
 
 def _class_hint(name: str, classes: dict[str, gpus.GpuClass]) -> str:

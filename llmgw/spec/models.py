@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
@@ -153,6 +154,90 @@ class WeightsSettings(Strict):
         return value
 
 
+class OidcGroup(Strict):
+    projects: list[Name] = Field(
+        default_factory=list, description="Projects a member of this group belongs to."
+    )
+    admin: bool = Field(False, description="Members of this group are admins (/admin).")
+
+
+def _issuer(value: str) -> str:
+    """An https URL; plain http only on a loopback host (a lab, a test)."""
+    parts = urlsplit(value)
+    loopback = parts.hostname in ("127.0.0.1", "::1", "localhost")
+    if not (parts.scheme == "https" or (parts.scheme == "http" and loopback)) or \
+            not parts.hostname or parts.query or parts.fragment:
+        raise ValueError(f"expected the provider's https URL, such as "
+                         f"https://idp.example.com/realms/corp (http only on 127.0.0.1); "
+                         f"got {value!r}")
+    return value  # as is: the ID token's `iss` must equal it exactly
+
+
+class OidcSettings(Strict):
+    issuer: Annotated[str, AfterValidator(_issuer)] = Field(
+        description="The OpenID provider's issuer URL; its discovery document is read from "
+        "`{issuer}/.well-known/openid-configuration`, and ID tokens must name it as `iss`."
+    )
+    client_id: str = Field(min_length=1, max_length=256,
+                           description="llmgw's client id at the provider.")
+    client_secret_file: str | None = Field(
+        None,
+        description="Absolute path of a file holding the client secret (read at each login, "
+        "never logged). Absent: a public client, protected by PKCE alone.",
+    )
+    groups_claim: str = Field(
+        "groups", min_length=1, max_length=128,
+        description="The claim (ID token, else userinfo) that lists the person's groups.",
+    )
+    username_claim: str = Field(
+        "preferred_username", min_length=1, max_length=128,
+        description="The claim that names the llmgw user (lowercased; characters a user "
+        "name cannot have become `-`); `sub` when the claim is absent.",
+    )
+    scopes: list[str] = Field(
+        default_factory=lambda: ["openid", "profile", "email"],
+        description="Scopes asked for; `openid` is always added. Add your provider's groups "
+        "scope where it has one.",
+    )
+    groups: dict[str, OidcGroup] = Field(
+        default_factory=dict,
+        description="What each of the provider's groups grants, re-read at every login. A "
+        "person in none of these groups cannot sign in.",
+    )
+    redirect_uri: str | None = Field(
+        None,
+        description="The callback registered at the provider; default: "
+        "`<this router's URL>/login/oidc/callback` as the browser reached it.",
+    )
+    display_name: str = Field("single sign-on", max_length=64,
+                              description="What the login page's button says after `Sign in "
+                              "with`.")
+
+    @field_validator("client_secret_file")
+    @classmethod
+    def _secret_path(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"client_secret_file must be an absolute path to a file, not the "
+                             f"secret itself; got a value of {len(value)} characters")
+        return value
+
+    @field_validator("redirect_uri")
+    @classmethod
+    def _redirect(cls, value: str | None) -> str | None:
+        if value is not None and not _ENDPOINT.match(value):
+            raise ValueError(f"expected an http(s) URL ending in /login/oidc/callback; got "
+                             f"{value!r}")
+        return value
+
+    @field_validator("groups")
+    @classmethod
+    def _group_names(cls, value: dict[str, OidcGroup]) -> dict[str, OidcGroup]:
+        for name in value:
+            if not name or len(name) > 256 or not name.isprintable():
+                raise ValueError(f"a group name is 1 to 256 printable characters; got {name!r}")
+        return value
+
+
 class WebSettings(Strict):
     session_ttl: Duration = Field(
         43200.0, description="A login lasts this long (absolute, from the moment of login)."
@@ -165,6 +250,22 @@ class WebSettings(Strict):
     secure_cookies: bool = Field(
         False, description="Mark session cookies Secure even without a trusted proxy's word."
     )
+    local_logins: bool = Field(
+        True,
+        description="Whether users log in with a local password (`llmgw users`). `false` "
+        "with `oidc`: only single sign-on.",
+    )
+    oidc: OidcSettings | None = Field(
+        None,
+        description="Single sign-on through an OpenID Connect provider (authorization code "
+        "flow with PKCE). See docs/web.md.",
+    )
+
+    @model_validator(mode="after")
+    def _someone_logs_in(self) -> WebSettings:
+        if not self.local_logins and self.oidc is None:
+            raise ValueError("local_logins: false needs oidc: nobody could log in")
+        return self
 
     @field_validator("trusted_proxies")
     @classmethod

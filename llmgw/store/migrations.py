@@ -481,6 +481,20 @@ CREATE TABLE published_summaries (
 );
 """,
     ),
+    Migration(
+        11, "single sign-on: users bound to their OpenID provider's subject",
+        # A person who signs in through the provider is the row whose subject is theirs
+        # ("<issuer> <sub>"), never a local account that happens to share the name; their
+        # password is '' (no Argon2 hash verifies against it: no local login).
+        sqlite="""
+ALTER TABLE users ADD COLUMN subject TEXT;
+CREATE UNIQUE INDEX IF NOT EXISTS users_subject ON users (subject);
+""",
+        postgres="""
+ALTER TABLE users ADD COLUMN subject TEXT;
+CREATE UNIQUE INDEX users_subject ON users (subject);
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

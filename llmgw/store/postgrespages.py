@@ -21,7 +21,7 @@ from llmgw.store.sessions import Session
 from llmgw.store.usages import GROUPS, Bucket
 from llmgw.store.users import User
 
-_USER = "SELECT name, admin, projects, created_at FROM users"
+_USER = "SELECT name, admin, projects, created_at, subject FROM users"
 _SESSION = "SELECT digest, user_name, csrf, created_at, expires_at FROM sessions"
 # The conversation's last message, when it is an answer (Regenerate replaces it).
 _DROP_ANSWER = ("DELETE FROM messages WHERE role = 'assistant' AND id = (SELECT max(id) "
@@ -46,6 +46,28 @@ class PostgresPages(abc.ABC):
                 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING", user.name,
                 password_hash, user.admin, json.dumps(list(user.projects)), user.created_at)
         return bool(status.endswith(" 1"))
+
+    async def sign_on_user(self, user: User) -> User | None:
+        projects = json.dumps(list(user.projects))
+        async with self._conn() as conn, conn.transaction():
+            for _ in range(2):  # a first sign-on racing ours inserted the row: update it
+                found = await conn.fetchrow(
+                    "UPDATE users SET admin = $2, projects = $3 WHERE subject = $1 "
+                    "RETURNING name, admin, projects, created_at, subject",
+                    user.subject, user.admin, projects)
+                if found is not None:
+                    return _user(found)
+                found = await conn.fetchrow(
+                    "INSERT INTO users (name, password, admin, projects, created_at, subject) "
+                    "VALUES ($1, '', $2, $3, $4, $5) ON CONFLICT DO NOTHING "
+                    "RETURNING name, admin, projects, created_at, subject",
+                    user.name, user.admin, projects, user.created_at, user.subject)
+                if found is not None:
+                    return _user(found)
+                if await conn.fetchval("SELECT 1 FROM users WHERE name = $1 AND "
+                                       "subject IS DISTINCT FROM $2", user.name, user.subject):
+                    return None  # the name is another account's
+        return None
 
     async def user(self, name: str) -> User | None:
         async with self._conn() as conn:
@@ -193,7 +215,7 @@ class PostgresPages(abc.ABC):
 
 
 def _user(row: asyncpg.Record) -> User:
-    return User(row[0], bool(row[1]), tuple(json.loads(row[2])), float(row[3]))
+    return User(row[0], bool(row[1]), tuple(json.loads(row[2])), float(row[3]), row[4])
 
 
 def _count(status: str) -> int:

@@ -20,7 +20,7 @@ from llmgw.store.usages import GROUPS, Bucket
 from llmgw.store.users import User
 
 T = TypeVar("T")
-_USER = "SELECT name, admin, projects, created_at FROM users"
+_USER = "SELECT name, admin, projects, created_at, subject FROM users"
 _SESSION = "SELECT digest, user_name, csrf, created_at, expires_at FROM sessions"
 # The conversation's last message, when it is an answer (Regenerate replaces it).
 _DROP_ANSWER = ("DELETE FROM messages WHERE role = 'assistant' AND id = (SELECT max(id) "
@@ -48,6 +48,27 @@ class SQLitePages(abc.ABC):
                 return False
             return True
         return await self._run(insert)
+
+    async def sign_on_user(self, user: User) -> User | None:
+        def upsert(conn: sqlite3.Connection) -> User | None:
+            projects = json.dumps(list(user.projects))
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("UPDATE users SET admin = ?, projects = ? WHERE subject = ?",
+                             (int(user.admin), projects, user.subject))
+                found = conn.execute(f"{_USER} WHERE subject = ?", (user.subject,)).fetchone()
+                if found is None:
+                    try:
+                        conn.execute("INSERT INTO users (name, password, admin, projects, "
+                                     "created_at, subject) VALUES (?, '', ?, ?, ?, ?)",
+                                     (user.name, int(user.admin), projects, user.created_at,
+                                      user.subject))
+                    except sqlite3.IntegrityError:
+                        return None
+                    found = conn.execute(f"{_USER} WHERE subject = ?",
+                                         (user.subject,)).fetchone()
+            return _user(found)
+        return await self._run(upsert)
 
     async def user(self, name: str) -> User | None:
         def select(conn: sqlite3.Connection) -> User | None:
@@ -209,5 +230,5 @@ class SQLitePages(abc.ABC):
         return await self._run(select)
 
 
-def _user(row: tuple[str, int, str, float]) -> User:
-    return User(row[0], bool(row[1]), tuple(json.loads(row[2])), row[3])
+def _user(row: tuple[str, int, str, float, str | None]) -> User:
+    return User(row[0], bool(row[1]), tuple(json.loads(row[2])), row[3], row[4])

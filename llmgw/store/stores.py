@@ -234,6 +234,13 @@ class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods
         """Insert ``user``; False (and nothing written) when the name is taken."""
 
     @abc.abstractmethod
+    async def sign_on_user(self, user: User) -> User | None:
+        """In one transaction: the row whose subject is ``user.subject`` gets ``user``'s
+        admin and projects (its name and creation time stay), or, when there is none, ``user``
+        is inserted with an empty password; None (nothing written) when there is none and
+        ``user.name`` is taken. Returns the row as stored."""
+
+    @abc.abstractmethod
     async def user(self, name: str) -> User | None: ...
 
     @abc.abstractmethod

@@ -46,6 +46,8 @@ class User:
     admin: bool
     projects: tuple[str, ...]
     created_at: float
+    # "<issuer> <sub>" of a person who signs in by single sign-on; None: a local account.
+    subject: str | None = None
 
 
 class UserError(ValueError):
@@ -79,6 +81,21 @@ async def create(
     if not await store.insert_user(user, await _hash(password)):
         raise UserError(f"user {name!r} already exists")
     return user
+
+
+async def sign_on(store: Store, subject: str, name: str, *, admin: bool,
+                  projects: Sequence[str], now: float | None = None) -> User | None:
+    """The user of ``subject`` (single sign-on), its role and projects set to these.
+
+    The row bound to ``subject`` is updated (it keeps its name); else a row named
+    ``name`` is created, bound to ``subject``, without a password. None when there
+    is no row of ``subject`` and ``name`` is taken (a local account, or another
+    subject's): a provider's claim never takes over an account it did not create.
+    """
+    check_name(name)
+    user = User(name, admin, tuple(sorted(set(projects))),
+                time.time() if now is None else now, subject)
+    return await store.sign_on_user(user)
 
 
 async def get(store: Store, name: str) -> User | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from llmgw.web import throttles
 SESSION_COOKIE = "llmgw_session"
 LOGIN_COOKIE = "llmgw_login"
 CSRF_HEADER = "X-CSRF-Token"
+audit = logging.getLogger("llmgw.audit")  # security events: logins and failed logins
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,29 @@ class Gate:
         user = await users.get(self.store, session.user)
         return Visitor(user, session, token) if user is not None else None
 
+    async def conclude(self, request: web.Request, response: web.StreamResponse, *,
+                       method: str, account: str, user: User | None, reason: str = "",
+                       details: str = "") -> None:
+        """Where every login attempt ends, by password or single sign-on, either way.
+
+        ``method`` is ``password`` or ``oidc``; ``account`` the name tried (a valid
+        user name or "?"), never a password or token; ``user`` the person let in, or
+        None with ``reason`` (a word) and ``details`` (already safe to log). Logs the
+        outcome on ``llmgw.audit`` and, on success, starts the session on
+        ``response``. This is the one place to hook an audit trail of logins.
+        """
+        source = self.client(request)
+        if user is None:
+            audit.warning("login failed: method=%s account=%s reason=%s source=%s%s", method,
+                          account, reason, source, f" {details}" if details else "")
+            return
+        audit.info("login: method=%s account=%s admin=%s source=%s", method, user.name,
+                   "yes" if user.admin else "no", source)
+        await self.login(response, request, user)
+
     async def login(self, response: web.StreamResponse, request: web.Request,
                     user: User) -> None:
-        """Start a session for ``user`` and set its cookie on ``response``."""
+        """Start a session for ``user`` and set its cookie on ``response`` (see conclude)."""
         created = await sessions.create(self.store, user.name, self.settings().session_ttl,
                                   self.clock())
         response.set_cookie(SESSION_COOKIE, created.token, httponly=True, samesite="Strict",

@@ -17,7 +17,6 @@ Usage::
 
 from __future__ import annotations
 
-import logging
 import re
 import secrets
 import time
@@ -36,10 +35,10 @@ from llmgw.fleet.types import Fleet
 from llmgw.planning.summaries import Summary
 from llmgw.router.apps import Router
 from llmgw.spec import identifiers
-from llmgw.spec.models import Cluster
+from llmgw.spec.models import Cluster, OidcSettings
 from llmgw.store import users
 from llmgw.store.stores import Store
-from llmgw.web import logins
+from llmgw.web import logins, oidcs
 from llmgw.web.logins import Gate, Visitor
 from llmgw.web.logviews import LogSource
 
@@ -59,7 +58,6 @@ STATIC = {"app.css": "text/css", "chat.js": "text/javascript",
           "logs.js": "text/javascript"}
 MAX_FORM = 64 * 1024
 NOT_OBSERVED = "The daemon has not observed the fleet yet."
-audit = logging.getLogger("llmgw.audit")  # security events: failed logins
 VISITOR = web.RequestKey("visitor", Visitor)  # set by the middleware on page paths
 # /admin/nodes and a node's page: where a login may go back to (a node name, or nothing).
 NODE_PAGES = re.compile(r"/admin/nodes(?:/" + identifiers.PATTERNS["name"][0].strip("^$") + ")?")
@@ -123,6 +121,7 @@ class Pages:
         clock: Callable[[], float] = time.time,
         refresh_seconds: int = 10,
         logs: LogSource | None = None,
+        relying: oidcs.Relying | None = None,
     ) -> None:
         self.store = store
         self.logs = logs  # replicas' logs through the daemon's agents (/admin/logs)
@@ -133,6 +132,7 @@ class Pages:
         self.clock = clock
         self.refresh_seconds = refresh_seconds
         self.gate = Gate(store, lambda: cluster().cluster.web, clock)
+        self.relying = relying or oidcs.Relying(clock=clock)  # single sign-on, when configured
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("llmgw.web", "templates"),
             autoescape=True, undefined=jinja2.StrictUndefined,
@@ -157,6 +157,8 @@ class Pages:
         add.add_get("/login", self._login_form)
         add.add_post("/login", self._login)
         add.add_post("/logout", self._logout)
+        add.add_get(oidcs.PENDING_PATH, self._oidc_start)
+        add.add_get(oidcs.CALLBACK, self._oidc_callback)
         add.add_get("/static/{name}", self._static)
         chats.install(self, add)
         accounts.install(self, add)
@@ -236,12 +238,15 @@ class Pages:
     async def _login_form(self, request: web.Request) -> web.StreamResponse:
         token = request.cookies.get(logins.LOGIN_COOKIE) or secrets.token_urlsafe(24)
         response = self.render(request, "login.html", token=token, error="",
-                               next=_next(request.query.get("next")))
+                               next=_next(request.query.get("next")), **self._sso())
         self.gate.set_login_cookie(request, response, token)
         return response
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
         data = await _form(request)
+        if not self.cluster().cluster.web.local_logins:
+            raise web.HTTPForbidden(text="local logins are off on this cluster: use single "
+                                    "sign-on")
         if not self.gate.login_token_ok(request, data.get("csrf")):
             raise web.HTTPForbidden(text="the login form's CSRF token is missing or wrong: "
                                     "reload the login page and try again")
@@ -259,25 +264,105 @@ class Pages:
         if user is None:
             known = account != "?" and await users.get(self.store, account) is not None
             limiter.failed(source, account, known=known)
-            audit.warning("login failed: account=%s known=%s source=%s source_failures=%d "
-                          "account_under_attack=%s next_wait=%ds", account,
-                          "yes" if known else "no", source, limiter.failures(source),
-                          "yes" if limiter.under_attack(account) else "no",
-                          limiter.retry_after(source, account))
-            return self._login_again(request, data, "wrong user name or password", status=401)
+            response = self._login_again(request, data, "wrong user name or password",
+                                         status=401)
+            await self.gate.conclude(
+                request, response, method="password", account=account, user=None,
+                reason="password", details=(
+                    f"known={'yes' if known else 'no'} "
+                    f"source_failures={limiter.failures(source)} account_under_attack="
+                    f"{'yes' if limiter.under_attack(account) else 'no'} "
+                    f"next_wait={limiter.retry_after(source, account)}s"))
+            return response
         response = redirect(_next(data.get("next")) or ("/admin" if user.admin else "/chat"))
-        await self.gate.login(response, request, user)
+        await self.gate.conclude(request, response, method="password", account=user.name,
+                                 user=user)
         return response
 
     def _login_again(self, request: web.Request, data: dict[str, str], error: str,
                      status: int) -> web.Response:
         return self.render(request, "login.html", status=status, token=data.get("csrf", ""),
-                           error=error, next=_next(data.get("next")))
+                           error=error, next=_next(data.get("next")), **self._sso())
+
+    def _sso(self) -> dict[str, Any]:
+        """What the login page offers: a password form, a single sign-on button."""
+        web_settings = self.cluster().cluster.web
+        oidc = web_settings.oidc
+        return {"local": web_settings.local_logins,
+                "sso": oidc.display_name if oidc is not None else ""}
+
+    # -- single sign-on (llmgw.web.oidcs) -------------------------------------------------
+
+    def _oidc(self, request: web.Request) -> tuple[OidcSettings, str]:
+        """The provider's settings and our callback's URL; 404 when SSO is off."""
+        oidc = self.cluster().cluster.web.oidc
+        if oidc is None:
+            raise web.HTTPNotFound(text="single sign-on is not configured")
+        return oidc, oidc.redirect_uri or self.gate.base_url(request) + oidcs.CALLBACK
+
+    async def _oidc_start(self, request: web.Request) -> web.StreamResponse:
+        oidc, callback = self._oidc(request)
+        try:
+            start = await self.relying.start(oidc, callback, _next(request.query.get("next")))
+        except oidcs.SignOnError as exc:
+            return self._sso_refused(request, str(exc), exc.status)
+        response = redirect(start.url)
+        response.set_cookie(oidcs.PENDING_COOKIE, start.cookie, httponly=True, samesite="Lax",
+                            secure=self.gate.is_secure(request), path=oidcs.PENDING_PATH,
+                            max_age=oidcs.PENDING_TTL)
+        return response
+
+    async def _oidc_callback(self, request: web.Request) -> web.StreamResponse:
+        oidc, callback = self._oidc(request)
+        cookie = request.cookies.get(oidcs.PENDING_COOKIE)
+        account, user, reason, message, status = "?", None, "", "", 401
+        try:
+            found, target = await self.relying.finish(oidc, callback, cookie,
+                                                      dict(request.query))
+            account = found.name
+            user = await users.sign_on(self.store, found.subject, found.name,
+                                       admin=found.admin, projects=found.projects,
+                                       now=self.clock())
+            if user is None:
+                reason, status = "name-taken", 403
+                message = (f"the user name {found.name!r} belongs to another account: ask an "
+                           "admin")
+        except oidcs.SignOnError as exc:
+            reason, message, status = exc.reason, str(exc), exc.status
+        if user is None:
+            response = self._sso_refused(request, message, status)
+        else:
+            # A page, not a redirect: the browser arrived here from the provider's site, and
+            # SameSite=Strict keeps the new session cookie off a redirect of that navigation;
+            # the page's own navigation is same-site.
+            response = self.render(request, "continue.html", title="Signed in", target=(
+                _next(target) or ("/admin" if user.admin else "/chat")))  # the cookie's: re-checked
+        response.del_cookie(oidcs.PENDING_COOKIE, path=oidcs.PENDING_PATH)  # spent either way
+        await self.gate.conclude(request, response, method="oidc", account=account,
+                                 user=user, reason=reason)
+        return response
+
+    def _sso_refused(self, request: web.Request, message: str, status: int) -> web.Response:
+        token = request.cookies.get(logins.LOGIN_COOKIE) or secrets.token_urlsafe(24)
+        response = self.render(request, "login.html", status=status, token=token,
+                               error=f"single sign-on failed: {message}", next="",
+                               **self._sso())
+        self.gate.set_login_cookie(request, response, token)
+        return response
 
     async def _logout(self, request: web.Request) -> web.StreamResponse:
         visitor = self.need(request)
         await self.form(request, visitor)
-        response = redirect("/login")
+        oidc = self.cluster().cluster.web.oidc
+        response: web.Response = redirect("/login")
+        if oidc is not None and visitor.user.subject is not None:
+            # RP-initiated logout: end the provider's session too, then come back here. A
+            # page, not a redirect: form-action 'self' forbids a form's redirect elsewhere.
+            after = self.gate.base_url(request) + "/login"
+            target = await self.relying.logout_url(oidc, after)
+            if target is not None:
+                response = self.render(request, "continue.html", title="Signing out",
+                                       target=target)
         await self.gate.logout(response, visitor)
         return response
 

@@ -46,7 +46,8 @@ def cluster(auth: str = "keys", **projects: float | None) -> Cluster:
 
 class Stack:
     def __init__(self, tmp: Path, spec: Cluster, settings: Settings, replicas: int,
-                 store: dict[str, str] | None = None, *, pages: bool = False) -> None:
+                 store: dict[str, str] | None = None, *, pages: bool = False,
+                 pages_options: Mapping[str, Any] | None = None) -> None:
         self.db_path = tmp / "llmgw.db"
         self.store_settings = StoreSettings.model_validate(store or {"path": str(self.db_path)})
         self.loop = asyncio.new_event_loop()
@@ -59,7 +60,9 @@ class Stack:
         self.upstreams = [self.run(Upstream(f"u{i}").start()) for i in range(replicas)]
         extend = None
         if pages:  # the web pages on the router's listener, as `llmgw serve` has them
-            self.pages = Pages(self.router_store, self.router, cluster=lambda: spec)
+            # pages_options: Pages' keywords (a cluster that changes, a clock, a relying party)
+            self.pages = Pages(self.router_store, self.router,
+                               **{"cluster": lambda: spec, **(pages_options or {})})
             extend = self.pages.install
         self.runner = self.run(self.router.start("127.0.0.1", 0, extend=extend))
         self.metrics_runner = self.run(servers.start(self.registry, "127.0.0.1", 0))

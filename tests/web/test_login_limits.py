@@ -132,10 +132,10 @@ def test_failures_are_audited_with_the_source_and_never_the_password(
         made.close()
     lines = [r.getMessage() for r in caplog.records if r.name == "llmgw.audit"]
     assert lines == [
-        f"login failed: account=bob known=yes source={source} source_failures=1 "
-        "account_under_attack=no next_wait=0s",
-        f"login failed: account=? known=no source={source} source_failures=2 "
-        "account_under_attack=no next_wait=0s",
+        f"login failed: method=password account=bob reason=password source={source} "
+        "known=yes source_failures=1 account_under_attack=no next_wait=0s",
+        f"login failed: method=password account=? reason=password source={source} "
+        "known=no source_failures=2 account_under_attack=no next_wait=0s",
     ]
     assert "secret-guess" not in caplog.text and "forged" not in caplog.text
 

@@ -44,6 +44,28 @@ async def test_users_are_stored_with_argon2id_hashes_and_authenticate(store: Sto
         ("ada", True), ("bob", False)]
 
 
+async def test_a_sign_on_binds_a_row_to_its_subject_and_never_takes_over_a_name(
+        store: Store) -> None:
+    subject = "https://idp.example.com alice-sub"
+    first = await users.sign_on(store, subject, "alice", admin=False, projects=["research"],
+                                now=NOW)
+    assert first == users.User("alice", False, ("research",), NOW, subject)
+    assert await users.authenticate(store, "alice", "") is None, "no local password"
+    # The next sign-on of the same subject updates its grants; the name and time stay.
+    again = await users.sign_on(store, subject, "alice-renamed", admin=True, projects=[],
+                                now=NOW + 5)
+    assert again == users.User("alice", True, (), NOW, subject)
+    assert await users.get(store, "alice") == again
+    # A local account's name, or another subject's, is never taken over.
+    await users.create(store, "bob", "bob-user-pass", now=NOW)
+    assert await users.sign_on(store, "https://idp.example.com bob-sub", "bob", admin=True,
+                               projects=[]) is None
+    assert await users.sign_on(store, "https://other.example.com alice-sub", "alice",
+                               admin=True, projects=[]) is None
+    bob = await users.get(store, "bob")
+    assert bob is not None and not bob.admin and bob.subject is None
+
+
 async def test_a_new_password_or_deletion_ends_the_users_sessions(store: Store) -> None:
     await users.create(store, "bob", "bob-user-pass")
     first = await sessions.create(store, "bob", ttl=3600, now=NOW)
