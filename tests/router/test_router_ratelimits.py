@@ -9,7 +9,8 @@ no run straddles a window's boundary, whatever this machine's load."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import openai
 import pytest
 from support import postgres
 from support.stacks import CPU, Stack, StackFactory
+from support.waits import until
 
 from llmgw.router import Settings
 from llmgw.spec.models import Cluster
@@ -26,6 +28,23 @@ from llmgw.store import keys
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "one two three"}],
         "max_tokens": 5}
 MIDDLE = 29_700_000 * 60.0 + 30.0  # half a minute in
+
+
+Clients = Callable[[Stack, str], openai.OpenAI]
+
+
+@pytest.fixture
+def clients() -> Iterator[Clients]:
+    """openai clients on a stack, closed (their sockets with them) when the test ends."""
+    made: list[openai.OpenAI] = []
+
+    def make(stack: Stack, key: str) -> openai.OpenAI:
+        made.append(openai.OpenAI(base_url=stack.url + "/v1", api_key=key, max_retries=0))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
 
 
 def limited(**research: Any) -> Cluster:
@@ -48,11 +67,11 @@ def rate_limited(stack: Stack) -> dict[tuple[str, str], float]:
 
 
 def test_the_openai_client_gets_429_with_retry_after_and_the_headers(
-        make_stack: StackFactory) -> None:
+        make_stack: StackFactory, clients: Clients) -> None:
     stack = make_stack(spec=limited(rpm=2))
     stack.route({"chat": stack.upstreams})
     pin(stack)
-    client = openai.OpenAI(base_url=stack.url + "/v1", api_key=stack.key(), max_retries=0)
+    client = clients(stack, stack.key())
     raw = client.chat.completions.with_raw_response.create(**BODY)  # type: ignore[call-overload]
     assert raw.parse().choices[0].message.content
     trio = [raw.headers[f"x-ratelimit-{h}-requests"] for h in ("limit", "remaining", "reset")]
@@ -68,20 +87,19 @@ def test_the_openai_client_gets_429_with_retry_after_and_the_headers(
     assert error.response.headers["x-ratelimit-remaining-requests"] == "0"
     assert "Limit 2, Used 2" in error.message
     # Another project is not limited by research's minute; metrics count research's refusal.
-    other = openai.OpenAI(base_url=stack.url + "/v1", api_key=stack.key("other"),
-                          max_retries=0)
+    other = clients(stack, stack.key("other"))
     assert other.chat.completions.create(**BODY).choices  # type: ignore[call-overload]
     assert rate_limited(stack) == {("research", "requests"): 1.0}
     assert sum(len(u.received) for u in stack.upstreams) == 3
 
 
 def test_a_keys_own_tpm_is_enforced_and_corrected_to_real_usage(
-        make_stack: StackFactory) -> None:
+        make_stack: StackFactory, clients: Clients) -> None:
     stack = make_stack(spec=limited())
     stack.route({"chat": stack.upstreams})
     pin(stack)
     created = stack.run(keys.create(stack.db, "research", "ci", tpm=400))
-    client = openai.OpenAI(base_url=stack.url + "/v1", api_key=created.secret, max_retries=0)
+    client = clients(stack, created.secret)
     # The estimate is the body's bytes plus max_tokens (about 105 tokens); the upstream's
     # usage is 3 + 5 = 8, so each answer gives back the rest and many fit in 400.
     for _ in range(8):
@@ -138,3 +156,26 @@ async def test_the_race_500_requests_over_two_routers_on_postgresql(
     assert sum(len(u.received) for s in stacks for u in s.upstreams) == admitted
     counted = sum(rate_limited(s).get(("research", "requests"), 0.0) for s in stacks)
     assert counted == 500 - limit
+
+
+async def test_a_request_refused_for_its_rate_reserves_no_budget(
+        make_stack: StackFactory, clients: Clients) -> None:
+    stack = make_stack(spec=limited(rpm=1, budget_usd=1.0))
+    stack.route({"chat": stack.upstreams})
+    pin(stack)
+    held = stack.upstreams[0].hold = asyncio.Event()  # the first request stays in flight
+    stack.upstreams[1].hold = held
+    client = clients(stack, stack.key())
+    first = threading.Thread(target=client.chat.completions.create, kwargs=BODY)
+    first.start()
+    await until(lambda: len(stack.run(stack.db.list_reservations())) == 1, 30)
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(**BODY)  # type: ignore[call-overload]
+    assert len(stack.run(stack.db.list_reservations())) == 1  # the first one's only
+    stack.loop.call_soon_threadsafe(held.set)
+    first.join(30)
+    rows = stack.rows()
+    assert sorted(r.status for r in rows) == [200, 429]
+    assert stack.run(stack.db.list_reservations()) == []
+    spent = stack.run(stack.db.spend_by_project())["research"]
+    assert spent == pytest.approx(sum(r.cost_usd for r in rows if r.status == 200))
