@@ -5,7 +5,9 @@ A request of a project is admitted against up to four limits: its project's
 --rpm N --tpm N``). The counts live in the store, one counter per limit and
 minute (:mod:`llmgw.store.ratelimits`): a **fixed one-minute window**,
 ``floor(unix time / 60)`` by the router's clock, so the window a client sees
-in ``x-ratelimit-reset-*`` and ``Retry-After`` is the same on every router.
+in ``x-ratelimit-reset-*`` and ``Retry-After`` is the same on every router
+(routers whose clocks differ by a second disagree on the minute's turn by as
+much; NTP keeps that to milliseconds).
 
 **The bound.** An admission adds to all the request's counters of the minute,
 or to none, atomically across routers, ``--workers`` and both databases; so in
@@ -144,8 +146,12 @@ class RateLimiter:
         self.store = store
         self.clock = clock
         self.refused = refused or (lambda project, kind: None)
-        # counter name → (its minute, the clock time until which it is known full, its count)
-        self._full: dict[str, tuple[int, float, int]] = {}
+        # counter name → (its minute, the clock time until which it is known full)
+        self._full: dict[str, tuple[int, float]] = {}
+        # counter name → its count as the store last answered, this minute (the headers
+        # of a refusal answered locally)
+        self._seen: dict[str, int] = {}
+        self._slot: int | None = None
 
     async def admit(self, limits: Sequence[Limit], tokens: int) -> Ticket | None:
         """Count one request estimated at ``tokens`` against ``limits``; None when none
@@ -166,7 +172,7 @@ class RateLimiter:
         self._forget(slot, now)
         for i, lim in enumerate(limits):
             if lim.name in self._full:  # the fast path: refused without asking the store
-                used = [self._full[x.name][2] if x.name in self._full else 0 for x in limits]
+                used = [self._seen.get(x.name, 0) for x in limits]
                 raise self._refusal(limits, used, i, tokens, now)
         counts = [Count(lim.name, lim.limit, 1 if lim.kind == "requests" else tokens)
                   for lim in limits]
@@ -177,6 +183,7 @@ class RateLimiter:
             raise ApiError(503, "the rate-limit store is unreachable; retry shortly",
                            code="store_unavailable", type="server_error",
                            headers={"Retry-After": "2"}) from None
+        self._seen.update((lim.name, u) for lim, u in zip(limits, taken.used, strict=True))
         if not taken.admitted:
             over = next(i for i, (c, u) in enumerate(zip(counts, taken.used, strict=True))
                         if u + c.amount > c.limit)
@@ -184,7 +191,7 @@ class RateLimiter:
                 if u + c.amount > c.limit and (lim.kind == "requests" or u >= lim.limit):
                     until = (slot + 1) * WINDOW if lim.kind == "requests" else min(
                         now + TOKENS_FULL_FOR, (slot + 1) * WINDOW)
-                    self._full[lim.name] = (slot, until, u)
+                    self._full[lim.name] = (slot, until)
             raise self._refusal(limits, list(taken.used), over, tokens, now)
         return Ticket(slot, tuple(lim.name for lim in limits if lim.kind == "tokens"), tokens,
                       headers(limits, taken.used, now))
@@ -204,7 +211,10 @@ class RateLimiter:
             log.warning("could not correct a request's tokens per minute: %s", exc)
 
     def _forget(self, slot: int, now: float) -> None:
-        for name in [n for n, (s, until, _) in self._full.items() if s != slot or until <= now]:
+        if slot != self._slot:  # a new minute: what was seen is of the last one
+            self._slot = slot
+            self._seen.clear()
+        for name in [n for n, (s, until) in self._full.items() if s != slot or until <= now]:
             del self._full[name]
 
     def _refusal(self, limits: Sequence[Limit], used: Sequence[int], over: int, tokens: int,

@@ -4,6 +4,7 @@ corrected to their real use, the local fast path, and a store that is gone."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,9 @@ class Clock:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> Store:
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
     opened = await stores.open_store(StoreSettings(path=str(tmp_path / "llmgw.db")))
-    yield opened  # type: ignore[misc]
+    yield opened
     await opened.close()
 
 
@@ -99,7 +100,9 @@ async def test_a_router_that_saw_the_minute_full_refuses_without_the_store(
     await refused(limiter, limits)  # the store said full: remembered
     gone = Unreachable()
     limiter.store = gone  # type: ignore[assignment]
-    assert (await refused(limiter, limits)).status == 429  # the fast path answered
+    local = await refused(limiter, limits)  # the fast path answered, as the store did
+    assert (local.status, local.headers["x-ratelimit-remaining-requests"]) == (429, "0")
+    assert "Used 1" in local.message
     assert gone.calls == 0
     clock.now = MINUTE + 60  # a new minute: the store is asked again, and it is gone
     error = await refused(limiter, limits)
