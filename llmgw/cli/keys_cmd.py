@@ -41,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     clusters.add_cluster_flag(create)
     create.add_argument("--project", required=True, help="project the key belongs to")
     create.add_argument("--name", default="", help="a label for people (who or what uses it)")
+    create.add_argument("--rpm", type=_per_minute, metavar="N",
+                        help="the key's own requests per minute (its project's apply too)")
+    create.add_argument("--tpm", type=_per_minute, metavar="N",
+                        help="the key's own tokens per minute (its project's apply too)")
     create.set_defaults(handler=run_create)
 
     listing = commands.add_parser("list", help="list keys (never their secrets)")
@@ -96,10 +100,13 @@ def run_create(args: argparse.Namespace) -> int:
         defined = ", ".join(sorted(cluster.projects)) or "none"
         raise UserError(f"project {args.project!r} is not defined in {args.cluster} "
                         f"(projects: {defined}); add it under `projects:` first")
-    created = with_store(cluster, lambda store: keys.create(store, args.project, args.name))
+    created = with_store(cluster, lambda store: keys.create(
+        store, args.project, args.name, rpm=args.rpm, tpm=args.tpm))
     print(created.secret)
-    print(f"created key {created.info.id} for project {args.project}. It is shown only "
-          "this once: store it now.", file=sys.stderr)
+    limits = _limits(created.info)
+    print(f"created key {created.info.id} for project {args.project}"
+          f"{f' ({limits})' if limits != '-' else ''}. It is shown only this once: "
+          "store it now.", file=sys.stderr)
     return 0
 
 
@@ -110,15 +117,16 @@ def run_list(args: argparse.Namespace) -> int:
         print(json.dumps([{
             "id": k.id, "project": k.project, "name": k.name, "created_at": k.created_at,
             "revoked_at": k.revoked_at, "last_used_at": k.last_used_at,
+            "rpm": k.rpm, "tpm": k.tpm,
         } for k in listed], indent=2))
         return 0
     if not listed:
         print("no keys yet; create one with `llmgw keys create --project P`", file=sys.stderr)
         return 0
-    rows = [("ID", "PROJECT", "NAME", "CREATED", "LAST USED", "STATE")]
+    rows = [("ID", "PROJECT", "NAME", "CREATED", "LAST USED", "LIMITS", "STATE")]
     for k in listed:
         rows.append((k.id, k.project, k.name or "-", _when(k.created_at),
-                     _when(k.last_used_at) if k.last_used_at else "never",
+                     _when(k.last_used_at) if k.last_used_at else "never", _limits(k),
                      f"revoked {_when(k.revoked_at)}" if k.revoked_at else "active"))
     _table(rows)
     return 0
@@ -185,6 +193,24 @@ def _release(cluster: Cluster, args: argparse.Namespace) -> int:
     if not released:
         print("no reservations to release", file=sys.stderr)
     return 0
+
+
+_MOST_PER_MINUTE = 1_000_000_000_000
+
+
+def _per_minute(text: str) -> int:
+    """``--rpm`` / ``--tpm``: a whole number from 1 (argparse reports the error)."""
+    if not re.fullmatch(r"[0-9]{1,13}", text) or not 1 <= int(text) <= _MOST_PER_MINUTE:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a whole number of at least 1 (per minute)")
+    return int(text)
+
+
+def _limits(k: keys.KeyInfo) -> str:
+    """A key's own limits for the table: ``rpm 60, tpm 100000``, or ``-``."""
+    parts = [f"{kind} {value}" for kind, value in (("rpm", k.rpm), ("tpm", k.tpm))
+             if value is not None]
+    return ", ".join(parts) or "-"
 
 
 def _held_json(h: Held) -> dict[str, object]:

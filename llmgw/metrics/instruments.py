@@ -86,6 +86,12 @@ class RouterMetrics:
             "llmgw_router_endpoints", "Ready endpoints in the router's route table, by model.",
             ["model"], registry=registry, multiprocess_mode="max",
         )
+        self.rate_limited_total = Counter(
+            "llmgw_rate_limited",
+            "Requests refused 429 rate_limit_exceeded, by project and the limit's kind "
+            "(requests: rpm, tokens: tpm), a project's own or one of its keys'.",
+            ["project", "kind"], registry=registry,
+        )
         self._multiprocess = "PROMETHEUS_MULTIPROC_DIR" in os.environ
         self._endpoint_models: set[str] = set()
         self._requests: dict[tuple[str, int], Counter] = {}
@@ -122,6 +128,9 @@ class RouterMetrics:
         if hist is None:
             hist = self._ttft[model] = self.ttft.labels(model)
         hist.observe(seconds)
+
+    def rate_limited(self, project: str, kind: str) -> None:
+        self.rate_limited_total.labels(project, kind).inc()
 
     def queue_depth(self, model: str, depth: int) -> None:
         self.queue_depth_gauge.labels(model).set(depth)

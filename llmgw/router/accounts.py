@@ -57,6 +57,8 @@ class Principal:
     project: str | None  # None under `auth: none`
     key_id: str | None
     user: str | None = None  # a logged-in person (a page's request), not a key
+    rpm: int | None = None  # the key's own rate limits (llmgw.router.ratelimits)
+    tpm: int | None = None
 
 
 ANONYMOUS = Principal(None, None)
@@ -159,7 +161,7 @@ class Accounts:
         if info.project not in self.catalog.budgets:
             raise ApiError(403, f"this key's project {info.project!r} is not defined in the "
                            "cluster's projects", code="unknown_project")
-        return Principal(info.project, info.id)
+        return Principal(info.project, info.id, rpm=info.rpm, tpm=info.tpm)
 
     async def reserve(self, principal: Principal, cost: float, model: str = "",
                       endpoint: str = "", stream: bool = False) -> Reservation:

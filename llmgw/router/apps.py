@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 
 from llmgw.fleet.types import Demand
 from llmgw.metrics.instruments import UNKNOWN_MODEL, RouterMetrics
-from llmgw.router import accounts, affinities, connections, errors, loras, streams
+from llmgw.router import accounts, affinities, connections, errors, loras, ratelimits, streams
 from llmgw.router.accounts import NOTHING, Accounts, Principal, Reservation
 from llmgw.router.admissions import Admissions
 from llmgw.router.catalogs import Catalog, ModelEntry
@@ -90,6 +90,7 @@ class Router:
                                  self.settings.heartbeat_interval)
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
         self.admissions = Admissions(self.routes.free)
+        self.limits = ratelimits.RateLimiter(store, refused=self.metrics.rate_limited)
         self.proxy = Proxy(self.routes, self.settings.connect_timeout,
                            freed=self._freed)
         self.store = store
@@ -151,6 +152,7 @@ class Router:
         app.router.add_get("/health", _health)
         app.router.add_get("/ready", self._ready)
         app.on_startup.append(self._on_startup)
+        app.on_response_prepare.append(_rate_headers)
         app.on_cleanup.append(self._on_cleanup)
         if extend is not None:
             extend(app)
@@ -202,7 +204,8 @@ class Router:
         started = time.monotonic()
         label, entry_key, principal, name = UNKNOWN_MODEL, None, None, None
         stream, body_bytes, estimated, reservation = False, 0, 0.0, NOTHING
-        outcome = Outcome()
+        outcome, tokens = Outcome(), 0
+        ticket: ratelimits.Ticket | None = None
         try:
             principal = await self._principal(request)
             body = await _read_body(request, self.settings.max_body_bytes,
@@ -225,6 +228,8 @@ class Router:
                                                        entry.context_tokens)
                     estimated = entry.cost(prompt, output)
                     if principal.project is not None:
+                        tokens = prompt + output
+                        ticket = await self._limit(request, principal, tokens)
                         reservation = await self.accounts.reserve(
                             principal, estimated, entry_key, request.path, stream)
                         self.accounts.track(reservation, _produced(outcome, body_bytes, entry))
@@ -270,6 +275,20 @@ class Router:
             cost = self._account(request.path, label, entry_key, principal, stream, outcome,
                                  started, body_bytes, estimated, reservation, name)
             await self.accounts.settle(reservation, cost)
+            await self.limits.settle(ticket, _tokens_used(outcome, body_bytes, tokens))
+
+    async def _limit(self, request: web.Request, principal: Principal,
+                     tokens: int) -> ratelimits.Ticket | None:
+        """Count the request against its project's and key's rates (ApiError 429 when one
+        is full); the answer carries the ``x-ratelimit-*`` headers."""
+        assert principal.project is not None
+        rpm, tpm = self.catalog.rates.get(principal.project, (None, None))
+        ticket = await self.limits.admit(ratelimits.limits_of(
+            principal.project, principal.key_id, rpm, tpm, principal.rpm, principal.tpm),
+            tokens)
+        if ticket is not None:
+            request[_RATE_HEADERS] = ticket.headers
+        return ticket
 
     async def _principal(self, request: web.Request) -> Principal:
         authorization = request.headers.get("Authorization")
@@ -485,6 +504,30 @@ async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamRe
         if exc.status < 400 or not request.path.startswith("/v1/"):
             raise  # redirects, and the pages' own errors (llmgw.web renders those)
         return errors.from_http(exc).response()
+
+
+_RATE_HEADERS = web.RequestKey("llmgw.rate_headers", dict)
+
+
+async def _rate_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """The admission's ``x-ratelimit-*`` headers on the answer, streams included (added
+    as its headers are sent, whichever module sends them)."""
+    found = request.get(_RATE_HEADERS)
+    if found:
+        response.headers.update(found)
+
+
+def _tokens_used(outcome: Outcome, body_bytes: int, estimate: int) -> int:
+    """What a request used, for its tokens per minute: the engine's usage; what was served
+    when it ended early; its estimate when a success's usage cannot be read; nothing when
+    it never reached an engine. As :meth:`Router._account` charges it."""
+    if outcome.usage is not None:
+        return (outcome.usage[0] or 0) + (outcome.usage[1] or 0)
+    if outcome.relayed or (outcome.sent and outcome.status == CLIENT_CLOSED):
+        return sum(accounts.unreported(body_bytes, outcome.relayed))
+    if outcome.sent and 200 <= (outcome.status or 500) < 300:
+        return estimate
+    return 0
 
 
 def _check_choices(payload: dict[str, Any]) -> None:

@@ -53,6 +53,8 @@ class Catalog:
     models: dict[str, ModelEntry] = field(default_factory=dict)  # by served name
     budgets: dict[str, float | None] = field(default_factory=dict)  # project → USD or None
     request_caps: dict[str, float | None] = field(default_factory=dict)  # max_request_usd
+    # project → (rpm, tpm), each None for no limit (llmgw.router.ratelimits)
+    rates: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     auth: str = "keys"  # "keys" | "none"
 
     _by_key: dict[str, ModelEntry] = field(init=False, repr=False, compare=False)
@@ -109,7 +111,9 @@ def from_cluster(cluster: Cluster) -> Catalog:
             )
     budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
     caps = {name: project.max_request_usd for name, project in cluster.projects.items()}
-    return Catalog(models=models, budgets=budgets, request_caps=caps, auth=cluster.cluster.auth)
+    rates = {name: (project.rpm, project.tpm) for name, project in cluster.projects.items()}
+    return Catalog(models=models, budgets=budgets, request_caps=caps, rates=rates,
+                   auth=cluster.cluster.auth)
 
 
 def engine(model: Model) -> str:

@@ -652,6 +652,19 @@ class Project(Strict):
         "context length, at its prices) is above it gets 400. None: no cap beyond the "
         "context length.",
     )
+    rpm: int | None = Field(
+        None, ge=1, le=1_000_000_000,
+        description="Requests per minute for the whole project, across every router sharing "
+        "the store; a request past it gets 429 `rate_limit_exceeded` with `Retry-After`. "
+        "A key's own `--rpm` applies as well. None: no limit.",
+    )
+    tpm: int | None = Field(
+        None, ge=1, le=1_000_000_000_000,
+        description="Tokens per minute for the whole project: a request is admitted with its "
+        "estimate (its prompt's bytes as tokens plus max_tokens × n) and corrected to the "
+        "engine's usage when it ends; one whose estimate does not fit the minute gets 429. "
+        "A key's own `--tpm` applies as well. None: no limit.",
+    )
     description: str = Field("", description="Free text for people.")
 
 

@@ -51,6 +51,8 @@ class KeyInfo:
     created_at: float
     revoked_at: float | None = None
     last_used_at: float | None = None
+    rpm: int | None = None  # the key's own limits, beside its project's; None: none
+    tpm: int | None = None
 
     @property
     def active(self) -> bool:
@@ -69,15 +71,18 @@ def digest(key: str) -> str:
 
 
 async def create(
-    store: Store, project: str, name: str = "", now: float | None = None
+    store: Store, project: str, name: str = "", now: float | None = None, *,
+    rpm: int | None = None, tpm: int | None = None,
 ) -> CreatedKey:
-    """A new key for ``project``; the returned ``secret`` is the only copy."""
+    """A new key for ``project``; the returned ``secret`` is the only copy. ``rpm`` and
+    ``tpm``: the key's own requests and tokens per minute, on top of its project's."""
     created_at = time.time() if now is None else now
     while True:
         key_id = secrets.token_hex(_ID_HEX // 2)
         key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-        if await store.insert_key(KeyRow(key_id, digest(key), project, name, created_at)):
-            return CreatedKey(KeyInfo(key_id, project, name, created_at), key)
+        row = KeyRow(key_id, digest(key), project, name, created_at, rpm=rpm, tpm=tpm)
+        if await store.insert_key(row):
+            return CreatedKey(_info(row), key)
         # the 48-bit id collided: draw again
 
 
@@ -101,7 +106,7 @@ def check(key: str, row: KeyRow | None) -> KeyInfo | None:
     matches = hmac.compare_digest(digest(key), stored)
     if row is None or not matches or row.revoked_at is not None:
         return None
-    return KeyInfo(row.id, row.project, row.name, row.created_at)
+    return KeyInfo(row.id, row.project, row.name, row.created_at, rpm=row.rpm, tpm=row.tpm)
 
 
 async def list_all(store: Store) -> list[KeyInfo]:
@@ -116,4 +121,5 @@ async def revoke(store: Store, key_id: str, now: float | None = None) -> KeyInfo
 
 
 def _info(row: KeyRow, last_used_at: float | None = None) -> KeyInfo:
-    return KeyInfo(row.id, row.project, row.name, row.created_at, row.revoked_at, last_used_at)
+    return KeyInfo(row.id, row.project, row.name, row.created_at, row.revoked_at, last_used_at,
+                   row.rpm, row.tpm)

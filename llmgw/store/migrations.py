@@ -495,6 +495,63 @@ ALTER TABLE users ADD COLUMN subject TEXT;
 CREATE UNIQUE INDEX users_subject ON users (subject);
 """,
     ),
+    Migration(
+        12, "rate limits: rpm and tpm on keys, and per-minute counters shared by routers",
+        # A key's own requests and tokens per minute (NULL: only its project's limits), and
+        # one row per counter and minute that every router's admission adds to atomically
+        # (llmgw.store.ratelimits). ``slot`` is the minute: floor(Unix time / 60).
+        sqlite="""
+ALTER TABLE keys ADD COLUMN rpm INTEGER;
+ALTER TABLE keys ADD COLUMN tpm INTEGER;
+CREATE TABLE IF NOT EXISTS rate_counts (
+    name  TEXT NOT NULL,             -- p:<project>:requests, k:<key id>:tokens, ...
+    slot  INTEGER NOT NULL,          -- the minute counted
+    used  INTEGER NOT NULL,
+    PRIMARY KEY (name, slot)
+);
+""",
+        postgres="""
+ALTER TABLE keys ADD COLUMN rpm BIGINT;
+ALTER TABLE keys ADD COLUMN tpm BIGINT;
+CREATE TABLE rate_counts (
+    name  TEXT NOT NULL,
+    slot  BIGINT NOT NULL,
+    used  BIGINT NOT NULL,
+    PRIMARY KEY (name, slot)
+);
+-- Add every amount to its counter of the minute, in the order given (callers sort the
+-- names, so two admissions lock rows in one order); when any counter passes its limit,
+-- take every amount back before the statement ends: no other admission ever sees it.
+CREATE FUNCTION llmgw_take_rate(p_slot BIGINT, p_names TEXT[], p_limits BIGINT[],
+                                p_amounts BIGINT[], OUT used BIGINT[], OUT admitted BOOLEAN)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    i INTEGER;
+    v BIGINT;
+BEGIN
+    admitted := true;
+    used := '{}';
+    FOR i IN 1 .. COALESCE(array_length(p_names, 1), 0) LOOP
+        INSERT INTO rate_counts AS c (name, slot, used) VALUES (p_names[i], p_slot, p_amounts[i])
+            ON CONFLICT (name, slot) DO UPDATE SET used = c.used + EXCLUDED.used
+            RETURNING c.used INTO v;
+        used := used || v;
+        IF v > p_limits[i] THEN
+            admitted := false;
+        END IF;
+    END LOOP;
+    IF NOT admitted THEN
+        FOR i IN 1 .. array_length(p_names, 1) LOOP
+            UPDATE rate_counts SET used = rate_counts.used - p_amounts[i]
+                WHERE name = p_names[i] AND slot = p_slot;
+            used[i] := used[i] - p_amounts[i];
+        END LOOP;
+    END IF;
+    DELETE FROM rate_counts WHERE name = ANY(p_names) AND slot < p_slot - 1;
+END;
+$$;
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

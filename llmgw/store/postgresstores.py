@@ -29,16 +29,16 @@ from typing import Literal
 import asyncpg
 
 from llmgw.spec.rollouts import Hold
-from llmgw.store import adminsummaries, holds, journals, migrations, reservations
+from llmgw.store import adminsummaries, holds, journals, migrations, ratelimits, reservations
 from llmgw.store.postgrespages import PostgresPages
 from llmgw.store.reservations import Chosen, Held, Owner, Progress
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
 from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 
-_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
+_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at, rpm, tpm"
 _INSERT_USAGE = (f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES "
                  f"({', '.join(f'${i + 1}' for i in range(len(COLUMNS)))})")
-_INSERT_KEY = f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+_INSERT_KEY = f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
 # Budget reservations: admission (llmgw_reserve, migrations 5 and 9) and settling.
 _RESERVE = ("SELECT spent, reserved, admitted FROM "
             "llmgw_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
@@ -124,6 +124,16 @@ class PostgresStore(PostgresPages, Store):
         async with self._conn() as conn:
             return await holds.postgres_release(conn, models)
 
+    # -- rate limits (SQL in llmgw.store.ratelimits) -----------------------------------------
+    async def take_rate(self, slot: int,
+                        counts: Sequence[ratelimits.Count]) -> ratelimits.Taken:
+        async with self._conn() as conn:
+            return await ratelimits.postgres_take(conn, slot, counts)
+
+    async def adjust_rate(self, slot: int, name: str, delta: int) -> None:
+        async with self._conn() as conn:
+            await ratelimits.postgres_adjust(conn, slot, name, delta)
+
     # -- keys ---------------------------------------------------------------------------
     async def insert_key(self, row: KeyRow) -> bool:
         async with self._conn() as conn:
@@ -141,7 +151,7 @@ class PostgresStore(PostgresPages, Store):
             rows = await conn.fetch(
                 f"SELECT {_KEY_COLUMNS}, (SELECT MAX(ts) FROM usage u WHERE u.key_id = k.id) "
                 "FROM keys k ORDER BY k.created_at, k.id")
-        return [KeyListing(KeyRow(*r[:6]), r[6]) for r in rows]
+        return [KeyListing(KeyRow(*r[:8]), r[8]) for r in rows]
 
     async def revoke_key(self, key_id: str, when: float) -> KeyRow | None:
         async with self._conn() as conn:
@@ -348,5 +358,7 @@ async def _no_session_state(_: asyncpg.Connection) -> None:
     for a transaction; an open transaction is still rolled back by the pool."""
 
 
-def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None]:
-    return (row.id, row.digest, row.project, row.name, row.created_at, row.revoked_at)
+def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None,
+                                     int | None, int | None]:
+    return (row.id, row.digest, row.project, row.name, row.created_at, row.revoked_at,
+            row.rpm, row.tpm)

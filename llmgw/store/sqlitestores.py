@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from llmgw.spec.rollouts import Hold
-from llmgw.store import adminsummaries, databases, holds, journals, reservations
+from llmgw.store import adminsummaries, databases, holds, journals, ratelimits, reservations
 from llmgw.store.reservations import Chosen, Held, Owner, Progress
 from llmgw.store.sqlitepages import SQLitePages
 from llmgw.store.stores import (
@@ -47,7 +47,8 @@ from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 T = TypeVar("T")
 _MARKS = ", ".join("?" * len(COLUMNS))
 _INSERT_USAGE = f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES ({_MARKS})"
-_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
+_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at, rpm, tpm"
+_KEY_MARKS = ", ".join("?" * 8)
 # Budget reservations: a project's spend, what live reservations hold, taking and settling one.
 _SPENT = "SELECT spent FROM project_spend WHERE project = ?"
 _RESERVED = ("SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = ? "
@@ -105,11 +106,19 @@ class SQLiteStore(SQLitePages, Store):
     async def release_holds(self, models: Sequence[str] | None = None) -> list[Hold]:
         return await self._run(lambda conn: holds.sqlite_release(conn, models))
 
+    # -- rate limits (SQL in llmgw.store.ratelimits) -----------------------------------------
+    async def take_rate(self, slot: int,
+                        counts: Sequence[ratelimits.Count]) -> ratelimits.Taken:
+        return await self._run(lambda conn: ratelimits.sqlite_take(conn, slot, counts))
+
+    async def adjust_rate(self, slot: int, name: str, delta: int) -> None:
+        await self._run(lambda conn: ratelimits.sqlite_adjust(conn, slot, name, delta))
+
     # -- keys ---------------------------------------------------------------------------
     async def insert_key(self, row: KeyRow) -> bool:
         def insert(conn: sqlite3.Connection) -> bool:
             try:
-                conn.execute(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                conn.execute(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ({_KEY_MARKS})",
                              _key_tuple(row))
             except sqlite3.IntegrityError:
                 return False
@@ -128,7 +137,7 @@ class SQLiteStore(SQLitePages, Store):
             rows = conn.execute(
                 f"SELECT {_KEY_COLUMNS}, (SELECT MAX(ts) FROM usage u WHERE u.key_id = k.id) "
                 "FROM keys k ORDER BY k.created_at, k.id").fetchall()
-            return [KeyListing(KeyRow(*r[:6]), r[6]) for r in rows]
+            return [KeyListing(KeyRow(*r[:8]), r[8]) for r in rows]
         return await self._run(select)
 
     async def revoke_key(self, key_id: str, when: float) -> KeyRow | None:
@@ -329,7 +338,7 @@ class SQLiteStore(SQLitePages, Store):
         def insert(conn: sqlite3.Connection) -> None:
             with conn:
                 conn.execute("BEGIN")
-                conn.executemany(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
+                conn.executemany(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ({_KEY_MARKS}) "
                                  "ON CONFLICT (id) DO UPDATE SET revoked_at = "
                                  "COALESCE(keys.revoked_at, excluded.revoked_at)",
                                  [_key_tuple(k) for k in keys])
@@ -356,5 +365,7 @@ def _append_usage(conn: sqlite3.Connection, records: list[Record]) -> None:
                      "SET spent = project_spend.spent + excluded.spent", totals.items())
 
 
-def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None]:
-    return (row.id, row.digest, row.project, row.name, row.created_at, row.revoked_at)
+def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None,
+                                     int | None, int | None]:
+    return (row.id, row.digest, row.project, row.name, row.created_at, row.revoked_at,
+            row.rpm, row.tpm)

@@ -35,6 +35,7 @@ from urllib.parse import quote, urlsplit
 from llmgw.store.adminsummaries import AdminSummaryMethods
 from llmgw.store.holds import HoldMethods
 from llmgw.store.journals import JournalMethods
+from llmgw.store.ratelimits import RateLimitMethods
 from llmgw.store.reservations import Owner, ReservationMethods
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ class KeyRow:
     name: str
     created_at: float
     revoked_at: float | None = None
+    rpm: int | None = None  # the key's own requests per minute; None: its project's only
+    tpm: int | None = None  # ... and tokens per minute
 
 
 @dataclass(frozen=True)
@@ -100,11 +103,12 @@ class Published:
     doc: str
 
 
-class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods, abc.ABC):
+class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods,
+            RateLimitMethods, abc.ABC):
     """The storage interface; the apply journal's methods are in :class:`JournalMethods`,
     held revisions' in :class:`HoldMethods`, reservations' owners in
     :class:`ReservationMethods`, the leader's published admin summary in
-    :class:`AdminSummaryMethods`."""
+    :class:`AdminSummaryMethods`, rate-limit counters in :class:`RateLimitMethods`."""
 
     kind: Literal["sqlite", "postgresql"]
     where: str  # for messages: a path, or the URL without a password

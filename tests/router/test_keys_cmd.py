@@ -135,3 +135,30 @@ def test_reservations_list_and_release(cluster_dir: Path,
     assert capsys.readouterr().out.count("released ") == 2
     assert llmgw_keys("reservations", "--cluster", d) == 0
     assert "no reservations" in capsys.readouterr().err
+
+
+def test_a_keys_own_rate_limits(cluster_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = str(cluster_dir)
+    assert llmgw_keys("create", "--cluster", d, "--project", "ci", "--rpm", "60",
+                      "--tpm", "100000") == 0
+    out, err = capsys.readouterr()
+    assert "(rpm 60, tpm 100000)" in err
+    assert llmgw_keys("create", "--cluster", d, "--project", "ci") == 0
+    capsys.readouterr()
+    assert llmgw_keys("list", "--cluster", d) == 0
+    header, limited, plain = capsys.readouterr().out.splitlines()
+    assert "LIMITS" in header.split()
+    assert "rpm 60, tpm 100000" in limited and "  -  " in plain
+    assert llmgw_keys("list", "--cluster", d, "--json") == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(k["rpm"], k["tpm"]) for k in listed] == [(60, 100000), (None, None)]
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5", "ten", "²", "99999999999999"])
+def test_a_rate_limit_must_be_a_whole_number_from_one(
+        cluster_dir: Path, capsys: pytest.CaptureFixture[str], value: str) -> None:
+    with pytest.raises(SystemExit) as caught:
+        llmgw_keys("create", "--cluster", str(cluster_dir), "--project", "ci", "--rpm", value)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "--rpm" in err and "whole number" in err and "Traceback" not in err
