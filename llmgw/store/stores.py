@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote, urlsplit
 
 from llmgw.store.adminsummaries import AdminSummaryMethods
+from llmgw.store.audits import AuditMethods
+from llmgw.store.exports import ExportMethods
 from llmgw.store.holds import HoldMethods
 from llmgw.store.journals import JournalMethods
 from llmgw.store.reservations import Owner, ReservationMethods
@@ -100,11 +102,13 @@ class Published:
     doc: str
 
 
-class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods, abc.ABC):
+class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods, AuditMethods,
+            ExportMethods, abc.ABC):
     """The storage interface; the apply journal's methods are in :class:`JournalMethods`,
     held revisions' in :class:`HoldMethods`, reservations' owners in
     :class:`ReservationMethods`, the leader's published admin summary in
-    :class:`AdminSummaryMethods`."""
+    :class:`AdminSummaryMethods`, the audit log's in :class:`AuditMethods`, the usage export's in
+    :class:`ExportMethods`."""
 
     kind: Literal["sqlite", "postgresql"]
     where: str  # for messages: a path, or the URL without a password
