@@ -45,7 +45,8 @@ async def exported(settings: dict[str, str], *flags: str | None) -> list[exports
     query = exports.parse(*flags)  # type: ignore[arg-type]
     store = await stores.open_store(StoreSettings.model_validate(settings))
     try:
-        await store.insert_usage(ROWS)
+        if not await store.recent_usage(1):  # once per store
+            await store.insert_usage(ROWS)
         return await exports.export(store, query)
     finally:
         await store.close()
