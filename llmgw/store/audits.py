@@ -42,6 +42,7 @@ the store interface and the SQL of both databases.
 from __future__ import annotations
 
 import abc
+import datetime as dt
 import getpass
 import ipaddress
 import logging
@@ -53,6 +54,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
+
+from llmgw.spec.quantities import parse_duration
 
 if TYPE_CHECKING:
     from llmgw.store.stores import Store
@@ -88,6 +91,13 @@ class Entry:
     def line(self) -> str:
         """``action target``, as people read it."""
         return f"{self.action} {self.target}".rstrip()
+
+    def document(self) -> dict[str, Any]:
+        """As ``llmgw audit --json`` and ``GET /api/v1/audit`` show it."""
+        return {"id": self.id, "at": self.at,
+                "when": dt.datetime.fromtimestamp(self.at, dt.UTC).isoformat(),
+                "actor": self.actor, "source": self.source, "action": self.action,
+                "target": self.target}
 
 
 class AuditMethods(abc.ABC):
@@ -131,10 +141,13 @@ def target_of(fields: dict[str, str | Sequence[str] | None]) -> str:
 
 
 def source_of(address: str | None) -> str:
-    """An IP address as it is, ``cli``, else :data:`UNKNOWN`."""
+    """An IP address (or an IPv6 /64, as the login limits count a source) as it is,
+    ``cli``, else :data:`UNKNOWN`."""
     if address == CLI:
         return CLI
     try:
+        if "/" in (address or ""):
+            return str(ipaddress.ip_network(address or "", strict=True))
         return str(ipaddress.ip_address(address or ""))
     except ValueError:
         return UNKNOWN
@@ -173,6 +186,22 @@ async def record(store: Store | None, actor: str, source: str | None, action: st
 async def record_cli(store: Store, action: str, /, **target: str | Sequence[str] | None) -> None:
     """:func:`record` for a command: actor ``cli:<unix user>``, source ``cli``."""
     await record(store, cli_actor(), CLI, action, **target)
+
+
+def since_of(text: str, now: float) -> float:
+    """The start of ``--since``: a duration back from ``now`` (``1d``, ``12h``) or an ISO
+    date or date and time (UTC unless it has an offset). ValueError says what it takes.
+    Purely computational."""
+    try:
+        if len(text) > 40:
+            raise ValueError
+        if text[:1].isdigit() and not text[4:5] == "-":
+            return now - parse_duration(text)
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text[:40]!r} is neither a duration (1d, 12h, 30m) nor a date "
+                         "(2026-12-01, 2026-12-01T08:00, 2026-12-01T08:00+01:00)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)).timestamp()
 
 
 async def purge(store: Store, retention: float, now: float) -> int:
