@@ -251,7 +251,7 @@ class Pages:
         limiter = self.gate.limiter
         wait = limiter.retry_after(source, account)
         if wait:
-            await self.gate.login_failed(request, account, "throttled")
+            await self.gate.login_failed(request, name, "throttled")
             response = self._login_again(request, data, "too many failed logins from your "
                                          f"address: try again in {wait} s", status=429)
             response.headers["Retry-After"] = str(wait)
@@ -265,7 +265,7 @@ class Pages:
                           "yes" if known else "no", source, limiter.failures(source),
                           "yes" if limiter.under_attack(account) else "no",
                           limiter.retry_after(source, account))
-            await self.gate.login_failed(request, account, "password")
+            await self.gate.login_failed(request, name, "password")
             return self._login_again(request, data, "wrong user name or password", status=401)
         response = redirect(_next(data.get("next")) or ("/admin" if user.admin else "/chat"))
         await self.gate.login(response, request, user)
