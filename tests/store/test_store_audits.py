@@ -80,3 +80,34 @@ async def test_a_store_that_refuses_the_write_does_not_fail_the_caller(
     finally:
         await store.close()
     assert "could not write the audit entry logout user=ada" in caplog.text
+
+
+async def test_housekeeping_deletes_entries_past_the_clusters_retention(
+    store_settings: dict[str, str],
+) -> None:
+    from llmgw.daemon import housekeeping
+    from llmgw.spec.models import Cluster
+
+    now = 1_800_000_000.0
+    store = await open_(store_settings)
+    try:
+        for age_days in (400, 100, 1):
+            await store.insert_audit(Entry(now - age_days * 86400, "ada", "cli", "logout", ""))
+        default = Cluster.model_validate({"cluster": {"name": "c"}})
+        assert default.cluster.audit.retention == audits.DEFAULT_RETENTION == 365 * 86400
+        await housekeeping.purge_once(store, default, now)
+        assert len(await store.audit_entries()) == 2
+        short = Cluster.model_validate({"cluster": {"name": "c", "audit": {"retention": "30d"}}})
+        await housekeeping.purge_once(store, short, now)
+        assert [round((now - e.at) / 86400) for e in await store.audit_entries()] == [1]
+    finally:
+        await store.close()
+
+
+def test_a_retention_of_zero_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from llmgw.spec.models import Cluster
+
+    with pytest.raises(ValidationError, match="retention must be longer than zero"):
+        Cluster.model_validate({"cluster": {"name": "c", "audit": {"retention": "0s"}}})
