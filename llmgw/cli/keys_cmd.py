@@ -22,7 +22,7 @@ from typing import TypeVar
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.spec.models import Cluster
-from llmgw.store import keys, stores
+from llmgw.store import audits, keys, stores
 from llmgw.store.reservations import Held
 from llmgw.store.stores import Store, StoreError
 
@@ -102,6 +102,8 @@ def run_create(args: argparse.Namespace) -> int:
                         f"(projects: {defined}); add it under `projects:` first")
     created = with_store(cluster, lambda store: keys.create(
         store, args.project, args.name, rpm=args.rpm, tpm=args.tpm))
+    with_store(cluster, lambda store: audits.record_cli(store, "key.create", key=created.info.id,
+                                                        project=args.project))
     print(created.secret)
     limits = _limits(created.info)
     print(f"created key {created.info.id} for project {args.project}"
@@ -138,7 +140,10 @@ def run_revoke(args: argparse.Namespace) -> int:
 
     async def revoke(store: Store) -> tuple[keys.KeyInfo | None, keys.KeyInfo | None]:
         before = {k.id: k for k in await keys.list_all(store)}.get(key_id)
-        return before, (await keys.revoke(store, key_id) if before else None)
+        after = await keys.revoke(store, key_id) if before else None
+        if before is not None and before.revoked_at is None:
+            await audits.record_cli(store, "key.revoke", key=key_id, project=before.project)
+        return before, after
 
     before, info = with_store(cluster, revoke)
     if before is None:
@@ -180,6 +185,7 @@ def run_reservations(args: argparse.Namespace) -> int:
 def _release(cluster: Cluster, args: argparse.Namespace) -> int:
     ids = None if args.all else list(dict.fromkeys(args.release))
     released = with_store(cluster, lambda store: store.release_reservations(ids))
+    with_store(cluster, lambda store: _audit_released(store, released))
     if args.json:
         print(json.dumps([_held_json(h) for h in released], indent=2))
     for h in released:
@@ -211,6 +217,11 @@ def _limits(k: keys.KeyInfo) -> str:
     parts = [f"{kind} {value}" for kind, value in (("rpm", k.rpm), ("tpm", k.tpm))
              if value is not None]
     return ", ".join(parts) or "-"
+
+
+async def _audit_released(store: Store, released: Sequence[Held]) -> None:
+    for h in released:
+        await audits.record_cli(store, "reservation.release", reservation=h.id, project=h.project)
 
 
 def _held_json(h: Held) -> dict[str, object]:

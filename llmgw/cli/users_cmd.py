@@ -21,7 +21,7 @@ from typing import TypeVar
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.spec.models import Cluster
-from llmgw.store import migrations, stores, users
+from llmgw.store import audits, migrations, stores, users
 
 T = TypeVar("T")
 
@@ -102,6 +102,8 @@ def run_create(args: argparse.Namespace) -> int:
     except users.UserError as exc:
         raise UserError(str(exc)) from None
     role = "admin" if user.admin else "user"
+    asyncio.run(_with_store(cluster, lambda store: audits.record_cli(
+        store, "user.create", user=user.name, role=role, projects=user.projects)))
     projects = ", ".join(user.projects) or "no project"
     print(f"created {role} {user.name} ({projects}); they log in at the router's /login")
     return 0
@@ -117,6 +119,8 @@ def run_passwd(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     if not changed:
         raise UserError(f"no user {args.name!r}; `llmgw users list` shows them")
+    asyncio.run(_with_store(cluster, lambda store: audits.record_cli(
+        store, "user.password", user=args.name)))
     print(f"changed the password of {args.name}; their sessions ended")
     return 0
 
@@ -144,5 +148,7 @@ def run_delete(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
     if not asyncio.run(_with_store(cluster, lambda store: users.delete(store, args.name))):
         raise UserError(f"no user {args.name!r}; `llmgw users list` shows them")
+    asyncio.run(_with_store(cluster, lambda store: audits.record_cli(
+        store, "user.delete", user=args.name)))
     print(f"deleted user {args.name}; their sessions ended")
     return 0

@@ -16,9 +16,19 @@ on the pages.
                         or ``text``.
 ``GET /api/v1/history`` the apply journal, newest first: ``?model=M&limit=N``
                         (as ``llmgw history --json`` prints it).
+``GET /api/v1/usage``   usage export (as ``llmgw usage export`` prints it):
+                        ``?from=DATE&to=DATE&group_by=project,key,model,day``
+                        ``&format=json|csv&tz=ZONE`` (JSON by default;
+                        :mod:`llmgw.store.exports`).
+``GET /api/v1/audit``   the audit log, newest first: ``?since=1d|ISO&limit=N``
+                        (as ``llmgw audit --json`` prints it).
 ``GET /ready``          200 on the leading reconciler once it has observed the
                         fleet; 503 on a standby (a load balancer in front of
                         reconcilers' admin APIs reaches the leader).
+
+Every call that is not a read (any method but GET and HEAD) and succeeds is
+written to the audit log (:mod:`llmgw.store.audits`): ``admin-token`` or the
+admin's name, the peer's address, ``admin.<method>`` and the route.
 
 The pages (``/admin``, ``/chat``, ``/account``, ``/login``) are not served here:
 they live on the router's listener, where routers in the HA layout show the
@@ -51,8 +61,8 @@ from llmgw.fleet.types import Fleet
 from llmgw.planning import outputs, summaries
 from llmgw.spec import secrets
 from llmgw.spec.models import NAME_PATTERN
-from llmgw.store import journals
-from llmgw.store.stores import StoreError
+from llmgw.store import audits, exports, journals
+from llmgw.store.stores import Store, StoreError
 from llmgw.web import PAGE_PREFIXES, AdminView, Progress
 from llmgw.web.logins import Gate
 
@@ -61,8 +71,8 @@ PAGES_ELSEWHERE = (
     "This is llmgw's admin API, not its pages. The pages (/admin, /chat, /account) are "
     "served by routers, on the router listener (this cluster's listeners.router is "
     "{router}); in the HA layout every router's /admin shows the leading reconciler's "
-    "summary. The API here: /api/v1/status, /api/v1/fleet, /api/v1/plan, /api/v1/history "
-    "(with the admin token), /health, /ready.\n")
+    "summary. The API here: /api/v1/status, /api/v1/fleet, /api/v1/plan, /api/v1/history, "
+    "/api/v1/usage, /api/v1/audit (with the admin token), /health, /ready.\n")
 
 FORMATS = {"json": outputs.json_text, "markdown": outputs.markdown, "text": outputs.text}
 CONTENT_TYPES = {"json": "application/json", "markdown": "text/markdown", "text": "text/plain"}
@@ -82,7 +92,16 @@ def ensure_token(directory: Path) -> str:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _guard(token: str, gate: Gate | None, router: Callable[[], str]) -> Middleware:
+def _guard(token: str, gate: Gate | None, router: Callable[[], str],
+           store: Callable[[], Store | None] = lambda: None) -> Middleware:
+    async def audited(request: web.Request, handler: Handler, actor: str) -> web.StreamResponse:
+        response = await handler(request)
+        if request.method not in ("GET", "HEAD") and response.status < 400:
+            resource = request.match_info.route.resource
+            await audits.record(store(), actor, request.remote, f"admin.{request.method.lower()}",
+                                route=resource.canonical if resource else None)
+        return response
+
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in ("/health", "/ready"):  # what load balancers probe
@@ -92,12 +111,12 @@ def _guard(token: str, gate: Gate | None, router: Callable[[], str]) -> Middlewa
         scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer" and presented.strip():
             if hmac.compare_digest(presented.strip().encode(), token.encode()):
-                return await handler(request)
+                return await audited(request, handler, "admin-token")
             raise web.HTTPUnauthorized(text='{"error": "wrong admin token"}',
                                        content_type="application/json")
         visitor = await gate.visitor(request) if gate is not None else None
         if visitor is not None and visitor.user.admin:
-            return await handler(request)
+            return await audited(request, handler, visitor.user.name)
         raise web.HTTPUnauthorized(
             text=json.dumps({"error": "the admin API needs `Authorization: Bearer <token>` "
                              f"(the file {TOKEN_FILE} next to the store) or an admin's "
@@ -108,11 +127,13 @@ def _guard(token: str, gate: Gate | None, router: Callable[[], str]) -> Middlewa
 
 def create_app(daemon: Daemon, token: str, gate: Gate | None = None) -> web.Application:
     app = web.Application(middlewares=[_guard(
-        token, gate, lambda: daemon.cluster.cluster.listeners.router)])
+        token, gate, lambda: daemon.cluster.cluster.listeners.router, lambda: daemon.store)])
     app.router.add_get("/api/v1/status", lambda r: _status(daemon))
     app.router.add_get("/api/v1/fleet", lambda r: _fleet(daemon))
     app.router.add_get("/api/v1/plan", lambda r: _plan(daemon, r))
     app.router.add_get("/api/v1/history", lambda r: _history(daemon, r))
+    app.router.add_get("/api/v1/usage", lambda r: _usage(daemon, r))
+    app.router.add_get("/api/v1/audit", lambda r: _audit(daemon, r))
     app.router.add_get("/health", lambda r: _health())
     app.router.add_get("/ready", lambda r: _ready(daemon))
     return app
@@ -238,6 +259,56 @@ async def _history(daemon: Daemon, request: web.Request) -> web.Response:
         raise web.HTTPServiceUnavailable(text='{"error": "the store did not answer"}',
                                          content_type="application/json") from None
     return web.json_response([records.document(e) for e in entries])
+
+
+def _refused(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=json.dumps({"error": message}),
+                              content_type="application/json")
+
+
+def _store_of(daemon: Daemon) -> Store:
+    if daemon.store is None:
+        raise web.HTTPServiceUnavailable(text='{"error": "no store"}',
+                                         content_type="application/json")
+    return daemon.store
+
+
+async def _usage(daemon: Daemon, request: web.Request) -> web.Response:
+    q = request.query
+    try:
+        query = exports.parse(q.get("from"), q.get("to"), q.get("group_by", "project"),
+                              q.get("format", "json"), q.get("tz"),
+                              flag=lambda name: name.replace("-", "_"))
+    except ValueError as exc:
+        raise _refused(str(exc)) from None
+    try:
+        lines = await exports.export(_store_of(daemon), query)
+    except StoreError:
+        raise web.HTTPServiceUnavailable(text='{"error": "the store did not answer"}',
+                                         content_type="application/json") from None
+    if query.format == "csv":
+        return web.Response(text=exports.csv_text(lines, query), content_type="text/csv")
+    return web.json_response(exports.document(lines, query))
+
+
+async def _audit(daemon: Daemon, request: web.Request) -> web.Response:
+    try:
+        since = (audits.since_of(request.query["since"], time.time())
+                 if "since" in request.query else None)
+    except ValueError as exc:
+        raise _refused(f"since: {exc}") from None
+    try:
+        limit = int(request.query.get("limit", "100"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= audits.MAX_LIMIT:
+        raise _refused(f"limit must be between 1 and {audits.MAX_LIMIT}")
+    try:
+        entries = await _store_of(daemon).audit_entries(since, limit)
+    except StoreError:
+        raise web.HTTPServiceUnavailable(text='{"error": "the store did not answer"}',
+                                         content_type="application/json") from None
+    return web.json_response([e.document() for e in entries])
 
 
 async def _fleet(daemon: Daemon) -> web.Response:

@@ -1,8 +1,10 @@
-"""Deleting what must not be kept: conversations past retention, ended sessions.
+"""Deleting what must not be kept: conversations past retention, ended sessions, audit
+entries older than ``cluster.audit.retention``.
 
 The daemon runs :func:`purge_forever` beside its loop. A project's retention
 comes from the cluster in force at each pass, so shortening it (or removing
-``conversations:``) deletes the now-overdue rows at the next pass.
+``conversations:``) deletes the now-overdue rows at the next pass; the audit
+log's likewise.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from llmgw.spec.models import Cluster
-from llmgw.store import conversations, sessions
+from llmgw.store import audits, conversations, sessions
 from llmgw.store.stores import Store, StoreError
 
 log = logging.getLogger("llmgw.daemon")
@@ -31,6 +33,7 @@ async def purge_once(store: Store, cluster: Cluster, now: float) -> int:
     """One pass; how many conversations were deleted."""
     gone = await conversations.purge(store, retention_of(cluster), now)
     await sessions.purge_expired(store, now)
+    await audits.purge(store, cluster.cluster.audit.retention, now)
     if gone:
         log.info("deleted %d conversations past their project's retention", gone)
     return gone

@@ -279,6 +279,21 @@ class WebSettings(Strict):
         return value
 
 
+class AuditSettings(Strict):
+    retention: Duration = Field(
+        365 * 86400.0,
+        description="How long the audit log keeps an entry (`llmgw audit`); the daemon "
+        "deletes older ones. Default a year.",
+    )
+
+    @field_validator("retention")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("retention must be longer than zero (for example 365d)")
+        return value
+
+
 class ClusterSettings(Strict):
     name: Name = Field(description="Name of the cluster; shown in plans and metrics.")
     ssh: SSHSettings = Field(
@@ -318,6 +333,10 @@ class ClusterSettings(Strict):
     )
     web: WebSettings = Field(
         default_factory=WebSettings, description="Logins and pages (/chat, /account, /admin)."
+    )
+    audit: AuditSettings = Field(
+        default_factory=AuditSettings,
+        description="The audit log of changes to keys, users and members, and of logins.",
     )
     agent_socket: str = Field(
         "/run/llmgw/agent.sock", description="Path of the agent's unix socket on every node."

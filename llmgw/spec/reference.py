@@ -24,6 +24,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("cluster.listeners", models.Listeners, "cluster: {listeners: ...}"),
     ("cluster.store", models.StoreSettings, "cluster: {store: ...}"),
     ("cluster.weights", models.WeightsSettings, "cluster: {weights: ...}"),
+    ("cluster.audit", models.AuditSettings, "cluster: {audit: ...}"),
     ("cluster.gpu_classes.NAME", models.GpuClassDecl, "cluster: {gpu_classes: {NAME: ...}}"),
     ("cluster.drift", repairs.DriftSettings, "cluster: {drift: ...}"),
     ("cluster.drift.engine_crash", repairs.EngineCrashRepair,

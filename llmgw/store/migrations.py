@@ -552,6 +552,33 @@ END;
 $$;
 """,
     ),
+    Migration(
+        13, "the audit log of changes to keys, users and members, and of logins",
+        # Written by llmgw.store.audits.record only: identifiers, never a secret or client
+        # text. Deleted past cluster.audit.retention by the daemon's housekeeping.
+        sqlite="""
+CREATE TABLE IF NOT EXISTS audit_log (
+    id      INTEGER PRIMARY KEY,
+    at      REAL NOT NULL,          -- Unix time
+    actor   TEXT NOT NULL,          -- a user name, cli:<unix user>, key:<id>, admin-token
+    source  TEXT NOT NULL,          -- the client's address, or cli
+    action  TEXT NOT NULL,          -- key.create, login.failed, ...
+    target  TEXT NOT NULL           -- key=ID project=P: validated identifiers only
+);
+CREATE INDEX IF NOT EXISTS audit_log_at ON audit_log (at);
+""",
+        postgres="""
+CREATE TABLE audit_log (
+    id      BIGSERIAL PRIMARY KEY,
+    at      DOUBLE PRECISION NOT NULL, -- Unix time
+    actor   TEXT NOT NULL,
+    source  TEXT NOT NULL,
+    action  TEXT NOT NULL,
+    target  TEXT NOT NULL
+);
+CREATE INDEX audit_log_at ON audit_log (at);
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

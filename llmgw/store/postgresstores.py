@@ -29,7 +29,16 @@ from typing import Literal
 import asyncpg
 
 from llmgw.spec.rollouts import Hold
-from llmgw.store import adminsummaries, holds, journals, migrations, ratelimits, reservations
+from llmgw.store import (
+    adminsummaries,
+    audits,
+    exports,
+    holds,
+    journals,
+    migrations,
+    ratelimits,
+    reservations,
+)
 from llmgw.store.postgrespages import PostgresPages
 from llmgw.store.reservations import Chosen, Held, Owner, Progress
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
@@ -110,6 +119,25 @@ class PostgresStore(PostgresPages, Store):
                       limit: int = 50) -> list[journals.ApplyEntry]:
         async with self._conn() as conn:
             return await journals.postgres_history(conn, model, limit)
+
+    # -- the audit log (SQL in llmgw.store.audits) ------------------------------------------
+    async def insert_audit(self, entry: audits.Entry) -> int:
+        async with self._conn() as conn:
+            return await audits.postgres_insert(conn, entry)
+
+    async def audit_entries(self, since: float | None = None,
+                            limit: int = 100) -> list[audits.Entry]:
+        async with self._conn() as conn:
+            return await audits.postgres_audits(conn, since, limit)
+
+    async def purge_audits(self, before: float) -> int:
+        async with self._conn() as conn:
+            return await audits.postgres_purge(conn, before)
+
+    async def usage_sums(self, start: float, end: float, columns: Sequence[str],
+                         slot: float | None) -> list[exports.Sums]:
+        async with self._conn() as conn:
+            return await exports.postgres_sums(conn, start, end, columns, slot)
 
     # -- held revisions (SQL in llmgw.store.holds) ------------------------------------------
     async def put_hold(self, hold: Hold) -> None:

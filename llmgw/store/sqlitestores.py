@@ -29,7 +29,16 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from llmgw.spec.rollouts import Hold
-from llmgw.store import adminsummaries, databases, holds, journals, ratelimits, reservations
+from llmgw.store import (
+    adminsummaries,
+    audits,
+    databases,
+    exports,
+    holds,
+    journals,
+    ratelimits,
+    reservations,
+)
 from llmgw.store.reservations import Chosen, Held, Owner, Progress
 from llmgw.store.sqlitepages import SQLitePages
 from llmgw.store.stores import (
@@ -95,6 +104,21 @@ class SQLiteStore(SQLitePages, Store):
     async def history(self, model: str | None = None,
                       limit: int = 50) -> list[journals.ApplyEntry]:
         return await self._run(lambda conn: journals.sqlite_history(conn, model, limit))
+
+    # -- the audit log (SQL in llmgw.store.audits) ------------------------------------------
+    async def insert_audit(self, entry: audits.Entry) -> int:
+        return await self._run(lambda conn: audits.sqlite_insert(conn, entry))
+
+    async def audit_entries(self, since: float | None = None,
+                            limit: int = 100) -> list[audits.Entry]:
+        return await self._run(lambda conn: audits.sqlite_audits(conn, since, limit))
+
+    async def purge_audits(self, before: float) -> int:
+        return await self._run(lambda conn: audits.sqlite_purge(conn, before))
+
+    async def usage_sums(self, start: float, end: float, columns: Sequence[str],
+                         slot: float | None) -> list[exports.Sums]:
+        return await self._run(lambda conn: exports.sqlite_sums(conn, start, end, columns, slot))
 
     # -- held revisions (SQL in llmgw.store.holds) ------------------------------------------
     async def put_hold(self, hold: Hold) -> None:

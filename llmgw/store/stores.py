@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote, urlsplit
 
 from llmgw.store.adminsummaries import AdminSummaryMethods
+from llmgw.store.audits import AuditMethods
+from llmgw.store.exports import ExportMethods
 from llmgw.store.holds import HoldMethods
 from llmgw.store.journals import JournalMethods
 from llmgw.store.ratelimits import RateLimitMethods
@@ -104,11 +106,12 @@ class Published:
 
 
 class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods,
-            RateLimitMethods, abc.ABC):
+            RateLimitMethods, AuditMethods, ExportMethods, abc.ABC):
     """The storage interface; the apply journal's methods are in :class:`JournalMethods`,
     held revisions' in :class:`HoldMethods`, reservations' owners in
     :class:`ReservationMethods`, the leader's published admin summary in
-    :class:`AdminSummaryMethods`, rate-limit counters in :class:`RateLimitMethods`."""
+    :class:`AdminSummaryMethods`, rate-limit counters in :class:`RateLimitMethods`, the
+    audit log's in :class:`AuditMethods`, the usage export's in :class:`ExportMethods`."""
 
     kind: Literal["sqlite", "postgresql"]
     where: str  # for messages: a path, or the URL without a password

@@ -64,6 +64,8 @@ async def _create(pages: Pages, request: web.Request) -> web.StreamResponse:
     name = " ".join(data.get("name", "").split())[:MAX_KEY_NAME]
     label = f"{name} (by {visitor.user.name})" if name else f"by {visitor.user.name}"
     created = await keys.create(pages.keystore(), project, label, pages.clock())
+    await pages.gate.audit(request, visitor.user.name, "key.create", key=created.info.id,
+                           project=project)
     return await _page(pages, request, visitor, created=created, status=201)
 
 
@@ -75,4 +77,6 @@ async def _revoke(pages: Pages, request: web.Request) -> web.StreamResponse:
     if found is None or found.project not in pages.projects_of(visitor):
         raise web.HTTPNotFound(text="no such key among your projects' keys")
     await keys.revoke(pages.keystore(), key_id, pages.clock())
+    await pages.gate.audit(request, visitor.user.name, "key.revoke", key=key_id,
+                           project=found.project)
     raise web.HTTPSeeOther("/account")

@@ -5,7 +5,9 @@ whose ``summary`` is :func:`llmgw.planning.summaries.summarize` — the same
 function behind ``llmgw status`` and ``/api/v1/status``; this module only
 lays it out. Usage and spend come from the store, charted per project, key
 and model over the last day (hourly) or week (daily). ``/admin/live`` is the
-refreshing part alone, which ``refresh.js`` fetches and swaps in.
+refreshing part alone, which ``refresh.js`` fetches and swaps in. The last
+:data:`AUDIT_ROWS` entries of the audit log (:mod:`llmgw.store.audits`) close
+the page, escaped like everything else.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from llmgw.web.pages import Pages
 
 RANGES = {"24h": (3600.0, 24), "7d": (86400.0, 7)}
+AUDIT_ROWS = 50
 
 
 def install(pages: Pages, add: web.UrlDispatcher) -> None:
@@ -54,4 +57,5 @@ async def _admin(pages: Pages, template: str, request: web.Request) -> web.Strea
     return pages.render(request, template, view=view, bars=bars, usage=usage, span=span,
                         ranges=list(RANGES), budgets=budget_rows, now=now,
                         users=await users.list_all(pages.store), refresh=pages.refresh_seconds,
+                        audit=await pages.store.audit_entries(limit=AUDIT_ROWS),
                         models=cluster.models, absent=pages.absent() if view is None else "")

@@ -15,6 +15,10 @@
   further and the Argon2 cost cannot be used to load the host), while a source
   without failures always has its password checked. The source is the peer's
   address, or behind a trusted proxy the nearest untrusted X-Forwarded-For hop.
+* **The audit log.** Every login, failed login and logout, and every change a
+  page makes, is written through :meth:`Gate.audit` (:mod:`llmgw.store.audits`):
+  who, the client's address as above, what. Never a password; a failed
+  login's attempted name only when it is a valid user name.
 """
 
 from __future__ import annotations
@@ -23,13 +27,13 @@ import hmac
 import ipaddress
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from llmgw.spec.models import WebSettings
-from llmgw.store import sessions, users
+from llmgw.store import audits, sessions, users
 from llmgw.store.sessions import Session
 from llmgw.store.stores import Store
 from llmgw.store.users import User
@@ -82,31 +86,50 @@ class Gate:
         user name or "?"), never a password or token; ``user`` the person let in, or
         None with ``reason`` (a word) and ``details`` (already safe to log). Logs the
         outcome on ``llmgw.audit`` and, on success, starts the session on
-        ``response``. This is the one place to hook an audit trail of logins.
+        ``response``; either way writes the audit log (``login.ok``, ``login.failed``).
         """
         source = self.client(request)
         if user is None:
             audit.warning("login failed: method=%s account=%s reason=%s source=%s%s", method,
                           account, reason, source, f" {details}" if details else "")
+            await self.login_failed(request, account, reason, method)
             return
         audit.info("login: method=%s account=%s admin=%s source=%s", method, user.name,
                    "yes" if user.admin else "no", source)
-        await self.login(response, request, user)
+        await self.login(response, request, user, method)
 
     async def login(self, response: web.StreamResponse, request: web.Request,
-                    user: User) -> None:
-        """Start a session for ``user`` and set its cookie on ``response`` (see conclude)."""
+                    user: User, method: str = "password") -> None:
+        """Start a session for ``user`` and set its cookie on ``response``; audited as
+        ``login.ok`` by ``method`` (``password``, ``oidc``)."""
         created = await sessions.create(self.store, user.name, self.settings().session_ttl,
                                   self.clock())
         response.set_cookie(SESSION_COOKIE, created.token, httponly=True, samesite="Strict",
                             secure=self.is_secure(request), path="/",
                             max_age=int(self.settings().session_ttl))
         response.del_cookie(LOGIN_COOKIE, path="/login")
+        await self.audit(request, user.name, "login.ok", user=user.name, method=method)
 
-    async def logout(self, response: web.StreamResponse, visitor: Visitor | None) -> None:
+    async def login_failed(self, request: web.Request, name: str, reason: str,
+                           method: str = "password") -> None:
+        """Audit a refused login: ``name`` is the client's text, kept only when it is a
+        valid user name (else ``?``); no password or token is ever passed here."""
+        await self.audit(request, "-", "login.failed", user=name if users.NAME.fullmatch(name)
+                         else audits.UNKNOWN, method=method, reason=reason)
+
+    async def logout(self, response: web.StreamResponse, visitor: Visitor | None,
+                     request: web.Request | None = None) -> None:
         if visitor is not None:
             await sessions.delete(self.store, visitor.token)
+            if request is not None:
+                await self.audit(request, visitor.user.name, "logout", user=visitor.user.name)
         response.del_cookie(SESSION_COOKIE, path="/")
+
+    async def audit(self, request: web.Request, actor: str, action: str, /,
+                    **target: str | Sequence[str] | None) -> None:
+        """Write an audit entry for a page request: ``actor`` (a user name) did ``action``
+        on ``target`` (identifiers only) from the client's address (:meth:`client`)."""
+        await audits.record(self.store, actor, self.client(request), action, **target)
 
     # -- CSRF -----------------------------------------------------------------------
 

@@ -256,6 +256,7 @@ class Pages:
         limiter = self.gate.limiter
         wait = limiter.retry_after(source, account)
         if wait:
+            await self.gate.login_failed(request, name, "throttled")
             response = self._login_again(request, data, "too many failed logins from your "
                                          f"address: try again in {wait} s", status=429)
             response.headers["Retry-After"] = str(wait)
@@ -363,7 +364,7 @@ class Pages:
             if target is not None:
                 response = self.render(request, "continue.html", title="Signing out",
                                        target=target)
-        await self.gate.logout(response, visitor)
+        await self.gate.logout(response, visitor, request)
         return response
 
     async def _static(self, request: web.Request) -> web.StreamResponse:

@@ -102,7 +102,7 @@ class Stack:
 
     def table_values(self, table: str) -> list[str]:
         """Every value in ``table`` as text, read with SQL straight from the database."""
-        assert table in ("usage", "keys", "users", "sessions", "messages")
+        assert table in ("usage", "keys", "users", "sessions", "messages", "audit_log")
         if self.db.kind == "sqlite":
             with contextlib.closing(sqlite3.connect(self.db_path)) as conn:
                 return [str(v) for row in conn.execute(f"SELECT * FROM {table}") for v in row]
