@@ -49,6 +49,11 @@ class Sso:
     def user(self, name: str) -> users.User | None:
         return self.stack.run(users.get(self.stack.db, name))
 
+    def audited(self) -> list[str]:
+        """The audit log's lines, oldest first: who, then what."""
+        return [f"{e.actor} {e.line()}"
+                for e in reversed(self.stack.run(self.stack.db.audit_entries()))]
+
 
 def sso_cluster(base: Cluster, issuer: str, secret_file: Path, **web: Any) -> Cluster:
     doc = base.model_dump(mode="json", exclude_none=True)
@@ -106,6 +111,7 @@ def test_a_provider_login_makes_a_user_with_its_groups_projects_and_a_session(
     assert sso.user("alice") == users.User(
         "alice", False, ("research",), sso.user("alice").created_at,  # type: ignore[union-attr]
         f"{sso.provider.issuer} alice")
+    assert sso.audited() == ["alice login.ok user=alice method=oidc"]
 
 
 def test_a_login_for_a_page_returns_to_it_and_a_foreign_next_is_dropped(sso: Sso) -> None:
@@ -166,6 +172,9 @@ def test_an_id_token_that_fails_a_check_is_refused(
         assert "llmgw_session" not in client.cookies
     assert sso.user("alice") is None
     assert sso.transport.seen and sso.transport.seen[0] not in caplog.text
+    [line] = sso.audited()  # refused: audited as such, with neither token nor claim text
+    assert line.startswith("- login.failed ") and "method=oidc" in line
+    assert sso.transport.seen[0] not in line
 
 
 def test_a_token_re_signed_unchanged_with_the_providers_key_is_accepted(sso: Sso) -> None:
