@@ -51,6 +51,7 @@ class KeyInfo:
     created_at: float
     revoked_at: float | None = None
     last_used_at: float | None = None
+    owner: str | None = None  # the page user who made it on /account; None: `llmgw keys`
 
     @property
     def active(self) -> bool:
@@ -69,15 +70,19 @@ def digest(key: str) -> str:
 
 
 async def create(
-    store: Store, project: str, name: str = "", now: float | None = None
+    store: Store, project: str, name: str = "", now: float | None = None,
+    owner: str | None = None,
 ) -> CreatedKey:
-    """A new key for ``project``; the returned ``secret`` is the only copy."""
+    """A new key for ``project``; the returned ``secret`` is the only copy.
+
+    ``owner``: the page user who made it (/account); None for ``llmgw keys create``."""
     created_at = time.time() if now is None else now
     while True:
         key_id = secrets.token_hex(_ID_HEX // 2)
         key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-        if await store.insert_key(KeyRow(key_id, digest(key), project, name, created_at)):
-            return CreatedKey(KeyInfo(key_id, project, name, created_at), key)
+        if await store.insert_key(KeyRow(key_id, digest(key), project, name, created_at,
+                                         owner=owner)):
+            return CreatedKey(KeyInfo(key_id, project, name, created_at, owner=owner), key)
         # the 48-bit id collided: draw again
 
 
@@ -101,7 +106,7 @@ def check(key: str, row: KeyRow | None) -> KeyInfo | None:
     matches = hmac.compare_digest(digest(key), stored)
     if row is None or not matches or row.revoked_at is not None:
         return None
-    return KeyInfo(row.id, row.project, row.name, row.created_at)
+    return KeyInfo(row.id, row.project, row.name, row.created_at, owner=row.owner)
 
 
 async def list_all(store: Store) -> list[KeyInfo]:
@@ -116,4 +121,5 @@ async def revoke(store: Store, key_id: str, now: float | None = None) -> KeyInfo
 
 
 def _info(row: KeyRow, last_used_at: float | None = None) -> KeyInfo:
-    return KeyInfo(row.id, row.project, row.name, row.created_at, row.revoked_at, last_used_at)
+    return KeyInfo(row.id, row.project, row.name, row.created_at, row.revoked_at, last_used_at,
+                   row.owner)

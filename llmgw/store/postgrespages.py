@@ -21,7 +21,7 @@ from llmgw.store.sessions import Session
 from llmgw.store.usages import GROUPS, Bucket
 from llmgw.store.users import User
 
-_USER = "SELECT name, admin, projects, created_at FROM users"
+_USER = "SELECT name, admin, projects, created_at, admin_of FROM users"
 _SESSION = "SELECT digest, user_name, csrf, created_at, expires_at FROM sessions"
 # The conversation's last message, when it is an answer (Regenerate replaces it).
 _DROP_ANSWER = ("DELETE FROM messages WHERE role = 'assistant' AND id = (SELECT max(id) "
@@ -42,9 +42,10 @@ class PostgresPages(abc.ABC):
     async def insert_user(self, user: User, password_hash: str) -> bool:
         async with self._conn() as conn:
             status = await conn.execute(
-                "INSERT INTO users (name, password, admin, projects, created_at) "
-                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING", user.name,
-                password_hash, user.admin, json.dumps(list(user.projects)), user.created_at)
+                "INSERT INTO users (name, password, admin, projects, created_at, admin_of) "
+                "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (name) DO NOTHING", user.name,
+                password_hash, user.admin, json.dumps(list(user.projects)), user.created_at,
+                json.dumps(list(user.admin_of)))
         return bool(status.endswith(" 1"))
 
     async def user(self, name: str) -> User | None:
@@ -66,6 +67,14 @@ class PostgresPages(abc.ABC):
         async with self._conn() as conn:
             status = await conn.execute("UPDATE users SET password = $2 WHERE name = $1",
                                         name, password_hash)
+        return bool(status.endswith(" 1"))
+
+    async def set_user_projects(self, name: str, projects: Sequence[str],
+                                admin_of: Sequence[str]) -> bool:
+        async with self._conn() as conn:
+            status = await conn.execute(
+                "UPDATE users SET projects = $2, admin_of = $3 WHERE name = $1", name,
+                json.dumps(list(projects)), json.dumps(list(admin_of)))
         return bool(status.endswith(" 1"))
 
     async def delete_user(self, name: str) -> bool:
@@ -193,7 +202,8 @@ class PostgresPages(abc.ABC):
 
 
 def _user(row: asyncpg.Record) -> User:
-    return User(row[0], bool(row[1]), tuple(json.loads(row[2])), float(row[3]))
+    return User(row[0], bool(row[1]), tuple(json.loads(row[2])), float(row[3]),
+                tuple(json.loads(row[4])))
 
 
 def _count(status: str) -> int:

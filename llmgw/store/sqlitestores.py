@@ -47,7 +47,7 @@ from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 T = TypeVar("T")
 _MARKS = ", ".join("?" * len(COLUMNS))
 _INSERT_USAGE = f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES ({_MARKS})"
-_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at"
+_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at, owner"
 # Budget reservations: a project's spend, what live reservations hold, taking and settling one.
 _SPENT = "SELECT spent FROM project_spend WHERE project = ?"
 _RESERVED = ("SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = ? "
@@ -109,7 +109,7 @@ class SQLiteStore(SQLitePages, Store):
     async def insert_key(self, row: KeyRow) -> bool:
         def insert(conn: sqlite3.Connection) -> bool:
             try:
-                conn.execute(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                conn.execute(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
                              _key_tuple(row))
             except sqlite3.IntegrityError:
                 return False
@@ -128,7 +128,7 @@ class SQLiteStore(SQLitePages, Store):
             rows = conn.execute(
                 f"SELECT {_KEY_COLUMNS}, (SELECT MAX(ts) FROM usage u WHERE u.key_id = k.id) "
                 "FROM keys k ORDER BY k.created_at, k.id").fetchall()
-            return [KeyListing(KeyRow(*r[:6]), r[6]) for r in rows]
+            return [KeyListing(KeyRow(*r[:7]), r[7]) for r in rows]
         return await self._run(select)
 
     async def revoke_key(self, key_id: str, when: float) -> KeyRow | None:
@@ -329,7 +329,8 @@ class SQLiteStore(SQLitePages, Store):
         def insert(conn: sqlite3.Connection) -> None:
             with conn:
                 conn.execute("BEGIN")
-                conn.executemany(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
+                conn.executemany(f"INSERT INTO keys ({_KEY_COLUMNS}) "
+                                 "VALUES (?, ?, ?, ?, ?, ?, ?) "
                                  "ON CONFLICT (id) DO UPDATE SET revoked_at = "
                                  "COALESCE(keys.revoked_at, excluded.revoked_at)",
                                  [_key_tuple(k) for k in keys])
@@ -356,5 +357,6 @@ def _append_usage(conn: sqlite3.Connection, records: list[Record]) -> None:
                      "SET spent = project_spend.spent + excluded.spent", totals.items())
 
 
-def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None]:
-    return (row.id, row.digest, row.project, row.name, row.created_at, row.revoked_at)
+def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None, str | None]:
+    return (row.id, row.digest, row.project, row.name, row.created_at, row.revoked_at,
+            row.owner)
