@@ -54,6 +54,8 @@ class Catalog:
     budgets: dict[str, float | None] = field(default_factory=dict)  # project → USD or None
     request_caps: dict[str, float | None] = field(default_factory=dict)  # max_request_usd
     auth: str = "keys"  # "keys" | "none"
+    # project → its `models:` allow-list (None: every model); see llmgw.router.permissions.
+    access: dict[str, tuple[str, ...] | None] = field(default_factory=dict)
 
     _by_key: dict[str, ModelEntry] = field(init=False, repr=False, compare=False)
 
@@ -109,7 +111,10 @@ def from_cluster(cluster: Cluster) -> Catalog:
             )
     budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
     caps = {name: project.max_request_usd for name, project in cluster.projects.items()}
-    return Catalog(models=models, budgets=budgets, request_caps=caps, auth=cluster.cluster.auth)
+    access = {name: None if project.models is None else tuple(project.models)
+              for name, project in cluster.projects.items()}
+    return Catalog(models=models, budgets=budgets, request_caps=caps, auth=cluster.cluster.auth,
+                   access=access)
 
 
 def engine(model: Model) -> str:
