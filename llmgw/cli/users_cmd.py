@@ -38,9 +38,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     clusters.add_cluster_flag(create)
     create.add_argument("name", metavar="NAME")
     create.add_argument("--admin", action="store_true", help="may see /admin and the admin API")
-    create.add_argument("--project", action="append", default=[], metavar="P",
-                        help="a project the user belongs to (repeat for more)")
+    create.add_argument("--project", action="append", default=[], metavar="P[:ROLE]",
+                        help="a project the user belongs to, as a member (sees and revokes "
+                        "their own keys) or with :admin as that project's admin (all of its "
+                        "keys); repeat for more")
     create.set_defaults(handler=run_create)
+
+    role = commands.add_parser("set-role", help="make a user a member or an admin of a project",
+                               description="A member of a project sees and revokes the keys "
+                               "they made on /account; a project admin every key of it. A "
+                               "user not yet in the project joins it.")
+    clusters.add_cluster_flag(role)
+    role.add_argument("name", metavar="NAME")
+    role.add_argument("project", metavar="PROJECT")
+    role.add_argument("role", metavar="ROLE", choices=users.ROLES, help="member or admin")
+    role.set_defaults(handler=run_set_role)
 
     passwd = commands.add_parser("passwd", help="set a user's password; ends their sessions")
     clusters.add_cluster_flag(passwd)
@@ -90,23 +102,56 @@ def run_create(args: argparse.Namespace) -> int:
         users.check_name(args.name)
     except users.UserError as exc:
         raise UserError(str(exc)) from None
-    unknown = [p for p in args.project if p not in cluster.projects]
-    if unknown:
-        defined = ", ".join(sorted(cluster.projects)) or "none"
-        raise UserError(f"project {unknown[0]!r} is not defined in {args.cluster} "
-                        f"(projects: {defined}); add it under `projects:` first")
+    roles = [_project_role(cluster, args.cluster, given) for given in args.project]
     password = read_password()
     try:
         user = asyncio.run(_with_store(cluster, lambda store: users.create(
-            store, args.name, password, admin=args.admin, projects=args.project)))
+            store, args.name, password, admin=args.admin, projects=[p for p, _ in roles],
+            admin_of=[p for p, r in roles if r == "admin"])))
     except users.UserError as exc:
         raise UserError(str(exc)) from None
     role = "admin" if user.admin else "user"
     asyncio.run(_with_store(cluster, lambda store: audits.record_cli(
-        store, "user.create", user=user.name, role=role, projects=user.projects)))
-    projects = ", ".join(user.projects) or "no project"
+        store, "user.create", user=user.name, role=role, projects=user.projects,
+        admin_of=user.admin_of or None)))
+    projects = _projects(user) or "no project"
     print(f"created {role} {user.name} ({projects}); they log in at the router's /login")
     return 0
+
+
+def run_set_role(args: argparse.Namespace) -> int:
+    cluster = clusters.load(args.cluster)
+    project, role = _project_role(cluster, args.cluster, f"{args.project}:{args.role}")
+    try:
+        user = asyncio.run(_with_store(cluster, lambda store: users.set_role(
+            store, args.name, project, role)))
+    except users.UserError as exc:
+        raise UserError(str(exc)) from None
+    asyncio.run(_with_store(cluster, lambda store: audits.record_cli(
+        store, "user.role", user=user.name, project=project, role=role)))
+    print(f"{user.name} is now {'an admin' if role == 'admin' else 'a member'} of {project} "
+          f"({_projects(user)})")
+    return 0
+
+
+def _project_role(cluster: Cluster, where: str, given: str) -> tuple[str, str]:
+    """``research`` or ``research:admin`` as (project, role); a located UserError when the
+    project is not the cluster's or the role unknown."""
+    project, _, role = given.partition(":")
+    role = role or "member"
+    if role not in users.ROLES:
+        raise UserError(f"--project {given!r}: unknown role {role!r}; use "
+                        f"{project}:member or {project}:admin")
+    if project not in cluster.projects:
+        defined = ", ".join(sorted(cluster.projects)) or "none"
+        raise UserError(f"project {project!r} is not defined in {where} "
+                        f"(projects: {defined}); add it under `projects:` first")
+    return project, role
+
+
+def _projects(user: users.User) -> str:
+    """``ops, research (admin)``: the user's projects, marking those they are an admin of."""
+    return ", ".join(f"{p} (admin)" if user.role(p) == "admin" else p for p in user.projects)
 
 
 def run_passwd(args: argparse.Namespace) -> int:
@@ -130,13 +175,14 @@ def run_list(args: argparse.Namespace) -> int:
     listed = asyncio.run(_with_store(cluster, users.list_all))
     if args.json:
         print(json.dumps([{"name": u.name, "admin": u.admin, "projects": list(u.projects),
-                           "created_at": u.created_at} for u in listed], indent=2))
+                           "admin_of": list(u.admin_of), "created_at": u.created_at}
+                          for u in listed], indent=2))
         return 0
     if not listed:
         print("no users yet; create one with `llmgw users create NAME`", file=sys.stderr)
         return 0
     rows = [("NAME", "ROLE", "PROJECTS", "CREATED")]
-    rows += [(u.name, "admin" if u.admin else "user", ", ".join(u.projects) or "-",
+    rows += [(u.name, "admin" if u.admin else "user", _projects(u) or "-",
               time.strftime("%Y-%m-%d %H:%M", time.localtime(u.created_at))) for u in listed]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:

@@ -32,7 +32,16 @@ from prometheus_client import CollectorRegistry
 
 from llmgw.fleet.types import Demand
 from llmgw.metrics.instruments import UNKNOWN_MODEL, RouterMetrics
-from llmgw.router import accounts, affinities, connections, errors, loras, ratelimits, streams
+from llmgw.router import (
+    accounts,
+    affinities,
+    connections,
+    errors,
+    loras,
+    permissions,
+    ratelimits,
+    streams,
+)
 from llmgw.router.accounts import NOTHING, Accounts, Principal, Reservation
 from llmgw.router.admissions import Admissions
 from llmgw.router.catalogs import Catalog, ModelEntry
@@ -212,6 +221,7 @@ class Router:
                                     self.settings.body_timeout)
             payload = _parse(body)
             name = payload["model"]
+            permissions.check(self.catalog, principal.project, name)  # before it is looked up
             entry, entry_key = self._resolve(name)
             label = entry_key
             body_bytes = len(body)
@@ -397,14 +407,14 @@ class Router:
         return cost
 
     async def _models(self, request: web.Request) -> web.Response:
-        await self.accounts.authenticate(request.headers.get("Authorization"))
-        data = [self._model_card(name) for name in self._listed()]
-        return _json({"object": "list", "data": data})
+        principal = await self.accounts.authenticate(request.headers.get("Authorization"))
+        names = permissions.listed(self.catalog, [principal.project], self._listed())
+        return _json({"object": "list", "data": [self._model_card(name) for name in names]})
 
     async def _model(self, request: web.Request) -> web.Response:
-        await self.accounts.authenticate(request.headers.get("Authorization"))
+        principal = await self.accounts.authenticate(request.headers.get("Authorization"))
         name = request.match_info["model"]
-        if name not in self._listed():
+        if name not in permissions.listed(self.catalog, [principal.project], self._listed()):
             raise ApiError(404, f"model not found: {name!r}", code="model_not_found")
         return _json(self._model_card(name))
 

@@ -56,6 +56,8 @@ class Catalog:
     # project → (rpm, tpm), each None for no limit (llmgw.router.ratelimits)
     rates: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     auth: str = "keys"  # "keys" | "none"
+    # project → its `models:` allow-list (None: every model); see llmgw.router.permissions.
+    access: dict[str, tuple[str, ...] | None] = field(default_factory=dict)
 
     _by_key: dict[str, ModelEntry] = field(init=False, repr=False, compare=False)
 
@@ -112,8 +114,10 @@ def from_cluster(cluster: Cluster) -> Catalog:
     budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
     caps = {name: project.max_request_usd for name, project in cluster.projects.items()}
     rates = {name: (project.rpm, project.tpm) for name, project in cluster.projects.items()}
+    access = {name: None if project.models is None else tuple(project.models)
+              for name, project in cluster.projects.items()}
     return Catalog(models=models, budgets=budgets, request_caps=caps, rates=rates,
-                   auth=cluster.cluster.auth)
+                   auth=cluster.cluster.auth, access=access)
 
 
 def engine(model: Model) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from llmgw.spec import gpus, hosts, loras, secrets, sources
+from llmgw.spec import allowlists, gpus, hosts, loras, secrets, sources
 from llmgw.spec.models import Cluster, Profile
 from llmgw.spec.quantities import count
 
@@ -64,6 +64,8 @@ def check(cluster: Cluster, dropped: set[tuple[str, str]] | None = None) -> list
             cluster.models)),
         *_sso_problems(cluster, {n for s, n in dropped if s == "projects"}),
     ]
+    if not any(section == "models" for section, _ in dropped):  # a dropped model may match
+        problems += [Problem(path, message) for path, message in allowlists.problems(cluster)]
     if partial:
         problems = [p for p in problems if not p.fleet_wide]
     return problems

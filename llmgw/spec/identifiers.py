@@ -32,6 +32,10 @@ PATTERNS: dict[str, tuple[str, str]] = {
     "served_name": (r"^[A-Za-z0-9]([A-Za-z0-9._:/@+-]{0,126}[A-Za-z0-9])?$",
                     "letters, digits, '.', '_', ':', '/', '@', '+' and '-' (at most 128), "
                     "starting and ending with a letter or digit"),
+    "model_pattern": (r"^[A-Za-z0-9._:/@+*?-]{1,128}$",
+                      "a served model name, or a glob of one: letters, digits, '.', '_', "
+                      "':', '/', '@', '+' and '-', with '*' for any run of characters and "
+                      "'?' for one (at most 128)"),
     "interface": (r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,14}$",
                   "a Linux interface name: at most 15 letters, digits, '.', '_', '@' and '-', "
                   "starting with a letter or digit"),
@@ -116,6 +120,7 @@ def show(value: object) -> str:
 
 Name = Annotated[str, Field(pattern=_pattern("name"))]
 ServedName = Annotated[str, Field(pattern=_pattern("served_name"))]
+ModelPattern = Annotated[str, Field(pattern=_pattern("model_pattern"))]
 Interface = Annotated[str, Field(pattern=_pattern("interface"))]
 Adapter = Annotated[str, Field(pattern=_pattern("adapter"))]
 LabelKey = Annotated[str, Field(pattern=_pattern("label_key"))]

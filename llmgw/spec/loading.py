@@ -500,7 +500,8 @@ def _shape_message(item: Any, path: DataPath) -> str | None:
         known = identifiers.describe(str((item.get("ctx") or {}).get("pattern", "")))
         noun, rule = known or ("name", "the documented pattern")
         noun = {"served_name": "served name", "label_key": "label key",
-                "variable": "variable name"}.get(noun, noun)
+                "variable": "variable name", "model_pattern": "model name or glob"}.get(
+                    noun, noun)
         message = f"invalid {noun} {_show(given)}: use {rule}"
     return f"{where}: {message}" if where else message
 

@@ -23,6 +23,7 @@ from llmgw.spec.identifiers import (
     Flag,
     Interface,
     LabelKey,
+    ModelPattern,
     Name,
     ServedName,
     Variable,
@@ -685,6 +686,15 @@ class Project(Strict):
         "A key's own `--tpm` applies as well. None: no limit.",
     )
     description: str = Field("", description="Free text for people.")
+    models: list[ModelPattern] | None = Field(
+        None,
+        description="The served names (models and LoRA adapters) this project's keys and "
+        "members may call, each a name or a glob (`*` any run of characters, `?` one): "
+        "`[llama-*, sql-expert]`. Anything else gets 403 `model_not_allowed`, and "
+        "`/v1/models` and /chat list only these. An adapter is matched by its own name, not "
+        "its base model's. Each pattern must match a model or adapter of the cluster. "
+        "Absent (the default): every model; `[]`: none.",
+    )
 
 
 class Cluster(Strict):

@@ -53,6 +53,7 @@ class KeyInfo:
     last_used_at: float | None = None
     rpm: int | None = None  # the key's own limits, beside its project's; None: none
     tpm: int | None = None
+    owner: str | None = None  # the page user who made it on /account; None: `llmgw keys`
 
     @property
     def active(self) -> bool:
@@ -72,15 +73,17 @@ def digest(key: str) -> str:
 
 async def create(
     store: Store, project: str, name: str = "", now: float | None = None, *,
-    rpm: int | None = None, tpm: int | None = None,
+    rpm: int | None = None, tpm: int | None = None, owner: str | None = None,
 ) -> CreatedKey:
     """A new key for ``project``; the returned ``secret`` is the only copy. ``rpm`` and
-    ``tpm``: the key's own requests and tokens per minute, on top of its project's."""
+    ``tpm``: the key's own requests and tokens per minute, on top of its project's.
+    ``owner``: the page user who made it (/account); None for ``llmgw keys create``."""
     created_at = time.time() if now is None else now
     while True:
         key_id = secrets.token_hex(_ID_HEX // 2)
         key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-        row = KeyRow(key_id, digest(key), project, name, created_at, rpm=rpm, tpm=tpm)
+        row = KeyRow(key_id, digest(key), project, name, created_at, rpm=rpm, tpm=tpm,
+                     owner=owner)
         if await store.insert_key(row):
             return CreatedKey(_info(row), key)
         # the 48-bit id collided: draw again
@@ -106,7 +109,8 @@ def check(key: str, row: KeyRow | None) -> KeyInfo | None:
     matches = hmac.compare_digest(digest(key), stored)
     if row is None or not matches or row.revoked_at is not None:
         return None
-    return KeyInfo(row.id, row.project, row.name, row.created_at, rpm=row.rpm, tpm=row.tpm)
+    return KeyInfo(row.id, row.project, row.name, row.created_at, rpm=row.rpm, tpm=row.tpm,
+                   owner=row.owner)
 
 
 async def list_all(store: Store) -> list[KeyInfo]:
@@ -122,4 +126,4 @@ async def revoke(store: Store, key_id: str, now: float | None = None) -> KeyInfo
 
 def _info(row: KeyRow, last_used_at: float | None = None) -> KeyInfo:
     return KeyInfo(row.id, row.project, row.name, row.created_at, row.revoked_at, last_used_at,
-                   row.rpm, row.tpm)
+                   row.rpm, row.tpm, row.owner)

@@ -579,6 +579,23 @@ CREATE TABLE audit_log (
 CREATE INDEX audit_log_at ON audit_log (at);
 """,
     ),
+    Migration(
+        14, "key owners and per-project roles (members see their own keys)",
+        # keys.owner: the page user who created the key on /account; NULL for keys made by
+        # `llmgw keys create`, which only project admins and admins see. users.admin_of:
+        # the user's projects where they are a project admin (a JSON list, a subset of
+        # `projects`); every other project of theirs they are a plain member of.
+        sqlite="""
+ALTER TABLE keys ADD COLUMN owner TEXT;
+ALTER TABLE users ADD COLUMN admin_of TEXT NOT NULL DEFAULT '[]';
+CREATE INDEX IF NOT EXISTS keys_owner ON keys (project, owner);
+""",
+        postgres="""
+ALTER TABLE keys ADD COLUMN owner TEXT;
+ALTER TABLE users ADD COLUMN admin_of TEXT NOT NULL DEFAULT '[]';
+CREATE INDEX keys_owner ON keys (project, owner);
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -21,7 +21,7 @@ from llmgw.store.sessions import Session
 from llmgw.store.usages import GROUPS, Bucket
 from llmgw.store.users import User
 
-_USER = "SELECT name, admin, projects, created_at, subject FROM users"
+_USER = "SELECT name, admin, projects, created_at, subject, admin_of FROM users"
 _SESSION = "SELECT digest, user_name, csrf, created_at, expires_at FROM sessions"
 # The conversation's last message, when it is an answer (Regenerate replaces it).
 _DROP_ANSWER = ("DELETE FROM messages WHERE role = 'assistant' AND id = (SELECT max(id) "
@@ -42,9 +42,10 @@ class PostgresPages(abc.ABC):
     async def insert_user(self, user: User, password_hash: str) -> bool:
         async with self._conn() as conn:
             status = await conn.execute(
-                "INSERT INTO users (name, password, admin, projects, created_at) "
-                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING", user.name,
-                password_hash, user.admin, json.dumps(list(user.projects)), user.created_at)
+                "INSERT INTO users (name, password, admin, projects, created_at, admin_of) "
+                "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (name) DO NOTHING", user.name,
+                password_hash, user.admin, json.dumps(list(user.projects)), user.created_at,
+                json.dumps(list(user.admin_of)))
         return bool(status.endswith(" 1"))
 
     async def sign_on_user(self, user: User) -> User | None:
@@ -53,14 +54,14 @@ class PostgresPages(abc.ABC):
             for _ in range(2):  # a first sign-on racing ours inserted the row: update it
                 found = await conn.fetchrow(
                     "UPDATE users SET admin = $2, projects = $3 WHERE subject = $1 "
-                    "RETURNING name, admin, projects, created_at, subject",
+                    "RETURNING name, admin, projects, created_at, subject, admin_of",
                     user.subject, user.admin, projects)
                 if found is not None:
                     return _user(found)
                 found = await conn.fetchrow(
                     "INSERT INTO users (name, password, admin, projects, created_at, subject) "
                     "VALUES ($1, '', $2, $3, $4, $5) ON CONFLICT DO NOTHING "
-                    "RETURNING name, admin, projects, created_at, subject",
+                    "RETURNING name, admin, projects, created_at, subject, admin_of",
                     user.name, user.admin, projects, user.created_at, user.subject)
                 if found is not None:
                     return _user(found)
@@ -88,6 +89,14 @@ class PostgresPages(abc.ABC):
         async with self._conn() as conn:
             status = await conn.execute("UPDATE users SET password = $2 WHERE name = $1",
                                         name, password_hash)
+        return bool(status.endswith(" 1"))
+
+    async def set_user_projects(self, name: str, projects: Sequence[str],
+                                admin_of: Sequence[str]) -> bool:
+        async with self._conn() as conn:
+            status = await conn.execute(
+                "UPDATE users SET projects = $2, admin_of = $3 WHERE name = $1", name,
+                json.dumps(list(projects)), json.dumps(list(admin_of)))
         return bool(status.endswith(" 1"))
 
     async def delete_user(self, name: str) -> bool:
@@ -215,7 +224,8 @@ class PostgresPages(abc.ABC):
 
 
 def _user(row: asyncpg.Record) -> User:
-    return User(row[0], bool(row[1]), tuple(json.loads(row[2])), float(row[3]), row[4])
+    return User(row[0], bool(row[1]), tuple(json.loads(row[2])), float(row[3]), row[4],
+                tuple(json.loads(row[5])))
 
 
 def _count(status: str) -> int:

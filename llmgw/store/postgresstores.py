@@ -44,10 +44,10 @@ from llmgw.store.reservations import Chosen, Held, Owner, Progress
 from llmgw.store.stores import Admission, Grant, KeyListing, KeyRow, Published, Store, StoreError
 from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 
-_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at, rpm, tpm"
+_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at, rpm, tpm, owner"
 _INSERT_USAGE = (f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES "
                  f"({', '.join(f'${i + 1}' for i in range(len(COLUMNS)))})")
-_INSERT_KEY = f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+_INSERT_KEY = f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 # Budget reservations: admission (llmgw_reserve, migrations 5 and 9) and settling.
 _RESERVE = ("SELECT spent, reserved, admitted FROM "
             "llmgw_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
@@ -179,7 +179,7 @@ class PostgresStore(PostgresPages, Store):
             rows = await conn.fetch(
                 f"SELECT {_KEY_COLUMNS}, (SELECT MAX(ts) FROM usage u WHERE u.key_id = k.id) "
                 "FROM keys k ORDER BY k.created_at, k.id")
-        return [KeyListing(KeyRow(*r[:8]), r[8]) for r in rows]
+        return [KeyListing(KeyRow(*r[:9]), r[9]) for r in rows]
 
     async def revoke_key(self, key_id: str, when: float) -> KeyRow | None:
         async with self._conn() as conn:
@@ -387,6 +387,6 @@ async def _no_session_state(_: asyncpg.Connection) -> None:
 
 
 def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None,
-                                     int | None, int | None]:
+                                     int | None, int | None, str | None]:
     return (row.id, row.digest, row.project, row.name, row.created_at, row.revoked_at,
-            row.rpm, row.tpm)
+            row.rpm, row.tpm, row.owner)

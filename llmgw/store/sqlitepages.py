@@ -20,7 +20,7 @@ from llmgw.store.usages import GROUPS, Bucket
 from llmgw.store.users import User
 
 T = TypeVar("T")
-_USER = "SELECT name, admin, projects, created_at, subject FROM users"
+_USER = "SELECT name, admin, projects, created_at, subject, admin_of FROM users"
 _SESSION = "SELECT digest, user_name, csrf, created_at, expires_at FROM sessions"
 # The conversation's last message, when it is an answer (Regenerate replaces it).
 _DROP_ANSWER = ("DELETE FROM messages WHERE role = 'assistant' AND id = (SELECT max(id) "
@@ -40,10 +40,11 @@ class SQLitePages(abc.ABC):
     async def insert_user(self, user: User, password_hash: str) -> bool:
         def insert(conn: sqlite3.Connection) -> bool:
             try:
-                conn.execute("INSERT INTO users (name, password, admin, projects, created_at) "
-                             "VALUES (?, ?, ?, ?, ?)",
+                conn.execute("INSERT INTO users (name, password, admin, projects, created_at, "
+                             "admin_of) VALUES (?, ?, ?, ?, ?, ?)",
                              (user.name, password_hash, int(user.admin),
-                              json.dumps(list(user.projects)), user.created_at))
+                              json.dumps(list(user.projects)), user.created_at,
+                              json.dumps(list(user.admin_of))))
             except sqlite3.IntegrityError:
                 return False
             return True
@@ -92,6 +93,14 @@ class SQLitePages(abc.ABC):
         def update(conn: sqlite3.Connection) -> bool:
             return conn.execute("UPDATE users SET password = ? WHERE name = ?",
                                 (password_hash, name)).rowcount == 1
+        return await self._run(update)
+
+    async def set_user_projects(self, name: str, projects: Sequence[str],
+                                admin_of: Sequence[str]) -> bool:
+        def update(conn: sqlite3.Connection) -> bool:
+            return conn.execute("UPDATE users SET projects = ?, admin_of = ? WHERE name = ?",
+                                (json.dumps(list(projects)), json.dumps(list(admin_of)),
+                                 name)).rowcount == 1
         return await self._run(update)
 
     async def delete_user(self, name: str) -> bool:
@@ -230,5 +239,6 @@ class SQLitePages(abc.ABC):
         return await self._run(select)
 
 
-def _user(row: tuple[str, int, str, float, str | None]) -> User:
-    return User(row[0], bool(row[1]), tuple(json.loads(row[2])), row[3], row[4])
+def _user(row: tuple[str, int, str, float, str | None, str]) -> User:
+    return User(row[0], bool(row[1]), tuple(json.loads(row[2])), row[3], row[4],
+                tuple(json.loads(row[5])))

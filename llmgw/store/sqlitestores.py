@@ -56,8 +56,8 @@ from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 T = TypeVar("T")
 _MARKS = ", ".join("?" * len(COLUMNS))
 _INSERT_USAGE = f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES ({_MARKS})"
-_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at, rpm, tpm"
-_KEY_MARKS = ", ".join("?" * 8)
+_KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at, rpm, tpm, owner"
+_KEY_MARKS = ", ".join("?" * 9)
 # Budget reservations: a project's spend, what live reservations hold, taking and settling one.
 _SPENT = "SELECT spent FROM project_spend WHERE project = ?"
 _RESERVED = ("SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = ? "
@@ -161,7 +161,7 @@ class SQLiteStore(SQLitePages, Store):
             rows = conn.execute(
                 f"SELECT {_KEY_COLUMNS}, (SELECT MAX(ts) FROM usage u WHERE u.key_id = k.id) "
                 "FROM keys k ORDER BY k.created_at, k.id").fetchall()
-            return [KeyListing(KeyRow(*r[:8]), r[8]) for r in rows]
+            return [KeyListing(KeyRow(*r[:9]), r[9]) for r in rows]
         return await self._run(select)
 
     async def revoke_key(self, key_id: str, when: float) -> KeyRow | None:
@@ -390,6 +390,6 @@ def _append_usage(conn: sqlite3.Connection, records: list[Record]) -> None:
 
 
 def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None,
-                                     int | None, int | None]:
+                                     int | None, int | None, str | None]:
     return (row.id, row.digest, row.project, row.name, row.created_at, row.revoked_at,
-            row.rpm, row.tpm)
+            row.rpm, row.tpm, row.owner)

@@ -64,6 +64,7 @@ class KeyRow:
     revoked_at: float | None = None
     rpm: int | None = None  # the key's own requests per minute; None: its project's only
     tpm: int | None = None  # ... and tokens per minute
+    owner: str | None = None  # the page user who made it on /account; None: `llmgw keys`
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,12 @@ class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods
     @abc.abstractmethod
     async def set_password_hash(self, name: str, password_hash: str) -> bool:
         """Replace the hash; False when there is no such user."""
+
+    @abc.abstractmethod
+    async def set_user_projects(self, name: str, projects: Sequence[str],
+                                admin_of: Sequence[str]) -> bool:
+        """Replace the user's projects and those they are a project admin of (a subset);
+        False when there is no such user."""
 
     @abc.abstractmethod
     async def delete_user(self, name: str) -> bool:

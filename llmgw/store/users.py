@@ -1,8 +1,11 @@
 """People who log in to the pages: name, argon2 password hash, role, projects.
 
 A user is an admin (sees /admin, may call the admin API) or not; either way
-they belong to zero or more projects of the cluster, whose keys, usage and
-models they see on /account and /chat. Passwords are hashed with Argon2id
+they belong to zero or more projects of the cluster, whose usage and models
+they see on /account and /chat. In each of their projects they are a
+``member`` (sees and revokes the keys they made) or an ``admin`` of that
+project (sees and revokes every key of it, those of ``llmgw keys`` too).
+Passwords are hashed with Argon2id
 (argon2-cffi's defaults, RFC 9106's second recommended profile): unlike API
 keys (see :mod:`llmgw.store.keys`), passwords are chosen by people and need a
 slow hash to survive a database leak.
@@ -10,6 +13,7 @@ slow hash to survive a database leak.
 Usage::
 
     await users.create(store, "alice", "s3cret-pw", admin=False, projects=["research"])
+    await users.set_role(store, "alice", "research", "admin")  # or "member"
     user = await users.authenticate(store, "alice", "s3cret-pw")   # User, or None
 
 Hashing and verifying run on a worker thread; the rows live in the
@@ -40,6 +44,9 @@ _HASHER = PasswordHasher()
 _DUMMY_HASH = _HASHER.hash("no such user, no such password")
 
 
+ROLES = ("member", "admin")  # a user's role in one of their projects
+
+
 @dataclass(frozen=True)
 class User:
     name: str
@@ -48,6 +55,13 @@ class User:
     created_at: float
     # "<issuer> <sub>" of a person who signs in by single sign-on; None: a local account.
     subject: str | None = None
+    admin_of: tuple[str, ...] = ()  # projects (among ``projects``) they are an admin of
+
+    def role(self, project: str) -> str | None:
+        """``admin`` or ``member`` of ``project``; None when not in it."""
+        if project not in self.projects:
+            return None
+        return "admin" if project in self.admin_of else "member"
 
 
 class UserError(ValueError):
@@ -71,13 +85,15 @@ def check_password(password: str) -> str:
 
 async def create(
     store: Store, name: str, password: str, *, admin: bool = False,
-    projects: Sequence[str] = (), now: float | None = None,
+    projects: Sequence[str] = (), now: float | None = None, admin_of: Sequence[str] = (),
 ) -> User:
-    """A new user; UserError if the name is taken or the password unacceptable."""
+    """A new user; UserError if the name is taken or the password unacceptable.
+
+    ``admin_of``: the projects they are a project admin of (each joins ``projects``)."""
     check_name(name)
     check_password(password)
-    user = User(name, admin, tuple(sorted(set(projects))),
-                time.time() if now is None else now)
+    user = User(name, admin, tuple(sorted({*projects, *admin_of})),
+                time.time() if now is None else now, admin_of=tuple(sorted(set(admin_of))))
     if not await store.insert_user(user, await _hash(password)):
         raise UserError(f"user {name!r} already exists")
     return user
@@ -125,6 +141,22 @@ async def set_password(store: Store, name: str, password: str) -> bool:
         return False
     await store.delete_sessions_of(name)
     return True
+
+
+async def set_role(store: Store, name: str, project: str, role: str) -> User:
+    """Make ``name`` a ``member`` or an ``admin`` of ``project`` (joining it if need be);
+    the user after. UserError for an unknown user or role."""
+    if role not in ROLES:
+        raise UserError(f"unknown role {role!r}: use member or admin")
+    user = await store.user(name)
+    if user is None:
+        raise UserError(f"no user {name!r}; `llmgw users list` shows them")
+    projects = tuple(sorted({*user.projects, project}))
+    admin_of = set(user.admin_of) - {project} | ({project} if role == "admin" else set())
+    if not await store.set_user_projects(name, projects, tuple(sorted(admin_of))):
+        raise UserError(f"no user {name!r}; `llmgw users list` shows them")
+    return User(user.name, user.admin, projects, user.created_at, user.subject,
+                tuple(sorted(admin_of)))
 
 
 async def delete(store: Store, name: str) -> bool:

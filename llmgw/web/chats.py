@@ -7,6 +7,11 @@ into the router's :class:`Principal` — the user, and the project they chose
 (``X-Llmgw-Project``), which must be one of theirs — and refuses a cookie
 request without the session's CSRF token in ``X-CSRF-Token``.
 
+The model list holds only what the person's projects may call (the union of
+their ``models:`` allow-lists, :mod:`llmgw.router.permissions`), and each
+model names the projects that allow it, so the script sends a chat under one
+of those; the router checks the pairing again.
+
 Nothing is stored by default. Only when the chosen project declares
 ``conversations: {retention: …}`` does the script post each finished turn to
 ``/chat/conversations``; the server refuses those posts for any other
@@ -23,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from llmgw.router import permissions
 from llmgw.router.accounts import Principal
 from llmgw.router.errors import ApiError
 from llmgw.store import conversations
-from llmgw.web import logins
+from llmgw.web import accounts, logins
 
 if TYPE_CHECKING:
     from llmgw.web.pages import Pages
@@ -80,8 +86,10 @@ async def _chat(pages: Pages, request: web.Request) -> web.StreamResponse:
         if current is None:
             raise web.HTTPNotFound(text="no such conversation")
         history = await conversations.messages(pages.store, cid)
-    return pages.render(request, "chat.html", models=pages.router.models(), projects=projects,
-                        kept=kept, conversations=listed, current=current,
+    models = accounts.models_for(pages, projects)
+    allowed = {m: permissions.projects_for(pages.router.catalog, projects, m) for m in models}
+    return pages.render(request, "chat.html", models=models, allowed=allowed,
+                        projects=projects, kept=kept, conversations=listed, current=current,
                         history=[{"role": m.role, "content": m.content} for m in history])
 
 

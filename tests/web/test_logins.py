@@ -95,9 +95,10 @@ def test_free_text_is_escaped_on_the_pages(stack: Stack) -> None:
     with httpx.Client(timeout=30) as client:
         login(client, stack.url, "bob", "bob-user-pass")
         csrf = csrf_of(client, stack.url)
-        page = client.post(f"{stack.url}/account/keys",
-                           data={"project": "research", "name": evil, "csrf": csrf})
-        assert page.status_code == 201
+        created = client.post(f"{stack.url}/account/keys",
+                              data={"project": "research", "name": evil, "csrf": csrf})
+        assert created.status_code == 303
+        page = client.get(f"{stack.url}/account")
         assert evil not in page.text and "&lt;script&gt;alert(" in page.text
         assert "script-src 'self'" in page.headers["content-security-policy"]
         assert page.headers["x-frame-options"] == "DENY"
@@ -149,6 +150,9 @@ projects: {research: {}}
         pytest.param(["bob", "--project", "nope"], "long-enough-pw\n",
                      "project 'nope' is not defined", id="unknown-project"),
         pytest.param(["bob"], "short\n", "password too short", id="short-password"),
+        pytest.param(["bob", "--project", "research:owner"], "long-enough-pw\n",
+                     "--project 'research:owner': unknown role 'owner'; use research:member "
+                     "or research:admin", id="unknown-role"),
     ],
 )
 def test_users_create_refuses_bad_input_with_a_clear_error(
@@ -176,6 +180,29 @@ def test_users_create_reads_the_password_from_stdin_and_lists_users(tmp_path: Pa
         finally:
             await db.close()
     asyncio.run(check())
+
+
+def test_project_roles_from_the_command_line(tmp_path: Path) -> None:
+    (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML.replace(
+        "{research: {}}", "{research: {}, ops: {}}"))
+    done = _llmgw(tmp_path, ["users", "create", "bob", "--project", "research:admin",
+                             "--project", "ops"], "a-long-password\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ("created user bob (ops, research (admin)); they log in at the "
+                           "router's /login\n")
+    changed = _llmgw(tmp_path, ["users", "set-role", "bob", "research", "member"], "")
+    assert changed.returncode == 0, changed.stderr
+    assert changed.stdout == "bob is now a member of research (ops, research)\n"
+    changed = _llmgw(tmp_path, ["users", "set-role", "bob", "ops", "admin"], "")
+    assert changed.stdout == "bob is now an admin of ops (ops (admin), research)\n"
+    listed = _llmgw(tmp_path, ["users", "list"], "")
+    assert re.search(r"^bob\s+user\s+ops \(admin\), research\s", listed.stdout, re.M)
+    for args, message in ((["nobody", "ops", "admin"], "no user 'nobody'"),
+                          (["bob", "nope", "admin"], "project 'nope' is not defined"),
+                          (["bob", "ops", "owner"], "invalid choice: 'owner'")):
+        refused = _llmgw(tmp_path, ["users", "set-role", *args], "")
+        assert refused.returncode != 0 and message in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
 
 
 def _llmgw(directory: Path, args: list[str], stdin: str) -> subprocess.CompletedProcess[str]:

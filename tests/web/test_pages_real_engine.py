@@ -167,7 +167,7 @@ def test_csrf_is_required_and_an_expired_session_logs_out(
         # With the token, the same form is accepted.
         answer = session.post(f"{served.url}/account/keys",
                               data={"project": "research", "csrf": session.csrf})
-        assert answer.status_code == 201
+        assert answer.status_code == 303
 
     page = browser.new_page()
     login(page, served.url, "bob")

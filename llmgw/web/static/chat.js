@@ -259,6 +259,24 @@
     return ok;
   }
 
+  // Each model names the projects that may call it (data-projects, space-separated; absent:
+  // any): the project field offers only those, so a chat goes under a project that allows
+  // its model. The router refuses any other pairing anyway (403 model_not_allowed).
+  function fitProject() {
+    const chosen = form.model.selectedOptions[0];
+    if (!chosen || chosen.dataset.projects === undefined) return;
+    const allowed = chosen.dataset.projects.split(" ");
+    let first = null;
+    for (const option of form.project.options) {
+      option.disabled = !allowed.includes(option.value);
+      if (!option.disabled && first === null) first = option;
+    }
+    const current = form.project.selectedOptions[0];
+    if ((!current || current.disabled) && first) form.project.value = first.value;
+  }
+  form.model.addEventListener("change", fitProject);
+  fitProject();
+
   form.addEventListener("submit", async function (event) {
     event.preventDefault();
     const text = message.value.trim();
