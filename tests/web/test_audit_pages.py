@@ -79,8 +79,9 @@ def test_keys_made_and_revoked_on_account_are_audited(stack: Stack) -> None:
         login(client, stack.url, "bob", "bob-user-pass")
         page = client.post(f"{stack.url}/account/keys",
                            data={"project": "research", "name": "<b>ci</b>",
-                                 "csrf": csrf_of(client, stack.url)})
-        assert page.status_code == 201
+                                 "csrf": csrf_of(client, stack.url)},
+                           follow_redirects=True)  # POST, 303, then the GET shows the secret
+        assert page.status_code == 200 and [r.status_code for r in page.history] == [303]
         secret = re.search(r"llmgw_[0-9a-f]{12}_[A-Za-z0-9_-]{43}", page.text)
         assert secret
         key_id = secret.group(0).split("_")[1]
