@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from llmgw.spec import gpus, hosts, loras, secrets, sources
-from llmgw.spec.models import Cluster, Profile
+from llmgw.spec.models import Cluster, Model, Profile
 from llmgw.spec.quantities import count
 
 Path = tuple[str | int, ...]
@@ -62,10 +62,36 @@ def check(cluster: Cluster, dropped: set[tuple[str, str]] | None = None) -> list
         *_model_problems(cluster, classes),
         *(Problem(("models", *path), message) for path, message in loras.problems(
             cluster.models)),
+        *_budget_problems(cluster),
     ]
     if partial:
         problems = [p for p in problems if not p.fleet_wide]
     return problems
+
+
+def _budget_problems(cluster: Cluster) -> Iterator[Problem]:
+    """A budget binds only through prices: a project with one while every model it can call
+    is free would spend without limit. An error, as every problem here (validate has no
+    warnings): an operator who wrote a budget believes spend is capped. No model at all
+    (a fresh ``llmgw init``) is no problem: nothing can be called yet."""
+    if not cluster.models or any(_priced(model) for model in cluster.models.values()):
+        return
+    for name, project in cluster.projects.items():
+        usd, period = project.limit()
+        if usd:  # a zero budget refuses every request: it binds without prices
+            field = "budget" if project.budget is not None else "budget_usd"
+            yield Problem(
+                ("projects", name, field),
+                f"project {name!r} has a budget of ${usd:,.2f}"
+                f"{'' if period.kind == 'none' else f' a {period.kind}'} that never binds: no model it can call has a price, "
+                "so every request costs $0; give its models a price (`pricing: "
+                "{input_per_mtok: 0.5, output_per_mtok: 1.5}`, USD per million tokens) or "
+                f"remove `{field}`", at_key=True)
+
+
+def _priced(model: Model) -> bool:
+    prices = [model.pricing, *(a.pricing for a in model.adapters if a.pricing is not None)]
+    return any(p.input_per_mtok > 0 or p.output_per_mtok > 0 for p in prices)
 
 
 def _class_hint(name: str, classes: dict[str, gpus.GpuClass]) -> str:

@@ -21,6 +21,7 @@ cluster:
 models:
   qwen-coder:
     scaling: {min: 0, max: 1}
+    pricing: {input_per_mtok: 0.5, output_per_mtok: 1.5}
     profiles: [{engine: llama.cpp, cpu: true, source: /models/qwen.gguf}]
 projects:
   research: {budget_usd: 500}
