@@ -80,11 +80,12 @@ def _budget_problems(cluster: Cluster) -> Iterator[Problem]:
         usd, period = project.limit()
         if usd:  # a zero budget refuses every request: it binds without prices
             field = "budget" if project.budget is not None else "budget_usd"
+            per = "" if period.kind == "none" else f" a {period.kind}"
             yield Problem(
                 ("projects", name, field),
-                f"project {name!r} has a budget of ${usd:,.2f}"
-                f"{'' if period.kind == 'none' else f' a {period.kind}'} that never binds: no model it can call has a price, "
-                "so every request costs $0; give its models a price (`pricing: "
+                f"project {name!r} has a budget of ${usd:,.2f}{per} that never binds: no "
+                "model it can call has a price, so every request costs $0; give its "
+                "models a price (`pricing: "
                 "{input_per_mtok: 0.5, output_per_mtok: 1.5}`, USD per million tokens) or "
                 f"remove `{field}`", at_key=True)
 
