@@ -219,7 +219,7 @@ class Accounts:
             if resets is None:
                 what, then = "", "raise budget_usd in the cluster's projects to continue"
             else:
-                what = f" this {period.kind}"
+                what = " today" if period.kind == "day" else f" this {period.kind}"
                 then = (f"it resets at {period.instant(resets)}, or raise budget.usd in "
                         "the cluster's projects")
             raise ApiError(
