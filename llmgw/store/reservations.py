@@ -17,6 +17,14 @@ off from the store (not dead) writes its request's own usage row later, and
 that row then bills only what the release did not (:func:`deduct`), in the
 transaction that drops the reservation.
 
+Budget periods: a reservation records its request's arrival by its router's
+clock (``started``, :attr:`Owner.ts`), which is also its usage row's ``ts``.
+Admission for a period starting at ``since`` counts only reservations with
+``started`` at or after it (one without, from before the periods, counts in
+every period), and a release bills at ``started``: a reservation counts, and
+is billed, in the period it was taken, so within each period spent + reserved
+stays under budget + one reservation, as for a lifetime budget.
+
 This module holds the :class:`ReservationMethods` part of the store interface
 and the SQL of both databases.
 """
