@@ -57,6 +57,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     revoke.add_argument("key_id", metavar="ID", help="key id as `keys list` shows it (or the key)")
     revoke.set_defaults(handler=run_revoke)
 
+    spent = commands.add_parser(
+        "budgets", help="what each project spent this budget period, and when it resets",
+        description="Per project: spend in the budget's current period (day, week or month "
+        "in its time zone; for ever without one), the budget, and when the period resets. "
+        "From the usage rows in the store, as the routers count them.")
+    clusters.add_cluster_flag(spent)
+    spent.add_argument("--json", action="store_true", help="machine-readable output")
+    spent.set_defaults(handler=run_budgets)
+
     held = commands.add_parser(
         "reservations", help="list the budget reservations of requests in flight, or free them",
         description="Every request of a project with a budget holds a reservation until its "
@@ -130,6 +139,32 @@ def run_list(args: argparse.Namespace) -> int:
         rows.append((k.id, k.project, k.name or "-", _when(k.created_at),
                      _when(k.last_used_at) if k.last_used_at else "never", _limits(k),
                      f"revoked {_when(k.revoked_at)}" if k.revoked_at else "active"))
+    _table(rows)
+    return 0
+
+
+def run_budgets(args: argparse.Namespace) -> int:
+    cluster = clusters.load(args.cluster)
+    now = time.time()
+    limits = {name: project.limit() for name, project in sorted(cluster.projects.items())}
+    starts = {name: period.start(now) for name, (_, period) in limits.items()}
+    spent = with_store(cluster, lambda store: store.spend_by_project(starts))
+    if args.json:
+        print(json.dumps([{
+            "project": name, "spent_usd": spent.get(name, 0.0), "budget_usd": usd,
+            "period": period.kind, "timezone": period.timezone, "since": starts[name],
+            "resets_at": period.resets(now)} for name, (usd, period) in limits.items()],
+            indent=2))
+        return 0
+    if not limits:
+        print(f"no projects in {args.cluster}; add them under `projects:`", file=sys.stderr)
+        return 0
+    rows = [("PROJECT", "SPENT THIS PERIOD", "BUDGET", "USED", "PERIOD", "RESETS")]
+    for name, (usd, period) in limits.items():
+        used, resets = spent.get(name, 0.0), period.resets(now)
+        rows.append((name, _usd(used), "unlimited" if usd is None else _usd(usd),
+                     f"{min(999, int(100 * used / usd))} %" if usd else "-", period.describe(),
+                     "never" if resets is None else period.instant(resets)))
     _table(rows)
     return 0
 

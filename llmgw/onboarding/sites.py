@@ -95,7 +95,16 @@ nodes: {}
 """
 
 MODELS_YAML = """\
-# Models and how to run them (docs/cluster-reference.md).
+# Models and how to run them (docs/cluster-reference.md). Give each a price:
+# projects' budgets (cluster.yaml) are charged at it, and a budget over models
+# without one never binds (`llmgw validate` says so). For example:
+#
+# models:
+#   qwen2.5-7b:
+#     source: Qwen/Qwen2.5-7B-Instruct
+#     pricing: {input_per_mtok: 0.20, output_per_mtok: 0.60}   # USD per million tokens
+#     profiles:
+#       - {engine: vllm, gpu_class: l40s-45g}
 models: {}
 """
 

@@ -25,6 +25,18 @@ heartbeat beats (:mod:`llmgw.router.heartbeats`), which also records what each
 request has produced so far: a router that dies mid-stream has its reservations
 released, and what it recorded billed, by the next router that beats.
 
+Budget periods (:mod:`llmgw.spec.budgets`): a project whose budget resets on a
+calendar period (day, week, month in a time zone) is admitted against what it
+spent in the current period only: usage rows with ``ts`` at or after the
+period's start, by this router's clock (``clock``, injected in tests). A
+request is billed to the period it arrived in: its reservation is taken with
+its arrival time, counts only in that period, and its usage row carries that
+``ts`` however late it is settled (or released). So within every period spend
+stays under budget + one reservation per router, as above, and at the boundary
+the new period starts empty: reservations of the old one neither block it nor
+land in it. :attr:`Accounts.spent` holds each project's spend in its current
+period (for ever, without a period).
+
 What an answer without the engine's usage costs is decided by the router
 (:meth:`llmgw.router.apps.Router`): a client that hung up mid-stream pays what
 was served (:func:`unreported`); a successful answer whose usage cannot be read
@@ -37,6 +49,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +57,7 @@ from typing import Any
 from llmgw.router import heartbeats
 from llmgw.router.catalogs import Catalog
 from llmgw.router.errors import ApiError
-from llmgw.store import keys, usages
+from llmgw.store import keys
 from llmgw.store.reservations import Owner, Progress
 from llmgw.store.stores import Store, StoreError
 from llmgw.store.usages import UsageRow
@@ -117,6 +130,7 @@ class Accounts:
         self, store: Store | None, catalog: Catalog, flush_interval: float = 1.0,
         router_id: str | None = None,
         heartbeat_interval: float = heartbeats.DEFAULT_INTERVAL,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if store is None and catalog.auth != "none":
             raise ValueError("auth: keys needs a store to check keys against")
@@ -124,7 +138,11 @@ class Accounts:
         self.catalog = catalog
         self.flush_interval = flush_interval
         self.router_id = router_id or f"router-{secrets.token_hex(6)}"
+        # Unix time, by which usage rows are stamped and budget periods start (tests move it).
+        self.clock = clock
         self.spent: dict[str, float] = {}
+        # The period start each figure of ``spent`` counts from (absent: lifetime).
+        self._counted_from: dict[str, float] = {}
         self._rows: list[UsageRow] = []
         self._settled: list[str | None] = []  # _settled[i]: the reservation of _rows[i]
         self._flusher: asyncio.Task[None] | None = None
@@ -164,12 +182,15 @@ class Accounts:
         return Principal(info.project, info.id, rpm=info.rpm, tpm=info.tpm)
 
     async def reserve(self, principal: Principal, cost: float, model: str = "",
-                      endpoint: str = "", stream: bool = False) -> Reservation:
+                      endpoint: str = "", stream: bool = False,
+                      arrived: float | None = None) -> Reservation:
         """Hold ``cost`` USD of the caller's budget until :meth:`record`; ApiError 429 when
-        what the project has spent and requests in flight on every router sharing the
-        store have reserved already reaches its budget. The reservation is this router's
-        (its heartbeat keeps it); ``model``, ``endpoint`` and ``stream`` say what to bill
-        if this router dies before settling it."""
+        what the project has spent in the budget's current period and requests of that
+        period in flight on every router sharing the store have reserved already reaches
+        its budget. The reservation is this router's (its heartbeat keeps it); ``model``,
+        ``endpoint`` and ``stream`` say what to bill if this router dies before settling
+        it. ``arrived``: the request's arrival by :attr:`clock` (default now), the ``ts``
+        its usage row must carry: it picks the period."""
         project = principal.project
         cap = self.catalog.request_caps.get(project) if project is not None else None
         if cap is not None and cost > cap:
@@ -181,10 +202,13 @@ class Accounts:
         budget = self.catalog.budgets.get(project) if project is not None else None
         if project is None or budget is None or self.store is None:
             return NOTHING
-        owner = Owner(self.router_id, principal.key_id, model, endpoint, stream, principal.user)
+        when = self.clock() if arrived is None else arrived
+        period = self.catalog.period(project)
+        owner = Owner(self.router_id, principal.key_id, model, endpoint, stream, principal.user,
+                      when)
         try:
             admission = await self.store.reserve(project, budget, cost, RESERVATION_HOLD,
-                                                 owner)
+                                                 owner, period.start(when))
         except StoreError as exc:
             log.error("cannot reserve budget: %s", exc)
             raise ApiError(503, "the budget store is unreachable; retry shortly",
@@ -193,11 +217,17 @@ class Accounts:
         if admission.id is None:
             in_flight = (f" (requests in flight hold {_usd(admission.reserved)} more)"
                          if admission.reserved > 0 else "")
+            resets = period.resets(when)
+            if resets is None:
+                what, then = "", "raise budget_usd in the cluster's projects to continue"
+            else:
+                what = " today" if period.kind == "day" else f" this {period.kind}"
+                then = (f"it resets at {period.instant(resets)}, or raise budget.usd in "
+                        "the cluster's projects")
             raise ApiError(
                 429,
-                f"project {project!r} is over its budget: spent {_usd(admission.spent)} of "
-                f"{_usd(budget)}{in_flight}; raise budget_usd in the cluster's projects to "
-                "continue",
+                f"project {project!r} is over its budget: spent {_usd(admission.spent)}{what} "
+                f"of {_usd(budget)}{in_flight}; {then}",
                 code="insufficient_quota", type="insufficient_quota",
             )
         return Reservation(project, cost, admission.id)
@@ -220,7 +250,7 @@ class Accounts:
     def record(self, row: UsageRow, reservation: Reservation | None = None) -> None:
         """Charge ``row`` to its project now; write it, and settle ``reservation``, at the
         next flush (in one transaction: see :meth:`Store.insert_usage`)."""
-        if row.project is not None and row.cost_usd:
+        if row.project is not None and row.cost_usd and self._counts(row):
             self.spent[row.project] = self.spent.get(row.project, 0.0) + row.cost_usd
         if self.store is not None:
             self._rows.append(row)
@@ -252,7 +282,8 @@ class Accounts:
         try:
             if rows or settled:
                 await self.store.insert_usage(rows, settled)
-            stored = await usages.spend_by_project(self.store)
+            starts = self._starts()
+            stored = await self.store.spend_by_project(starts)
         except StoreError as exc:
             # Keep them for the next flush: a locked disk or a lost database must not lose
             # spend (their reservations keep holding the budget meanwhile).
@@ -261,12 +292,31 @@ class Accounts:
             log.error("could not write %d usage rows (will retry): %s", len(rows), exc)
             return
         # Rows recorded while this flush awaited are in memory only: keep them on top.
+        self._counted_from = {p: s for p, s in starts.items() if s is not None}
         pending: dict[str, float] = {}
         for row in self._rows:
-            if row.project is not None and row.cost_usd:
+            if row.project is not None and row.cost_usd and self._counts(row):
                 pending[row.project] = pending.get(row.project, 0.0) + row.cost_usd
-        for project in set(stored) | set(pending):
+        for project in set(stored) | set(pending) | set(self._counted_from):
             self.spent[project] = stored.get(project, 0.0) + pending.get(project, 0.0)
+
+    def _starts(self) -> dict[str, float | None]:
+        """The current period's start of every project whose budget has one."""
+        now = self.clock()
+        return {p: period.start(now) for p, period in self.catalog.periods.items()}
+
+    def _counts(self, row: UsageRow) -> bool:
+        """Whether ``row`` falls in the period :attr:`spent` counts for its project."""
+        since = self._counted_from.get(row.project) if row.project is not None else None
+        return since is None or row.ts >= since
+
+    def spent_now(self, project: str) -> float:
+        """What ``project`` spent in its budget's current period, as last loaded (every
+        ``flush_interval``): zero once a new period began, until the next flush."""
+        since = self.catalog.period(project).start(self.clock())
+        if since is not None and self._counted_from.get(project) != since:
+            return sum(r.cost_usd for r in self._rows if r.project == project and r.ts >= since)
+        return self.spent.get(project, 0.0)
 
     async def start(self) -> None:
         """Beat (releasing what dead routers left), load spend so far, then flush every
@@ -275,7 +325,9 @@ class Accounts:
             if self.heartbeat is not None:
                 await self.heartbeat.start()
             try:
-                self.spent = await usages.spend_by_project(self.store)
+                starts = self._starts()
+                self.spent = await self.store.spend_by_project(starts)
+                self._counted_from = {p: s for p, s in starts.items() if s is not None}
             except StoreError as exc:
                 log.error("cannot load spend from the store yet: %s", exc)
             self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())

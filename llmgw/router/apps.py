@@ -90,13 +90,15 @@ class Router:
         registry: CollectorRegistry | None = None,
         settings: Settings | None = None,
         router_id: str | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings or Settings()
         self.catalog = catalog
         self.routes = Routes()
         self.demands = Demands(watched_since=time.time())
+        # ``clock``: Unix time stamping usage rows and starting budget periods (tests move it).
         self.accounts = Accounts(store, catalog, self.settings.flush_interval, router_id,
-                                 self.settings.heartbeat_interval)
+                                 self.settings.heartbeat_interval, clock)
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
         self.admissions = Admissions(self.routes.free)
         self.limits = ratelimits.RateLimiter(store, refused=self.metrics.rate_limited)
@@ -211,6 +213,8 @@ class Router:
 
     async def _proxied(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
+        # Its usage row's ts and its budget period: a request is billed when it arrived.
+        arrived = self.accounts.clock()
         label, entry_key, principal, name = UNKNOWN_MODEL, None, None, None
         stream, body_bytes, estimated, reservation = False, 0, 0.0, NOTHING
         outcome, tokens = Outcome(), 0
@@ -241,7 +245,7 @@ class Router:
                         tokens = prompt + output
                         ticket = await self._limit(request, principal, tokens)
                         reservation = await self.accounts.reserve(
-                            principal, estimated, entry_key, request.path, stream)
+                            principal, estimated, entry_key, request.path, stream, arrived)
                         self.accounts.track(reservation, _produced(outcome, body_bytes, entry))
                 strip = False
                 if stream and request.path in _ASK_FOR_USAGE:
@@ -283,7 +287,7 @@ class Router:
         finally:
             self.accounts.untrack(reservation)
             cost = self._account(request.path, label, entry_key, principal, stream, outcome,
-                                 started, body_bytes, estimated, reservation, name)
+                                 started, body_bytes, estimated, reservation, name, arrived)
             await self.accounts.settle(reservation, cost)
             await self.limits.settle(ticket, _tokens_used(outcome, body_bytes, tokens))
 
@@ -370,6 +374,7 @@ class Router:
         estimated: float = 0.0,
         reservation: Reservation = NOTHING,
         served: str | None = None,
+        arrived: float | None = None,
     ) -> float:
         """Metrics and the usage row of a finished request; returns what it cost.
 
@@ -399,7 +404,8 @@ class Router:
         if cost is None:
             cost = entry.cost(prompt, completion) if entry else 0.0
         self.accounts.record(UsageRow(
-            ts=time.time(), project=principal.project, key_id=principal.key_id, model=key,
+            ts=self.accounts.clock() if arrived is None else arrived,
+            project=principal.project, key_id=principal.key_id, model=key,
             endpoint=path, status=status, prompt_tokens=prompt, completion_tokens=completion,
             latency_ms=round((ended - started) * 1000, 3), cost_usd=cost, stream=stream,
             user_name=principal.user,

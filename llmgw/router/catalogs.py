@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from llmgw.router.loras import AdapterRoute
+from llmgw.spec.budgets import LIFETIME, Period
 from llmgw.spec.models import Cluster, Model
 
 
@@ -52,6 +53,8 @@ class ModelEntry:
 class Catalog:
     models: dict[str, ModelEntry] = field(default_factory=dict)  # by served name
     budgets: dict[str, float | None] = field(default_factory=dict)  # project → USD or None
+    # project → the calendar period its budget resets on (absent: lifetime)
+    periods: dict[str, Period] = field(default_factory=dict)
     request_caps: dict[str, float | None] = field(default_factory=dict)  # max_request_usd
     # project → (rpm, tpm), each None for no limit (llmgw.router.ratelimits)
     rates: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
@@ -66,6 +69,10 @@ class Catalog:
         # An adapter shares its base model's key; the key means the base.
         object.__setattr__(self, "_by_key", {e.key: e for e in self.models.values()
                                              if e.adapter is None})
+
+    def period(self, project: str) -> Period:
+        """The period ``project``'s budget resets on (:data:`LIFETIME` when it never does)."""
+        return self.periods.get(project, LIFETIME)
 
     def by_key(self, key: str) -> ModelEntry | None:
         return self._by_key.get(key)
@@ -111,12 +118,15 @@ def from_cluster(cluster: Cluster) -> Catalog:
                                      len(model.adapters)),
                 listed_adapters=0,
             )
-    budgets = {name: project.budget_usd for name, project in cluster.projects.items()}
+    limits = {name: project.limit() for name, project in cluster.projects.items()}
+    budgets = {name: usd for name, (usd, _) in limits.items()}
+    periods = {name: period for name, (_, period) in limits.items() if period.kind != "none"}
     caps = {name: project.max_request_usd for name, project in cluster.projects.items()}
     rates = {name: (project.rpm, project.tpm) for name, project in cluster.projects.items()}
     access = {name: None if project.models is None else tuple(project.models)
               for name, project in cluster.projects.items()}
-    return Catalog(models=models, budgets=budgets, request_caps=caps, rates=rates,
+    return Catalog(models=models, budgets=budgets, periods=periods, request_caps=caps,
+                   rates=rates,
                    auth=cluster.cluster.auth, access=access)
 
 

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from llmgw.spec import allowlists, gpus, hosts, loras, secrets, sources
 from llmgw.spec.models import Cluster, Profile
 from llmgw.spec.quantities import count
+from llmgw.spec.servings import Pricing
 
 Path = tuple[str | int, ...]
 # What partials.py puts in place of a malformed source: never a problem of its own.
@@ -63,6 +64,7 @@ def check(cluster: Cluster, dropped: set[tuple[str, str]] | None = None) -> list
         *(Problem(("models", *path), message) for path, message in loras.problems(
             cluster.models)),
         *_sso_problems(cluster, {n for s, n in dropped if s == "projects"}),
+        *_budget_problems(cluster),
     ]
     if not any(section == "models" for section, _ in dropped):  # a dropped model may match
         problems += [Problem(path, message) for path, message in allowlists.problems(cluster)]
@@ -81,6 +83,41 @@ def _sso_problems(cluster: Cluster, dropped: set[str]) -> Iterator[Problem]:
                 yield Problem(("cluster", "web", "oidc", "groups", group, "projects", i),
                               f"group {group!r} grants project {project!r}, which is not "
                               f"defined (projects: {known})")
+def _budget_problems(cluster: Cluster) -> Iterator[Problem]:
+    """A budget binds only through prices: a project with one while every model it may call
+    (its ``models:`` allow-list, :mod:`llmgw.spec.allowlists`) is free would spend without
+    limit. An error, as every problem here (validate has no warnings): an operator who
+    wrote a budget believes spend is capped. No model at all (a fresh ``llmgw init``), or
+    none the project may call, is no problem: nothing can be spent yet."""
+    priced = _priced_names(cluster)
+    for name, project in cluster.projects.items():
+        usd, period = project.limit()
+        callable_ = allowlists.allowed(project.models, priced)
+        if not usd or not callable_ or any(priced[n] for n in callable_):
+            continue  # a zero budget refuses every request: it binds without prices
+        field = "budget" if project.budget is not None else "budget_usd"
+        per = "" if period.kind == "none" else f" a {period.kind}"
+        yield Problem(
+            ("projects", name, field),
+            f"project {name!r} has a budget of ${usd:,.2f}{per} that never binds: no "
+            "model it can call has a price, so every request costs $0; give its "
+            "models a price (`pricing: "
+            "{input_per_mtok: 0.5, output_per_mtok: 1.5}`, USD per million tokens) or "
+            f"remove `{field}`", at_key=True)
+
+
+def _priced_names(cluster: Cluster) -> dict[str, bool]:
+    """Every served name (models and adapters) → whether a request to it costs anything: an
+    adapter without prices of its own is billed at its base model's (router.catalogs)."""
+    def paid(prices: Pricing) -> bool:
+        return prices.input_per_mtok > 0 or prices.output_per_mtok > 0
+
+    names = {}
+    for key, model in cluster.models.items():
+        names[model.served_name or key] = paid(model.pricing)
+        for adapter in model.adapters:
+            names[adapter.name] = paid(adapter.pricing or model.pricing)
+    return names
 
 
 def _class_hint(name: str, classes: dict[str, gpus.GpuClass]) -> str:

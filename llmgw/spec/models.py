@@ -17,6 +17,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from llmgw.spec import hosts, identifiers, sources
 from llmgw.spec.bases import Strict
+from llmgw.spec.budgets import LIFETIME, Budget, Period
 from llmgw.spec.identifiers import (
     Adapter,
     Address,
@@ -663,7 +664,12 @@ class Project(Strict):
         "Absent (the default): no prompt or answer text is stored anywhere.",
     )
     budget_usd: float | None = Field(
-        None, ge=0, description="Spend limit in USD; requests past it get 429. None: unlimited."
+        None, ge=0, description="Lifetime spend limit in USD; requests past it get 429. "
+        "None: unlimited. The short form of `budget: {usd: ..., period: none}`."
+    )
+    budget: Budget | None = Field(
+        None, description="Spend limit per calendar period (`{usd: 100, period: month, "
+        "timezone: Europe/Paris}`); not with `budget_usd`. None: `budget_usd`.",
     )
     max_request_usd: float | None = Field(
         None, gt=0, le=1_000_000,
@@ -695,6 +701,19 @@ class Project(Strict):
         "its base model's. Each pattern must match a model or adapter of the cluster. "
         "Absent (the default): every model; `[]`: none.",
     )
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> Project:
+        if self.budget is not None and self.budget_usd is not None:
+            raise ValueError("give `budget_usd` or `budget`, not both: `budget_usd: N` is "
+                             "`budget: {usd: N, period: none}`")
+        return self
+
+    def limit(self) -> tuple[float | None, Period]:
+        """The budget in USD (None: unlimited) and the period it resets on."""
+        if self.budget is not None:
+            return self.budget.usd, Period(self.budget.period, self.budget.timezone)
+        return self.budget_usd, LIFETIME
 
 
 class Cluster(Strict):

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from llmgw.spec import loras, models, repairs, rollouts, servings
+from llmgw.spec import budgets, loras, models, repairs, rollouts, servings
 from llmgw.spec.quantities import format_duration, format_size
 
 # (heading, model, where it appears in a file)
@@ -49,6 +49,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("models.NAME.rollout.compare", rollouts.Compare,
      "models: {NAME: {rollout: {compare: ...}}}"),
     ("projects.NAME", models.Project, "projects: {NAME: ...}"),
+    ("projects.NAME.budget", budgets.Budget, "projects: {NAME: {budget: ...}}"),
 )
 
 _INTRO = """\

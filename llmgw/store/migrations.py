@@ -596,6 +596,93 @@ ALTER TABLE users ADD COLUMN admin_of TEXT NOT NULL DEFAULT '[]';
 CREATE INDEX keys_owner ON keys (project, owner);
 """,
     ),
+    Migration(
+        15, "budget periods: spend in quarter-hour buckets, reservations' request time",
+        # spend_buckets: a project's cost per 900 s of usage ts (llmgw.store.spends), kept
+        # with project_spend, so admission sums at most a month of buckets for a period's
+        # spend. reservations.started: the request's arrival by its router's clock, its
+        # usage row's ts: a reservation counts in the period it was taken, and a release
+        # bills it there. The bucket of a row: 900 * floor(ts / 900), corrected where the
+        # division rounded, as spends.bucket computes it.
+        sqlite="""
+ALTER TABLE reservations ADD COLUMN started REAL;
+CREATE TABLE IF NOT EXISTS spend_buckets (
+    project  TEXT NOT NULL,
+    start    REAL NOT NULL,         -- Unix time, a multiple of 900
+    spent    REAL NOT NULL,
+    PRIMARY KEY (project, start)
+);
+INSERT INTO spend_buckets (project, start, spent)
+    SELECT project, CASE WHEN c > ts THEN c - 900 WHEN c + 900 <= ts THEN c + 900 ELSE c END
+           AS b, SUM(cost_usd)
+    FROM (SELECT project, ts, cost_usd, CAST(ts / 900 AS INTEGER) * 900.0 AS c FROM usage
+          WHERE project IS NOT NULL AND cost_usd != 0)
+    GROUP BY project, b;
+CREATE INDEX IF NOT EXISTS usage_project_ts ON usage (project, ts);
+""",
+        postgres="""
+ALTER TABLE reservations ADD COLUMN started DOUBLE PRECISION;
+CREATE TABLE spend_buckets (
+    project  TEXT NOT NULL,
+    start    DOUBLE PRECISION NOT NULL,
+    spent    DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (project, start)
+);
+INSERT INTO spend_buckets (project, start, spent)
+    SELECT project, b, SUM(cost_usd) FROM (
+        SELECT project, cost_usd,
+               CASE WHEN c > ts THEN c - 900 WHEN c + 900 <= ts THEN c + 900 ELSE c END AS b
+        FROM (SELECT project, ts, cost_usd, floor(ts / 900) * 900 AS c FROM usage
+              WHERE project IS NOT NULL AND cost_usd <> 0) u) v
+    GROUP BY project, b;
+CREATE INDEX usage_project_ts ON usage (project, ts);
+CREATE FUNCTION llmgw_spent_since(p_project TEXT, p_since DOUBLE PRECISION)
+    RETURNS DOUBLE PRECISION LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    edge DOUBLE PRECISION := ceil(p_since / 900) * 900;
+BEGIN
+    IF edge < p_since THEN
+        edge := edge + 900;
+    END IF;
+    RETURN COALESCE((SELECT SUM(b.spent) FROM spend_buckets b
+                     WHERE b.project = p_project AND b.start >= edge), 0)
+         + COALESCE((SELECT SUM(u.cost_usd) FROM usage u
+                     WHERE u.project = p_project AND u.ts >= p_since AND u.ts < edge), 0);
+END;
+$$;
+DROP FUNCTION llmgw_reserve(TEXT, DOUBLE PRECISION, DOUBLE PRECISION, DOUBLE PRECISION, TEXT,
+                            TEXT, TEXT, TEXT, TEXT, BOOLEAN, TEXT);
+-- p_since: the period's start (NULL: lifetime). The project's spend row is locked either
+-- way, so admissions of one project take turns; reservations taken in an earlier period
+-- (started before p_since) count in theirs, not in this one.
+CREATE FUNCTION llmgw_reserve(p_project TEXT, p_budget DOUBLE PRECISION,
+                              p_amount DOUBLE PRECISION, p_hold DOUBLE PRECISION,
+                              p_id TEXT, p_router TEXT, p_key TEXT, p_model TEXT,
+                              p_endpoint TEXT, p_stream BOOLEAN, p_user TEXT,
+                              p_since DOUBLE PRECISION, p_started DOUBLE PRECISION,
+                              OUT spent DOUBLE PRECISION,
+                              OUT reserved DOUBLE PRECISION, OUT admitted BOOLEAN)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    INSERT INTO project_spend VALUES (p_project, 0) ON CONFLICT (project) DO NOTHING;
+    SELECT s.spent INTO spent FROM project_spend s WHERE s.project = p_project FOR UPDATE;
+    IF p_since IS NOT NULL THEN
+        spent := llmgw_spent_since(p_project, p_since);
+    END IF;
+    SELECT COALESCE(SUM(r.amount), 0) INTO reserved FROM reservations r
+        WHERE r.project = p_project AND r.expires_at > now()
+          AND (p_since IS NULL OR r.started IS NULL OR r.started >= p_since);
+    admitted := spent + reserved < p_budget;
+    IF admitted THEN
+        INSERT INTO reservations (id, project, amount, expires_at, router, key_id, model,
+                                  endpoint, stream, user_name, started)
+            VALUES (p_id, p_project, p_amount, now() + make_interval(secs => p_hold),
+                    p_router, p_key, p_model, p_endpoint, p_stream, p_user, p_started);
+    END IF;
+END;
+$$;
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Literal
 
 import asyncpg
@@ -38,6 +38,7 @@ from llmgw.store import (
     migrations,
     ratelimits,
     reservations,
+    spends,
 )
 from llmgw.store.postgrespages import PostgresPages
 from llmgw.store.reservations import Chosen, Held, Owner, Progress
@@ -50,7 +51,7 @@ _INSERT_USAGE = (f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES "
 _INSERT_KEY = f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 # Budget reservations: admission (llmgw_reserve, migrations 5 and 9) and settling.
 _RESERVE = ("SELECT spent, reserved, admitted FROM "
-            "llmgw_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+            "llmgw_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)")
 _SETTLE = "UPDATE reservations SET amount = $2 WHERE id = $1 AND released_at IS NULL"
 _MIGRATION_LOCK = 0x6C6C6D6777  # "llmgw": one advisory lock id for schema changes
 _POOL_SIZE = 8
@@ -199,23 +200,27 @@ class PostgresStore(PostgresPages, Store):
             billed = reservations.deduct(rows, settled, released) if released else rows
             await _append_usage(conn, [to_record(r) for r in billed])
 
-    async def spend_by_project(self) -> dict[str, float]:
+    async def spend_by_project(
+        self, starts: Mapping[str, float | None] | None = None,
+    ) -> dict[str, float]:
         async with self._conn() as conn:
-            rows = await conn.fetch("SELECT project, spent FROM project_spend")
-        return {r[0]: float(r[1]) for r in rows}
+            return await spends.postgres_spend(conn, starts or {})
 
     async def reserve(self, project: str, budget: float, amount: float,
-                      hold: float, owner: Owner | None = None) -> Admission:
-        # One round trip: llmgw_reserve (migration 5) locks the project's spend row, so
-        # every router's admission for this project waits its turn and none can see room
-        # for a request another has just taken.
+                      hold: float, owner: Owner | None = None,
+                      since: float | None = None) -> Admission:
+        # One round trip: llmgw_reserve (migrations 5, 9, and the budget periods') locks
+        # the project's spend row, so every router's admission for this project waits its
+        # turn and none can see room for a request another has just taken.
         reservation = secrets.token_hex(8)
         async with self._conn() as conn:
             o = owner
             found = await conn.fetchrow(
                 _RESERVE, project, float(budget), float(amount), float(hold), reservation,
                 o and o.router, o and o.key_id, o and o.model, o and o.endpoint,
-                bool(o and o.stream), o and o.user_name)
+                bool(o and o.stream), o and o.user_name,
+                None if since is None else float(since),
+                None if o is None or o.ts is None else float(o.ts))
         assert found is not None
         spent, reserved = float(found[0]), float(found[1])
         if not found[2]:
@@ -365,19 +370,12 @@ class PostgresStore(PostgresPages, Store):
 
 
 async def _append_usage(conn: asyncpg.pool.PoolConnectionProxy, records: list[Record]) -> None:
-    """Insert usage records and add their cost to project_spend (inside a transaction)."""
+    """Insert usage records and add their cost to the running totals (inside a
+    transaction): project_spend and spend_buckets (:mod:`llmgw.store.spends`)."""
     if not records:
         return
     await conn.executemany(_INSERT_USAGE, records)
-    totals: dict[str, float] = {}
-    for record in records:
-        project, cost = record[1], record[9]
-        if project is not None and cost:
-            totals[project] = totals.get(project, 0.0) + cost
-    if totals:
-        await conn.executemany(
-            "INSERT INTO project_spend VALUES ($1, $2) ON CONFLICT (project) DO UPDATE "
-            "SET spent = project_spend.spent + EXCLUDED.spent", list(totals.items()))
+    await spends.postgres_add(conn, records)
 
 
 async def _no_session_state(_: asyncpg.Connection) -> None:

@@ -17,6 +17,14 @@ off from the store (not dead) writes its request's own usage row later, and
 that row then bills only what the release did not (:func:`deduct`), in the
 transaction that drops the reservation.
 
+Budget periods: a reservation records its request's arrival by its router's
+clock (``started``, :attr:`Owner.ts`), which is also its usage row's ``ts``.
+Admission for a period starting at ``since`` counts only reservations with
+``started`` at or after it (one without, from before the periods, counts in
+every period), and a release bills at ``started``: a reservation counts, and
+is billed, in the period it was taken, so within each period spent + reserved
+stays under budget + one reservation, as for a lifetime budget.
+
 This module holds the :class:`ReservationMethods` part of the store interface
 and the SQL of both databases.
 """
@@ -51,6 +59,9 @@ class Owner:
     endpoint: str
     stream: bool = False
     user_name: str | None = None
+    # The request's arrival by its router's clock, which is its usage row's ts: the
+    # reservation counts in the budget period holding it, and a release bills it there.
+    ts: float | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,7 @@ def deduct(rows: Sequence[UsageRow], settled: Sequence[str | None],
 _HELD = ("r.id, r.project, r.amount, r.used, r.router, r.key_id, r.model, r.created_at, "
          "h.router IS NOT NULL")
 _BILL = ("r.project, r.key_id, r.model, r.endpoint, r.prompt_tokens, r.completion_tokens, "
-         "r.used, r.stream, r.user_name, r.created_at")
+         "r.used, r.stream, r.user_name, r.created_at, r.started")
 
 
 def _held(row: Sequence[Any]) -> Held:
@@ -137,12 +148,14 @@ def _held(row: Sequence[Any]) -> Held:
 
 def _bill(row: Sequence[Any], now: float) -> UsageRow | None:
     """The usage row a released reservation writes; None for a row from before migration
-    9 (nothing recorded, nothing known to bill)."""
-    project, key_id, model, endpoint, prompt, completion, used, stream, user, created = row
+    9 (nothing recorded, nothing known to bill). Its ts is the request's (``started``),
+    so it lands in the budget period the reservation counted in; ``now`` without one."""
+    (project, key_id, model, endpoint, prompt, completion, used, stream, user, created,
+     started) = row
     if model is None:
         return None
-    return UsageRow(ts=now, project=project, key_id=key_id, model=model,
-                    endpoint=endpoint or "", status=RELEASED_STATUS,
+    return UsageRow(ts=now if started is None else float(started), project=project,
+                    key_id=key_id, model=model, endpoint=endpoint or "", status=RELEASED_STATUS,
                     prompt_tokens=int(prompt or 0), completion_tokens=int(completion or 0),
                     latency_ms=round(max(now - float(created or now), 0.0) * 1000, 3),
                     cost_usd=float(used or 0.0), stream=bool(stream), user_name=user)
@@ -163,9 +176,10 @@ def sqlite_insert(conn: sqlite3.Connection, rid: str, project: str, amount: floa
     o = owner
     conn.execute(
         "INSERT INTO reservations (id, project, amount, expires_at, router, key_id, model, "
-        "endpoint, stream, user_name, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "endpoint, stream, user_name, created_at, started) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (rid, project, amount, expires_at, o and o.router, o and o.key_id, o and o.model,
-         o and o.endpoint, bool(o and o.stream), o and o.user_name, now))
+         o and o.endpoint, bool(o and o.stream), o and o.user_name, now, o and o.ts))
 
 
 def sqlite_beat(conn: sqlite3.Connection, router: str, ttl: float,
@@ -242,7 +256,7 @@ _PG_HELD = (f"SELECT {_HELD.replace('r.created_at', 'EXTRACT(EPOCH FROM r.create
             "AND h.expires_at > now() WHERE r.released_at IS NULL")
 _PG_RETURNING = ("id, project, key_id, model, endpoint, prompt_tokens, completion_tokens, "
                  "used, stream, user_name, EXTRACT(EPOCH FROM created_at), "
-                 "EXTRACT(EPOCH FROM now())")
+                 "EXTRACT(EPOCH FROM now()), started")
 # UPDATE … WHERE released_at IS NULL: a second sweeper blocked on the same row re-checks
 # the condition after the first commits, and skips it.
 _PG_RELEASE_STALE = f"""UPDATE reservations r SET amount = 0, released_at = now()
@@ -291,7 +305,7 @@ async def postgres_release(
         billed = []
         for r in rows:
             now = float(r[11])
-            row = _bill((*tuple(r)[1:10], float(r[10])), now)
+            row = _bill((*tuple(r)[1:10], float(r[10]), r[12]), now)
             if row is not None:
                 billed.append(row)
         await append(conn, billed)

@@ -23,7 +23,7 @@ import asyncio
 import secrets
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -38,6 +38,7 @@ from llmgw.store import (
     journals,
     ratelimits,
     reservations,
+    spends,
 )
 from llmgw.store.reservations import Chosen, Held, Owner, Progress
 from llmgw.store.sqlitepages import SQLitePages
@@ -58,10 +59,10 @@ _MARKS = ", ".join("?" * len(COLUMNS))
 _INSERT_USAGE = f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES ({_MARKS})"
 _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at, rpm, tpm, owner"
 _KEY_MARKS = ", ".join("?" * 9)
-# Budget reservations: a project's spend, what live reservations hold, taking and settling one.
-_SPENT = "SELECT spent FROM project_spend WHERE project = ?"
+# Budget reservations: what live reservations of the period hold (llmgw.store.spends has
+# what was spent), taking and settling one.
 _RESERVED = ("SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = ? "
-             "AND expires_at > ?")
+             "AND expires_at > ? AND (? IS NULL OR started IS NULL OR started >= ?)")
 _SETTLE = "UPDATE reservations SET amount = ? WHERE id = ? AND released_at IS NULL"
 
 
@@ -188,11 +189,10 @@ class SQLiteStore(SQLitePages, Store):
                 _append_usage(conn, [to_record(r) for r in billed])
         await self._run(insert)
 
-    async def spend_by_project(self) -> dict[str, float]:
-        def select(conn: sqlite3.Connection) -> dict[str, float]:
-            rows = conn.execute("SELECT project, spent FROM project_spend").fetchall()
-            return {project: float(total) for project, total in rows}
-        return await self._run(select)
+    async def spend_by_project(
+        self, starts: Mapping[str, float | None] | None = None,
+    ) -> dict[str, float]:
+        return await self._run(lambda conn: spends.sqlite_spend(conn, starts or {}))
 
     async def last_use_by_model(self) -> dict[str, float]:
         def select(conn: sqlite3.Connection) -> dict[str, float]:
@@ -201,14 +201,14 @@ class SQLiteStore(SQLitePages, Store):
         return await self._run(select)
 
     async def reserve(self, project: str, budget: float, amount: float,
-                      hold: float, owner: Owner | None = None) -> Admission:
+                      hold: float, owner: Owner | None = None,
+                      since: float | None = None) -> Admission:
         def reserve(conn: sqlite3.Connection) -> Admission:
             now = time.time()
             with conn:
                 conn.execute("BEGIN IMMEDIATE")  # the write lock orders every router's check
-                spent = conn.execute(_SPENT, (project,)).fetchone()
-                reserved = conn.execute(_RESERVED, (project, now)).fetchone()[0]
-                spent_usd = float(spent[0]) if spent else 0.0
+                spent_usd = spends.sqlite_spent(conn, project, since)
+                reserved = conn.execute(_RESERVED, (project, now, since, since)).fetchone()[0]
                 if spent_usd + reserved >= budget:
                     return Admission(None, spent_usd, float(reserved))
                 reservation = secrets.token_hex(8)
@@ -378,15 +378,10 @@ class SQLiteStore(SQLitePages, Store):
 
 
 def _append_usage(conn: sqlite3.Connection, records: list[Record]) -> None:
-    """Insert usage records and add their cost to project_spend (inside a transaction)."""
+    """Insert usage records and add their cost to the running totals (inside a
+    transaction): project_spend and spend_buckets (:mod:`llmgw.store.spends`)."""
     conn.executemany(_INSERT_USAGE, records)
-    totals: dict[str, float] = {}
-    for record in records:
-        project, cost = record[1], record[9]
-        if project is not None and cost:
-            totals[project] = totals.get(project, 0.0) + cost
-    conn.executemany("INSERT INTO project_spend VALUES (?, ?) ON CONFLICT (project) DO UPDATE "
-                     "SET spent = project_spend.spent + excluded.spent", totals.items())
+    spends.sqlite_add(conn, records)
 
 
 def _key_tuple(row: KeyRow) -> tuple[str, str, str, str, float, float | None,

@@ -144,18 +144,27 @@ class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods
         came back) bills only what the release did not."""
 
     @abc.abstractmethod
-    async def spend_by_project(self) -> dict[str, float]: ...
+    async def spend_by_project(
+        self, starts: Mapping[str, float | None] | None = None,
+    ) -> dict[str, float]:
+        """USD each project has spent for ever, except the projects in ``starts``: what
+        they spent since ``starts[p]`` (Unix time; usage rows with ``ts`` at or after it),
+        their budget period's start (:mod:`llmgw.store.spends`)."""
 
     # -- budgets ------------------------------------------------------------------------
     @abc.abstractmethod
     async def reserve(self, project: str, budget: float, amount: float,
-                      hold: float, owner: Owner | None = None) -> Admission:
+                      hold: float, owner: Owner | None = None,
+                      since: float | None = None) -> Admission:
         """Reserve ``amount`` USD for a request of ``project`` unless what it has spent
         plus what requests in flight on every router have reserved reaches ``budget``.
-        Atomic across routers. ``owner``: the router that holds it, whose heartbeat keeps
-        it (see :mod:`llmgw.store.reservations`); a released reservation bills what its
-        owner recorded. ``hold`` seconds is a backstop: past it, the reservation is
-        stale whatever its router."""
+        Atomic across routers. ``since``: the start of the budget's period (None: a
+        lifetime budget): what was spent is the usage rows with ``ts`` at or after it, and
+        what is reserved counts only reservations taken in it (``owner.ts`` at or after
+        it; one without a time counts in every period). ``owner``: the router that holds
+        it, whose heartbeat keeps it (see :mod:`llmgw.store.reservations`); a released
+        reservation bills what its owner recorded. ``hold`` seconds is a backstop: past
+        it, the reservation is stale whatever its router."""
 
     @abc.abstractmethod
     async def last_use_by_model(self) -> dict[str, float]:

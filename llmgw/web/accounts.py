@@ -100,9 +100,11 @@ async def _page(pages: Pages, request: web.Request, visitor: Visitor,
                if projects else [])
     chart = charts.usage_chart(buckets, since=since, step=DAY, slots=7, value="cost_usd",
                                title="Spend per model, last 7 days (your projects)")
-    budget_rows = charts.budgets({p: pages.router.accounts.spent.get(p, 0.0) for p in projects},
-                                 {p: pages.router.catalog.budgets.get(p) for p in projects})
-    mine = await usages.totals_for_user(pages.store, user.name)
+    accounts, catalog = pages.router.accounts, pages.router.catalog
+    budget_rows = charts.budgets({p: accounts.spent_now(p) for p in projects},
+                                 {p: catalog.budgets.get(p) for p in projects},
+                                 catalog.periods, accounts.clock())
+    mine = await usages.totals_for_user(pages.store, visitor.user.name)
     base = pages.gate.base_url(request)
     roles = {p: "admin" if user.admin else user.role(p) or "member" for p in projects}
     return pages.render(request, "account.html", keys=listed, created=created,

@@ -53,7 +53,10 @@ async def _admin(pages: Pages, template: str, request: web.Request) -> web.Strea
     cluster = pages.cluster()
     bars = ({name: charts.capacity_bar(name, counts)
              for name, counts in view.summary.capacity.items()} if view else {})
-    budget_rows = charts.budgets(pages.router.accounts.spent, pages.router.catalog.budgets)
+    accounts, catalog = pages.router.accounts, pages.router.catalog
+    budget_rows = charts.budgets(
+        {p: accounts.spent_now(p) for p in set(catalog.budgets) | set(accounts.spent)},
+        catalog.budgets, catalog.periods, accounts.clock())
     return pages.render(request, template, view=view, bars=bars, usage=usage, span=span,
                         ranges=list(RANGES), budgets=budget_rows, now=now,
                         users=await users.list_all(pages.store), refresh=pages.refresh_seconds,

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
 from llmgw.planning.summaries import GpuCounts
+from llmgw.spec.budgets import LIFETIME, Period
 from llmgw.store.usages import Bucket
 
 PALETTE = 8  # series colours: classes s0 … s7 in app.css
@@ -114,13 +116,29 @@ def _short(text: str, limit: int = 26) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def budgets(spent: Mapping[str, float], limits: Mapping[str, float | None]) -> list[
-        tuple[str, float, float | None, int | None]]:
-    """(project, spent, budget, percent used) for every project, sorted by name."""
+@dataclass(frozen=True)
+class BudgetRow:
+    """One project's line in a budgets table."""
+
+    project: str
+    spent: float  # in the current period (for ever, without one)
+    budget: float | None  # USD; None: unlimited
+    pct: int | None  # percent of the budget spent; None: unlimited
+    period: str  # "month (Europe/Paris)", or "lifetime"
+    resets: str | None  # "2026-07-01 00:00 Europe/Paris"; None: never
+
+
+def budgets(spent: Mapping[str, float], limits: Mapping[str, float | None],
+            periods: Mapping[str, Period], now: float) -> list[BudgetRow]:
+    """A row for every project, sorted by name: ``spent[p]`` is its spend in the period
+    of ``periods[p]`` holding ``now`` (absent: a lifetime budget). Purely computational."""
     rows = []
     for project in sorted(set(limits) | set(spent)):
         budget = limits.get(project)
         used = spent.get(project, 0.0)
         pct = None if not budget else min(999, int(100 * used / budget))
-        rows.append((project, used, budget, pct))
+        period = periods.get(project, LIFETIME)
+        resets = period.resets(now)
+        rows.append(BudgetRow(project, used, budget, pct, period.describe(),
+                              None if resets is None else period.instant(resets)))
     return rows

@@ -54,6 +54,26 @@ def test_init_writes_a_valid_site_once(tmp_path: Path) -> None:
     assert snapshot(site)["cluster/nodes.yaml"] == "# mine\nnodes: {}\n"
 
 
+def test_inits_model_example_has_a_price_that_makes_its_budget_bind(tmp_path: Path) -> None:
+    """`init` writes `default: {budget_usd: 100}`; the model it shows how to add carries a
+    price, so the budget binds: validate is clean with it, and an error without it."""
+    assert llmgw("init", "site", cwd=tmp_path).returncode == 0
+    site = tmp_path / "site"
+    models = site / "cluster" / "models.yaml"
+    example = [line[2:] for line in models.read_text().splitlines()
+               if line.startswith("#   ") or line == "# models:"]
+    models.write_text("\n".join(example) + "\n")
+    validate = llmgw("validate", cwd=site)
+    assert validate.returncode == 0, validate.stdout + validate.stderr
+    assert "1 model" in validate.stdout
+    models.write_text("\n".join(line for line in example if "pricing" not in line) + "\n")
+    validate = llmgw("validate", cwd=site)
+    assert validate.returncode == 1
+    assert "cluster/cluster.yaml:" in validate.stdout + validate.stderr
+    assert "project 'default' has a budget of $100.00 that never binds" in (
+        validate.stdout + validate.stderr)
+
+
 @pytest.mark.skipif(sites.systemd_is_init(), reason="would install a real unit")
 def test_install_without_systemd_prints_a_unit_systemd_accepts(tmp_path: Path) -> None:
     result = llmgw("init", "site", "--install", cwd=tmp_path)

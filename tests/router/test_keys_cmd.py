@@ -21,10 +21,12 @@ cluster:
 models:
   qwen-coder:
     scaling: {min: 0, max: 1}
+    pricing: {input_per_mtok: 0.5, output_per_mtok: 1.5}
     profiles: [{engine: llama.cpp, cpu: true, source: /models/qwen.gguf}]
 projects:
   research: {budget_usd: 500}
   ci: {}
+  daily: {budget: {usd: 10, period: day, timezone: Europe/Paris}}
 """
 
 
@@ -162,3 +164,46 @@ def test_a_rate_limit_must_be_a_whole_number_from_one(
     assert caught.value.code == 2
     err = capsys.readouterr().err
     assert "--rpm" in err and "whole number" in err and "Traceback" not in err
+
+
+def test_budgets_show_spend_this_period_and_the_reset(
+        cluster_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`keys budgets`: a daily budget counts today's rows only (in its time zone); a
+    lifetime one counts them all. Rows now and two days ago: whatever the hour, the first
+    is today's and the second is not."""
+    import time
+
+    from llmgw.spec.budgets import Period
+    from llmgw.store.usages import UsageRow
+    now = time.time()
+
+    def row(ts: float, project: str, cost: float) -> UsageRow:
+        return UsageRow(ts=ts, project=project, key_id=None, model="qwen-coder",
+                        endpoint="/v1/chat/completions", status=200, prompt_tokens=1,
+                        completion_tokens=1, latency_ms=1.0, cost_usd=cost)
+
+    async def spend() -> None:
+        store = await stores.open_store(StoreSettings(path=str(cluster_dir / "state" /
+                                                               "llmgw.db")))
+        try:
+            await store.insert_usage([row(now, "daily", 1.25), row(now - 2 * 86400, "daily", 4.0),
+                                      row(now - 2 * 86400, "research", 7.0)])
+        finally:
+            await store.close()
+
+    asyncio.run(spend())
+    d = str(cluster_dir)
+    assert llmgw_keys("budgets", "--cluster", d) == 0
+    lines = capsys.readouterr().out.splitlines()
+    resets = Period("day", "Europe/Paris").resets(now)
+    assert resets is not None
+    assert lines[0].startswith("PROJECT") and "SPENT THIS PERIOD" in lines[0]
+    table = [line.split() for line in lines[1:]]
+    assert table[0] == ["ci", "$0.00", "unlimited", "-", "lifetime", "never"]
+    assert table[1][:7] == ["daily", "$1.25", "$10.00", "12", "%", "day", "(Europe/Paris)"]
+    assert " ".join(table[1][7:]) == Period("day", "Europe/Paris").instant(resets)
+    assert table[2] == ["research", "$7.00", "$500.00", "1", "%", "lifetime", "never"]
+    assert llmgw_keys("budgets", "--cluster", d, "--json") == 0
+    listed = {b["project"]: b for b in json.loads(capsys.readouterr().out)}
+    assert listed["daily"]["spent_usd"] == 1.25 and listed["daily"]["resets_at"] == resets
+    assert listed["research"]["period"] == "none" and listed["research"]["since"] is None
