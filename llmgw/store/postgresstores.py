@@ -258,7 +258,8 @@ class PostgresStore(PostgresPages, Store):
 
     async def last_use_by_model(self) -> dict[str, float]:
         async with self._conn() as conn:
-            rows = await conn.fetch("SELECT model, MAX(ts) FROM usage GROUP BY model")
+            rows = await conn.fetch("SELECT model, MAX(ts + latency_ms / 1000.0) FROM usage "
+                                    "GROUP BY model")
         return {r[0]: float(r[1]) for r in rows if r[1] is not None}
 
     async def recent_usage(self, limit: int) -> list[UsageRow]:

@@ -196,7 +196,8 @@ class SQLiteStore(SQLitePages, Store):
 
     async def last_use_by_model(self) -> dict[str, float]:
         def select(conn: sqlite3.Connection) -> dict[str, float]:
-            rows = conn.execute("SELECT model, MAX(ts) FROM usage GROUP BY model").fetchall()
+            rows = conn.execute("SELECT model, MAX(ts + latency_ms / 1000.0) FROM usage "
+                                "GROUP BY model").fetchall()
             return {model: float(ts) for model, ts in rows if ts is not None}
         return await self._run(select)
 

@@ -168,7 +168,8 @@ class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods
 
     @abc.abstractmethod
     async def last_use_by_model(self) -> dict[str, float]:
-        """Unix time of each model's newest usage row, by model key."""
+        """Unix time each model's latest request ended, by model key: a row's ``ts`` is its
+        request's arrival (the budget period it is billed to), plus its latency."""
 
     @abc.abstractmethod
     async def recent_usage(self, limit: int) -> list[UsageRow]:
