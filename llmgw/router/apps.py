@@ -96,12 +96,14 @@ class Router:
         self.catalog = catalog
         self.routes = Routes()
         self.demands = Demands(watched_since=time.time())
-        # ``clock``: Unix time stamping usage rows and starting budget periods (tests move it).
+        # ``clock``: Unix time stamping usage rows, starting budget periods and rate windows
+        # (tests move it).
         self.accounts = Accounts(store, catalog, self.settings.flush_interval, router_id,
                                  self.settings.heartbeat_interval, clock)
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
         self.admissions = Admissions(self.routes.free)
-        self.limits = ratelimits.RateLimiter(store, refused=self.metrics.rate_limited)
+        self.limits = ratelimits.RateLimiter(store, clock=clock,
+                                             refused=self.metrics.rate_limited)
         self.proxy = Proxy(self.routes, self.settings.connect_timeout,
                            freed=self._freed)
         self.store = store
@@ -213,8 +215,10 @@ class Router:
 
     async def _proxied(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
-        # Its usage row's ts and its budget period: a request is billed when it arrived.
-        arrived = self.accounts.clock()
+        # Its usage row's ts and its budget period: a request is billed when it arrived;
+        # and its rate window is the minute it arrived in, by the limiter's clock (the same
+        # clock unless a test pins one), so a request near midnight is in one day for both.
+        arrived, minute_at = self.accounts.clock(), self.limits.clock()
         label, entry_key, principal, name = UNKNOWN_MODEL, None, None, None
         stream, body_bytes, estimated, reservation = False, 0, 0.0, NOTHING
         outcome, tokens = Outcome(), 0
@@ -243,7 +247,7 @@ class Router:
                     estimated = entry.cost(prompt, output)
                     if principal.project is not None:
                         tokens = prompt + output
-                        ticket = await self._limit(request, principal, tokens)
+                        ticket = await self._limit(request, principal, tokens, minute_at)
                         reservation = await self.accounts.reserve(
                             principal, estimated, entry_key, request.path, stream, arrived)
                         self.accounts.track(reservation, _produced(outcome, body_bytes, entry))
@@ -292,14 +296,14 @@ class Router:
             await self.limits.settle(ticket, _tokens_used(outcome, body_bytes, tokens))
 
     async def _limit(self, request: web.Request, principal: Principal,
-                     tokens: int) -> ratelimits.Ticket | None:
+                     tokens: int, now: float) -> ratelimits.Ticket | None:
         """Count the request against its project's and key's rates (ApiError 429 when one
         is full); the answer carries the ``x-ratelimit-*`` headers."""
         assert principal.project is not None
         rpm, tpm = self.catalog.rates.get(principal.project, (None, None))
         ticket = await self.limits.admit(ratelimits.limits_of(
             principal.project, principal.key_id, rpm, tpm, principal.rpm, principal.tpm),
-            tokens)
+            tokens, now)
         if ticket is not None:
             request[_RATE_HEADERS] = ticket.headers
         return ticket

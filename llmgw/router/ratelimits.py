@@ -153,13 +153,15 @@ class RateLimiter:
         self._seen: dict[str, int] = {}
         self._slot: int | None = None
 
-    async def admit(self, limits: Sequence[Limit], tokens: int) -> Ticket | None:
-        """Count one request estimated at ``tokens`` against ``limits``; None when none
+    async def admit(self, limits: Sequence[Limit], tokens: int,
+                    now: float | None = None) -> Ticket | None:
+        """Count one request estimated at ``tokens`` against ``limits`` in the minute of
+        ``now`` (its arrival by :attr:`clock`; default: the clock now); None when none
         applies. ApiError 429 ``rate_limit_exceeded`` (with ``Retry-After`` and the
         headers) when one is full, 503 ``store_unavailable`` when the store is not there."""
         if not limits or self.store is None:
             return None
-        now = self.clock()
+        now = self.clock() if now is None else now
         slot = slot_of(now)
         for lim in limits:
             if lim.kind == "tokens" and tokens > lim.limit:

@@ -1,7 +1,8 @@
 """Rate limits through real routers: the official ``openai`` client gets 429
 ``rate_limit_exceeded`` with ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers (both
 stores), and the race: 500 concurrent requests over two routers on one PostgreSQL against
-rpm 100 admit exactly as many as the limit allows.
+rpm 100 admit exactly as many as the limit allows; and the two bounds at once: an rpm limit
+and a daily budget that resets during a 1,500-request run.
 
 The routers' rate-limit clock is pinned to the middle of a minute (``limits.clock``), so
 no run straddles a window's boundary, whatever this machine's load."""
@@ -23,7 +24,7 @@ from support.waits import until
 
 from llmgw.router import Settings
 from llmgw.spec.models import Cluster
-from llmgw.store import keys
+from llmgw.store import keys, usages
 
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "one two three"}],
         "max_tokens": 5}
@@ -179,3 +180,83 @@ async def test_a_request_refused_for_its_rate_reserves_no_budget(
     assert stack.run(stack.db.list_reservations()) == []
     spent = stack.run(stack.db.spend_by_project())["research"]
     assert spent == pytest.approx(sum(r.cost_usd for r in rows if r.status == 200))
+
+
+async def test_the_race_with_an_rpm_limit_and_a_budget_period_that_resets_during_it(
+        pg_stacks: StackFactory) -> None:
+    """Both tenancy bounds at once, over two routers on one PostgreSQL: ``rpm: 100`` and a
+    daily budget (Paris) worth 150 answers. One clock drives both routers' rate windows
+    and budget periods. Three bursts of 500 concurrent requests: a minute where the rpm
+    binds (exactly 100 answered), the next minute of the same day where the budget binds
+    (exactly the 50 it has left), and the clock moved past midnight while that burst is
+    still in flight, then a burst in the new day: a new minute and a new period, so the
+    rpm binds again (exactly 100), the budget having reset to its whole amount."""
+    import datetime as dt
+    from zoneinfo import ZoneInfo
+
+    midnight = dt.datetime(2026, 6, 3, tzinfo=ZoneInfo("Europe/Paris")).timestamp()
+    limit, routers, per_answer = 100, 2, 5 * 2.0 / 1e6  # 5 output tokens at $2 per Mtok
+    spec = Cluster.model_validate({
+        "cluster": {"name": "lab"},
+        "models": {"chat": {"profiles": CPU, "scaling": {"min": 1},
+                            "pricing": {"input_per_mtok": 0.0, "output_per_mtok": 2.0}}},
+        # 149.5 answers' worth: the 150th is admitted (spend before it is under budget),
+        # the 151st is not, whatever the floating-point sums round to.
+        "projects": {"research": {"rpm": limit, "budget": {
+            "usd": 149.5 * per_answer, "period": "day", "timezone": "Europe/Paris"}}},
+    })
+    now = [midnight - 150.0]  # 30 s into a minute, two minutes before that one's day ends
+    stacks = [pg_stacks(spec) for _ in range(routers)]
+    for stack in stacks:
+        stack.route({"chat": stack.upstreams})
+        stack.router.limits.clock = lambda: now[0]
+        stack.router.accounts.clock = lambda: now[0]
+    headers = {"Authorization": f"Bearer {stacks[0].key()}"}
+    answered: list[tuple[int, str | None]] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
+        async def one(i: int) -> tuple[int, str | None]:
+            url = stacks[i % routers].url + "/v1/chat/completions"
+            async with session.post(url, json=BODY) as response:
+                doc = await response.json()
+                answer = response.status, doc["error"]["code"] if response.status != 200 else None
+                answered.append(answer)
+                return answer
+
+        async def burst() -> list[tuple[int, str | None]]:
+            return await asyncio.gather(*(one(i) for i in range(500)))
+
+        first = await burst()
+        now[0] = midnight - 90.0  # the next minute, the same day
+        second = asyncio.ensure_future(burst())
+        # Midnight while the second burst is in flight: once 400 of it were answered.
+        await until(lambda: len(answered) >= 900, 120)
+        now[0] = midnight + 30.0
+        second_answers = await second
+        third = await burst()
+    answers = [*first, *second_answers, *third]
+    assert set(answers) <= {(200, None), (429, "rate_limit_exceeded"),
+                            (429, "insufficient_quota")}
+    assert sum(1 for a in first if a[0] == 200) == limit  # the rpm bound, exactly
+    for stack in stacks:
+        stack.run(stack.router.accounts.flush())
+    rows = stacks[0].run(usages.recent(stacks[0].db, 5000))
+    assert sorted(r.status for r in rows) == sorted(status for status, _ in answers)
+    assert all(r.cost_usd == pytest.approx(per_answer) for r in rows if r.status == 200)
+    yesterday = [r for r in rows if r.ts < midnight and r.status == 200]
+    today = [r for r in rows if r.ts >= midnight and r.status == 200]
+    # The old day: 100 in its first minute (rpm), then the budget's 50 left (budget).
+    assert len(yesterday) == 150
+    # The new day: a fresh budget (150 answers' worth) and a fresh minute: the rpm binds.
+    assert len(today) == limit
+    by_minute: dict[int, int] = {}
+    for r in [*yesterday, *today]:
+        by_minute[int(r.ts // 60)] = by_minute.get(int(r.ts // 60), 0) + 1
+    assert sorted(by_minute.values()) == [50, 100, 100]
+    # Exact accounting: the store's spend of each day is that day's rows, to the cent's
+    # millionth.
+    store = stacks[0].db
+    spent_today = stacks[0].run(store.spend_by_project({"research": midnight}))["research"]
+    spent_both = stacks[0].run(store.spend_by_project({"research": midnight - 86400}))
+    assert spent_today == pytest.approx(limit * per_answer, rel=1e-9)
+    assert spent_both["research"] == pytest.approx(250 * per_answer, rel=1e-9)
