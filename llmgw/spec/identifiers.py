@@ -24,6 +24,9 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
+# An http(s) URL of a host (or address) and a plain path: hub mirrors, OpenID issuers.
+HTTP_URL = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+(/[A-Za-z0-9._~/-]*)?$")
+
 # name: (pattern, what it is, what it may hold) — the loader words its errors from this.
 PATTERNS: dict[str, tuple[str, str]] = {
     "name": (r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$",
