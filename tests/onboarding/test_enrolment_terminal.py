@@ -198,6 +198,7 @@ def test_terminal_add_then_again_then_upgrade_in_place(
     records = tmp_path / "records"
     records.mkdir()
     tiny = json.loads(json.dumps(MODELS["tiny"]))
+    tiny["pricing"] = {"input_per_mtok": 0.1, "output_per_mtok": 0.4}  # init's budget binds
     tiny["profiles"][0]["env"] = {
         "TESTENGINE_RECORD_DIR": str(records),
         "PATH": f"{STUBS}:{Path(sys.executable).parent}:/usr/bin:/bin"}
