@@ -141,6 +141,16 @@ def test_logs_previous_shows_the_run_a_sigkill_ended(
     assert "(no earlier run is kept" in err
 
     complete(first.port)  # the killed run's last lines hold this request
+    # llama-server prints the request's timings after it has answered, and the supervisor
+    # writes them a moment later: kill only once the log holds them, or the killed run's
+    # last lines may honestly end before the request's (CI saw that once)
+    deadline = time.monotonic() + 60
+    while True:
+        code, out, err = logs(capsys, directory, "gemma", "-n", "40")
+        if "prompt eval time" in out or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert "prompt eval time" in out, out
     os.kill(first.pid, signal.SIGKILL)
     second = ready_unit(directory, other_than=first.pid)
     assert second.pid is not None and second.port is not None
