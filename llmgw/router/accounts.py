@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -218,9 +219,14 @@ class Accounts:
             in_flight = (f" (requests in flight hold {_usd(admission.reserved)} more)"
                          if admission.reserved > 0 else "")
             resets = period.resets(when)
+            retry: dict[str, str] = {}
             if resets is None:
                 what, then = "", "raise budget_usd in the cluster's projects to continue"
             else:
+                # RFC 9110's delay in whole seconds, rounded up so that a client that waits
+                # exactly this long arrives in the new period; a lifetime budget gets none,
+                # since no wait will help
+                retry = {"Retry-After": str(max(1, math.ceil(resets - when)))}
                 what = " today" if period.kind == "day" else f" this {period.kind}"
                 then = (f"it resets at {period.instant(resets)}, or raise budget.usd in "
                         "the cluster's projects")
@@ -228,7 +234,7 @@ class Accounts:
                 429,
                 f"project {project!r} is over its budget: spent {_usd(admission.spent)}{what} "
                 f"of {_usd(budget)}{in_flight}; {then}",
-                code="insufficient_quota", type="insufficient_quota",
+                code="insufficient_quota", type="insufficient_quota", headers=retry,
             )
         return Reservation(project, cost, admission.id)
 

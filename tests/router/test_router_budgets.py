@@ -156,3 +156,49 @@ async def test_300_concurrent_requests_overshoot_by_one_reservation_at_most(
     spent = sum(row.cost_usd for row in stack.rows())
     assert spent <= BUDGET + reservation_of(data, 5)
     assert stack.router.accounts.spent["research"] == pytest.approx(spent)
+
+
+@pytest.mark.parametrize("period, zone, now, wait", [
+    pytest.param("day", "UTC", "2026-06-03T23:59:30+00:00", 30, id="a day: to midnight"),
+    pytest.param("day", "Europe/Paris", "2026-06-03T21:00:00.2+00:00", 3600,
+                 id="a day in Paris: rounded up to whole seconds"),
+    pytest.param("month", "UTC", "2026-06-30T12:00:00+00:00", 12 * 3600, id="a month"),
+])
+async def test_a_period_budget_refusal_says_when_to_retry(
+    make_stack: StackFactory, period: str, zone: str, now: str, wait: int,
+) -> None:
+    """An exhausted budget with a period is answered with the wait until it resets, as
+    Retry-After (whole seconds, rounded up); a lifetime budget (the test above) gets none."""
+    import datetime as dt
+
+    from llmgw.spec.models import Cluster
+
+    spec = Cluster.model_validate({
+        "cluster": {"name": "lab"},
+        "models": {"chat": {"profiles": cluster().models["chat"].profiles,
+                            "scaling": {"min": 1},
+                            "pricing": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}},
+        "projects": {"research": {"budget": {"usd": 0.0, "period": period,
+                                             "timezone": zone}}},
+    })
+    stack = make_stack(spec=spec)
+    stack.route({"chat": stack.upstreams})
+    instant = dt.datetime.fromisoformat(now).timestamp()
+    stack.router.accounts.clock = lambda: instant
+    stack.router.limits.clock = lambda: instant
+    headers = {"Authorization": f"Bearer {stack.key()}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.post(stack.url + "/v1/chat/completions", json=BODY) as response:
+            assert response.status == 429
+            assert (await response.json())["error"]["code"] == "insufficient_quota"
+            assert response.headers["Retry-After"] == str(wait)
+
+
+async def test_a_lifetime_budget_refusal_has_no_retry_after(make_stack: StackFactory) -> None:
+    stack = make_stack(spec=cluster(research=0.0))
+    stack.route({"chat": stack.upstreams})
+    headers = {"Authorization": f"Bearer {stack.key()}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.post(stack.url + "/v1/chat/completions", json=BODY) as response:
+            assert response.status == 429
+            assert "Retry-After" not in response.headers
