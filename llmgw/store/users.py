@@ -135,8 +135,18 @@ async def authenticate(store: Store, name: str, password: str) -> User | None:
 
 
 async def set_password(store: Store, name: str, password: str) -> bool:
-    """Replace the password and end the user's sessions; False when there is no such user."""
+    """Replace the password and end the user's sessions; False when there is no such user.
+
+    UserError for a user bound to a single sign-on subject: their password is the
+    provider's, and a local one would be a second way in that outlives the provider
+    removing them."""
     check_password(password)
+    user = await store.user(name)
+    if user is not None and user.subject is not None:
+        raise UserError(
+            f"{name} signs in through single sign-on ({user.subject.split(' ', 1)[0]}); "
+            "their password is the provider's, and a local one would let them in after the "
+            "provider removed them. `llmgw users delete` ends their access here")
     if not await store.set_password_hash(name, await _hash(password)):
         return False
     await store.delete_sessions_of(name)

@@ -66,6 +66,14 @@ async def test_a_sign_on_binds_a_row_to_its_subject_and_never_takes_over_a_name(
     assert bob is not None and not bob.admin and bob.subject is None
 
 
+async def test_a_single_sign_on_user_gets_no_local_password(store: Store) -> None:
+    subject = "https://idp.example.com alice-sub"
+    await users.sign_on(store, subject, "alice", admin=False, projects=[], now=NOW)
+    with pytest.raises(users.UserError, match="single sign-on .https://idp.example.com."):
+        await users.set_password(store, "alice", "a-local-password")
+    assert await users.authenticate(store, "alice", "a-local-password") is None
+
+
 async def test_a_new_password_or_deletion_ends_the_users_sessions(store: Store) -> None:
     await users.create(store, "bob", "bob-user-pass")
     first = await sessions.create(store, "bob", ttl=3600, now=NOW)
