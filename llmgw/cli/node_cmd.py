@@ -20,7 +20,7 @@ from pathlib import Path
 from llmgw.cli import checklists, clusters, removals
 from llmgw.cli.errors import UserError
 from llmgw.fleet.types import NodeReport
-from llmgw.onboarding import enrolments, yamledits
+from llmgw.onboarding import enrolments, preflights, yamledits
 from llmgw.spec.models import NAME_PATTERN, Node
 
 DEFAULT_PREFIX = "/opt/llmgw"
@@ -35,7 +35,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Take a machine you can SSH to into the cluster. Stops before changing "
         "anything when the node lacks root/sudo, Python 3.11+ or disk.")
     add.add_argument("target", metavar="[USER@]HOST[:PORT]")
-    add.add_argument("--name", help="the node's name (default: the host's first label)")
+    add.add_argument("--name", help="the node's name (default: the first label of the "
+                     "machine's own hostname, read on it)")
+    add.add_argument("--continue-past", action="store_true",
+                     help="go on past a check that failed but need not stop the install "
+                     "(low disk, a GPU fault, an agent warning); nodes.yaml notes it in a "
+                     "comment. At a terminal node add asks instead")
     add.add_argument("--fingerprint", metavar="SHA256:…",
                      help="the host key fingerprint to accept (checked on the node's console)")
     add.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
@@ -89,10 +94,8 @@ def run_add(args: argparse.Namespace) -> int:
                                          cluster.cluster.ssh.port)
     except enrolments.EnrolError as exc:
         raise UserError(str(exc)) from None
-    if args.name is None and (":" in target.host or target.host.replace(".", "").isdigit()):
-        raise UserError(f"{target.host} is an address: name the node with --name")
-    name = args.name or target.host.split(".")[0].lower()
-    if not re.match(NAME_PATTERN, name):
+    name = args.name or ""  # "": the machine's hostname, read at preflight
+    if args.name is not None and not re.fullmatch(NAME_PATTERN, name):
         raise UserError(f"node name {name!r} is not valid: pass --name (lower case, digits, -)")
     labels = _pairs(args.label, "label")
     fabrics = {k: [a for a in v.split(",") if a] for k, v in _pairs(args.fabric, "fabric").items()}
@@ -110,8 +113,18 @@ def run_add(args: argparse.Namespace) -> int:
             identity_path = args.cluster / identity_path
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     steps = checklists.Checklist(sys.stdout, STEPS, live=interactive)
+
+    def go_on(step: str, doubts: list[str]) -> bool:
+        if args.continue_past:
+            return True
+        if not interactive:
+            return False
+        shown = "; ".join(preflights.one_line(d) for d in doubts)
+        answer = steps.ask(f"{shown}: go on past this (nodes.yaml will say so)? [yes/no] ")
+        return answer.strip().lower() == "yes"
+
     enrolment = enrolments.Enrolment(cluster, args.cluster, target, name, args.prefix,
-                                     identity_path, steps, args.wheels)
+                                     identity_path, steps, args.wheels, go_on=go_on)
 
     def confirm(fingerprint: str) -> bool:
         if not interactive:
@@ -138,9 +151,11 @@ def run_add(args: argparse.Namespace) -> int:
             plan = enrolment.plan
             assert plan is not None
             entry = enrolments.node_entry(target, plan, report, fabrics, labels, weights_dirs)
+            name = enrolment.name
             path = args.cluster / "nodes.yaml"
             before = path.read_text() if path.exists() else ""
-            after, diff = yamledits.add_node(before, name, entry)
+            note = [f"node add went on past {doubt}" for doubt in enrolment.passed]
+            after, diff = yamledits.add_node(before, name, entry, note)
             if diff:
                 path.write_text(after)
             steps.done("nodes.yaml", f"{name} written; commit this:" if diff

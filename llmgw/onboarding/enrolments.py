@@ -42,7 +42,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -54,11 +54,18 @@ from ruamel.yaml.error import YAMLError
 from llmgw import __version__
 from llmgw.fleet.types import NodeReport
 from llmgw.onboarding import accounts
+from llmgw.onboarding.preflights import (
+    PREFLIGHT,
+    Facts,
+    PreflightError,
+    node_name,
+    one_line,
+    parse_preflight,
+    report_doubts,
+)
 from llmgw.spec.models import Cluster, Node
 from llmgw.transport import hostkeys, pools
 
-MIN_PYTHON = (3, 11)
-MIN_DISK = 2 << 30
 TARGET = re.compile(r"^(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?"
                     r"(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9a-fA-F:]+\])"
                     r"(?::(?P<port>\d{1,5}))?$")
@@ -91,63 +98,6 @@ def parse_target(text: str, default_user: str, default_port: int) -> Target:
     if not 1 <= port <= 65535:
         raise EnrolError(f"port {port} is out of range")
     return Target(match.group("user") or default_user, match.group("host").strip("[]"), port)
-
-
-@dataclass
-class Facts:
-    """What preflight found on the node."""
-
-    uid: int = -1
-    sudo: bool = False
-    python: str = ""
-    venv: bool = False
-    init: str = ""
-    disk_free: int = 0
-    home: str = ""
-
-    @property
-    def systemd(self) -> bool:
-        return self.init == "systemd"
-
-    def problems(self) -> list[str]:
-        found = []
-        if self.uid != 0 and not self.sudo:
-            found.append("neither root nor password-less sudo: make the SSH user root, or "
-                         "allow it `sudo` without a password")
-        version = tuple(int(p) for p in self.python.split(".")[:2] if p.isdigit())
-        if not self.python:
-            found.append("no python3: install Python 3.11 or newer")
-        elif version < MIN_PYTHON:
-            found.append(f"python3 is {self.python}; llmgw needs 3.11 or newer")
-        elif not self.venv:
-            found.append("python3 has no venv module: install python3-venv")
-        if self.disk_free < MIN_DISK:
-            found.append(f"{self.disk_free >> 20} MiB free under the prefix; the agent needs "
-                         f"{MIN_DISK >> 30} GiB")
-        return found
-
-
-PREFLIGHT = r"""
-echo uid=$(id -u)
-if sudo -n true 2>/dev/null; then echo sudo=yes; else echo sudo=no; fi
-echo python=$(python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)
-if python3 -c 'import venv, ensurepip' 2>/dev/null; then echo venv=yes; else echo venv=no; fi
-echo init=$(cat /proc/1/comm 2>/dev/null)
-d={prefix}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done
-echo disk_kib=$(df -Pk "$d" | awk 'NR==2 {{print $4}}')
-"""
-
-
-def parse_preflight(stdout: str) -> Facts:
-    values = dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
-
-    def number(key: str, absent: int) -> int:
-        text = values.get(key, "").strip()
-        return int(text) if text.isdigit() else absent
-
-    return Facts(uid=number("uid", -1), sudo=values.get("sudo") == "yes",
-                 python=values.get("python", "").strip(), venv=values.get("venv") == "yes",
-                 init=values.get("init", "").strip(), disk_free=number("disk_kib", 0) * 1024)
 
 
 @dataclass
@@ -209,7 +159,7 @@ class Enrolment:
     cluster: Cluster
     cluster_dir: Path
     target: Target
-    name: str
+    name: str  # "": the machine's own hostname, read at preflight (:func:`node_name`)
     prefix: str
     identity: Path | None
     progress: Progress
@@ -217,6 +167,10 @@ class Enrolment:
     plan: Plan | None = None  # where things went on the node, once the agent step ran
     login_key: asyncssh.SSHKeyPair | None = None  # the key connect() logged in with
     account: accounts.Outcome | None = None  # the daemon's account, once that step ran
+    # Asked, with a step and its doubts, whether to go on past them (--continue-past, or a
+    # question at a terminal); the doubts gone past, for nodes.yaml's comment.
+    go_on: Callable[[str, list[str]], bool] = lambda step, doubts: False
+    passed: list[str] = field(default_factory=list)
 
     async def pin(self, expected: str | None, confirm: Callable[[str], bool]) -> None:
         known_hosts = Path(self.cluster.cluster.ssh.known_hosts)
@@ -306,11 +260,33 @@ class Enrolment:
         if problems:
             raise EnrolError("the node is not ready; nothing was changed:\n  - "
                              + "\n  - ".join(problems))
+        named = ""
+        if not self.name:
+            try:
+                self.name = node_name(facts.hostname)
+            except PreflightError as exc:
+                raise EnrolError(str(exc)) from None
+            known = self.cluster.nodes.get(self.name)
+            if known is not None and known.address != self.target.host:
+                raise EnrolError(
+                    f"the machine calls itself {self.name}, but nodes.yaml's {self.name} is "
+                    f"at {known.address}; nothing was changed: pass --name to name this one")
+            named = f", named {self.name} after its hostname"
+        self._doubt("preflight", facts.doubts(), "nothing was changed")
         self.progress.done("preflight", f"{'root' if facts.uid == 0 else 'sudo'}, Python "
                            f"{facts.python}, "
                  f"{facts.disk_free >> 30} GiB free, "
-                 + ("systemd" if facts.systemd else "no systemd: supervise backend"))
+                 + ("systemd" if facts.systemd else "no systemd: supervise backend") + named)
         return facts
+
+    def _doubt(self, step: str, doubts: list[str], state: str) -> None:
+        """Stop on ``doubts`` unless :attr:`go_on` says to pass them, then noted."""
+        if not doubts:
+            return
+        if not self.go_on(step, doubts):
+            raise EnrolError(f"{step}: {'; '.join(doubts)}; {state}. Fix it, or pass "
+                             "--continue-past to go on (nodes.yaml will say so)")
+        self.passed.extend(f"{step}: {one_line(doubt)}" for doubt in doubts)
 
     async def install(self, conn: asyncssh.SSHClientConnection, facts: Facts) -> bool:
         """Ship and install this llmgw; True when something changed."""
@@ -420,6 +396,8 @@ class Enrolment:
                         f"{len(report.adapters)} RDMA adapters, agent "
                         f"{report.agent_version} (first report after "
                         f"{time.monotonic() - begun:.1f}s)")
+                    self._doubt("report", report_doubts(report),
+                                "the agent runs, nodes.yaml is unchanged")
                     return report
                 if time.monotonic() > deadline:
                     raise EnrolError(f"the agent did not report within {REPORT_TIMEOUT:g}s "

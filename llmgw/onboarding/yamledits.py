@@ -30,8 +30,11 @@ def _yaml() -> YAML:
     return yaml
 
 
-def add_node(text: str, name: str, entry: dict[str, Any]) -> tuple[str, str]:
-    """``text`` with ``nodes.<name>`` set to ``entry``; and the diff (empty when unchanged)."""
+def add_node(text: str, name: str, entry: dict[str, Any],
+             note: list[str] | None = None) -> tuple[str, str]:
+    """``text`` with ``nodes.<name>`` set to ``entry``; and the diff (empty when unchanged).
+    ``note``: comment lines put above the node's entry (one printable line each), each once:
+    a line the file already holds is not added again."""
     yaml = _yaml()
     data = yaml.load(text) if text.strip() else None
     if data is None:
@@ -46,6 +49,9 @@ def add_node(text: str, name: str, entry: dict[str, Any]) -> tuple[str, str]:
         if merged.get(key) != value:
             merged[key] = _flow(value)
     nodes[name] = merged
+    new = [line for line in note or () if f"# {line}\n" not in text]
+    if new:
+        nodes.yaml_set_comment_before_after_key(name, before="\n".join(new), indent=2)
     out = io.StringIO()
     yaml.dump(data, out)
     return out.getvalue(), diff(text, out.getvalue())

@@ -28,7 +28,7 @@ from support.plugin import SimClusterFactory
 
 from llmgw.cli import node_cmd
 from llmgw.cli.main import main
-from llmgw.onboarding import enrolments, yamledits
+from llmgw.onboarding import enrolments, preflights, yamledits
 from llmgw.spec import loading
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,16 +155,46 @@ def test_weights_dirs_are_checked_before_anything_is_sent(
 
 
 def test_preflight_stops_before_any_change() -> None:
-    facts = enrolments.parse_preflight(
+    facts = preflights.parse_preflight(
         "uid=1000\nsudo=no\npython=3.9.2\nvenv=yes\ninit=systemd\ndisk_kib=1048576\n")
     assert facts.problems() == [
         "neither root nor password-less sudo: make the SSH user root, or allow it `sudo` "
         "without a password",
         "python3 is 3.9.2; llmgw needs 3.11 or newer",
-        "1024 MiB free under the prefix; the agent needs 2 GiB",
     ]
-    assert enrolments.parse_preflight(
-        "uid=0\nsudo=no\npython=3.11.2\nvenv=yes\ninit=sh\ndisk_kib=99999999\n").problems() == []
+    # Low disk need not stop the install: a doubt, gone past only when told to.
+    assert facts.doubts() == [
+        "1024 MiB free under the prefix; the agent and its engines want 2 GiB"]
+    ready = preflights.parse_preflight("uid=0\nsudo=no\npython=3.11.2\nvenv=yes\ninit=sh\n"
+                                       "disk_kib=99999999\nhostname=gpu-07.rack2\n")
+    assert ready.problems() == [] and ready.doubts() == [] and ready.hostname == "gpu-07.rack2"
+
+
+@pytest.mark.parametrize(("hostname", "name"), [
+    ("GPU-07.rack2.example.com", "gpu-07"),
+    ("node3", "node3"),
+    ("", None),
+    ("trailing-", None),
+    ("-lead", None),
+    ("a\x1b[31mred", None),  # the machine's own words: never echoed raw
+])
+def test_a_node_is_named_after_the_machines_hostname(hostname: str, name: str | None) -> None:
+    if name is not None:
+        assert preflights.node_name(hostname) == name
+        return
+    with pytest.raises(preflights.PreflightError, match="pass --name") as caught:
+        preflights.node_name(hostname)
+    assert "\x1b" not in str(caught.value)
+
+
+def test_a_note_above_a_node_is_written_once() -> None:
+    text = "# fleet\nnodes:\n  a:\n    address: x\n"
+    note = ["node add went on past preflight: 5 MiB free"]
+    new, diff = yamledits.add_node(text, "b", {"address": "y"}, note)
+    assert new == text + "  # node add went on past preflight: 5 MiB free\n  b:\n    address: y\n"
+    assert yamledits.add_node(new, "b", {"address": "y"}, note) == (new, "")
+    assert preflights.one_line("GPU 0 held by pid 7 (evil\nnodes: {})") == (
+        "GPU 0 held by pid 7 (evil nodes: {})")
 
 
 def test_targets_are_validated() -> None:
@@ -281,3 +311,61 @@ def test_pip_errors_are_cut_at_a_line() -> None:
     cut = enrolments.pip_error(long)
     assert len(cut) <= 800 and cut.endswith("line 99 of a build log without pip's ERROR: prefix")
     assert all(line.startswith("line ") for line in cut.splitlines())
+
+
+class _Steps:
+    def begin(self, step: str, doing: str) -> None:
+        pass
+
+    def done(self, step: str, detail: str) -> None:
+        self.last = f"{step} {detail}"
+
+
+def _enrolment(cluster: Path, node: nodes.SimNode, **kw: object) -> enrolments.Enrolment:
+    spec = loading.load(cluster)
+    target = enrolments.Target("root", "127.0.0.1", node.port)
+    identity = Path(str(spec.cluster.ssh.identity_file))
+    return enrolments.Enrolment(spec, cluster, target, "", str(node.root / "opt"), identity,
+                                _Steps(), WHEELS, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(120)
+def test_preflight_names_the_node_and_stops_on_a_doubt_unless_told(
+    sim_cluster: SimClusterFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over a real sshd: without --name the node is named after the machine's hostname (the
+    simulated node is this machine); low disk stops node add before any change unless it is
+    told to go on, and then the doubt is kept for nodes.yaml; a hostname that an existing
+    node of another address holds is refused."""
+    import asyncio
+    import socket
+
+    sim = sim_cluster(1, agents=False, prefix="bare")
+    node = sim.nodes["bare-01"]
+    cluster = site(tmp_path, sim)
+    monkeypatch.setattr(preflights, "MIN_DISK", 1 << 60)  # more than any disk: a doubt
+
+    async def preflight(enrolment: enrolments.Enrolment) -> None:
+        await enrolment.pin(node.host_fingerprint(), lambda _: False)
+        async with await enrolment.connect() as conn:
+            await enrolment.preflight(conn)
+
+    refused = _enrolment(cluster, node)
+    with pytest.raises(enrolments.EnrolError, match=r"free under the prefix.*--continue-past"):
+        asyncio.run(preflight(refused))
+    assert not (node.root / "opt").exists()
+
+    asked: list[tuple[str, list[str]]] = []
+    going = _enrolment(cluster, node, go_on=lambda step, doubts: asked.append(
+        (step, doubts)) is None)
+    asyncio.run(preflight(going))
+    assert going.name == preflights.node_name(socket.gethostname())
+    assert [step for step, _ in asked] == ["preflight"]
+    (passed,) = going.passed
+    assert passed.startswith("preflight: ") and "free under the prefix" in passed
+
+    nodes_yaml = cluster / "nodes.yaml"
+    nodes_yaml.write_text(nodes_yaml.read_text() + f"  {going.name}:\n    address: 10.1.2.3\n")
+    taken = _enrolment(cluster, node, go_on=lambda step, doubts: True)
+    with pytest.raises(enrolments.EnrolError, match=r"at 10\.1\.2\.3.*pass --name"):
+        asyncio.run(preflight(taken))
