@@ -199,7 +199,7 @@ def _pages(what: str, progress: Progress) -> Callable[[int, int, int], None]:
         tenth = 10 * done // total if total else 10
         if tenth > shown[0]:
             shown[0] = tenth
-            progress(f"{what}: {10 * tenth}% ({done} of {total} pages)")
+            progress(f"{what}: {100 * done // max(total, 1)}% ({done} of {total} pages)")
 
     return report
 
@@ -411,7 +411,7 @@ async def _pg_backup(target: Target, partial: Path, progress: Progress) -> Snaps
         schema, counts = await _pg_counts(conn, target.display)
         if "keys" not in counts:
             raise BackupError(f"{target.display}: not an llmgw store (no keys table)")
-        progress(f"backing up {target.display}: {len(counts)} tables, snapshot {snapshot}")
+        progress(f"backing up {target.display}: {len(counts)} tables as of one snapshot")
         with _client_env(target) as env:
             await _client(
                 [
