@@ -23,8 +23,11 @@ def test_every_file_a_claim_names_exists(page: Path) -> None:
 
 
 def test_data_md_describes_every_table() -> None:
-    rows = "\n".join(line for line in (ROOT / "docs" / "data.md").read_text().splitlines()
-                     if line.startswith("| `"))
+    rows = "\n".join(
+        line
+        for line in (ROOT / "docs" / "data.md").read_text().splitlines()
+        if line.startswith("| `")
+    )
     described = set(re.findall(r"`([a-z_]+)`", rows))
     missing = sorted(backups.known_tables() - described)
     assert not missing, f"docs/data.md has no row for the tables {missing}"
