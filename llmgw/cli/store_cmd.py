@@ -4,6 +4,8 @@
 store (normally the SQLite file) into another one (normally PostgreSQL); see
 :mod:`llmgw.store.copies` for what travels and when a target is refused.
 ``llmgw store version`` prints the schema version of the cluster's store.
+``llmgw store backup FILE`` and ``llmgw store restore FILE`` write the whole store
+to one file and back (:mod:`llmgw.store.backups`; docs/backup.md).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -18,7 +21,7 @@ from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
 from llmgw.spec.models import StoreSettings
 from llmgw.spec.quantities import count
-from llmgw.store import copies, migrations, stores
+from llmgw.store import backups, copies, migrations, stores
 from llmgw.store.stores import StoreError, Target
 
 
@@ -49,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     version = commands.add_parser("version", help="schema version of the cluster's store")
     clusters.add_cluster_flag(version)
     version.set_defaults(handler=run_version)
+    register_backups(commands)
 
 
 def _target(url: str, password_file: str | None) -> Target:
@@ -118,4 +122,77 @@ def run_version(args: argparse.Namespace) -> int:
     except (StoreError, migrations.SchemaTooNew) as exc:
         raise UserError(str(exc)) from None
     print(f"{where}: schema version {found} (this llmgw: {migrations.LATEST})")
+    return 0
+
+
+# -- backup and restore (llmgw.store.backups) --------------------------------------------
+
+
+def register_backups(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    backup = commands.add_parser(
+        "backup", help="write the whole store to one file, while routers keep writing",
+        description="Write every table of the cluster's store, as of one instant, to FILE "
+        "(mode 0600: it holds key digests and password hashes). SQLite: the online backup "
+        "API; PostgreSQL: pg_dump --format=custom. Routers and the daemon may keep running.",
+    )
+    clusters.add_cluster_flag(backup)
+    backup.add_argument("file", metavar="FILE", type=Path, help="the backup to write (new)")
+    backup.set_defaults(handler=run_backup)
+    restore = commands.add_parser(
+        "restore", help="replace the store with a backup (stop the daemon first)",
+        description="Restore FILE, written by `llmgw store backup`, into the cluster's store: "
+        "a store of the same kind, empty unless --force, and used by no daemon or router. "
+        "Prints the rows of each table restored.",
+    )
+    clusters.add_cluster_flag(restore)
+    restore.add_argument("file", metavar="FILE", type=Path, help="a backup of this store's kind")
+    restore.add_argument("--force", action="store_true",
+                         help="replace whatever the store holds")
+    restore.set_defaults(handler=run_restore)
+
+
+def _cluster_target(args: argparse.Namespace) -> Target:
+    settings = clusters.load(args.cluster).cluster.store
+    try:
+        return stores.target_of(settings.url, settings.path, settings.password_file)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _table(snapshot: backups.Snapshot) -> list[str]:
+    width = max([len("table"), *map(len, snapshot.counts)])
+    return [f"  {'table':<{width}}  rows",
+            *(f"  {name:<{width}}  {rows}" for name, rows in sorted(snapshot.counts.items()))]
+
+
+def _size(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
+
+
+def run_backup(args: argparse.Namespace) -> int:
+    target = _cluster_target(args)
+    try:
+        snapshot = asyncio.run(backups.backup(target, args.file, progress=_progress))
+    except (StoreError, migrations.SchemaTooNew) as exc:
+        raise UserError(str(exc)) from None
+    print(f"backed up {target.display} to {args.file} ({_size(snapshot.size)}, mode 0600, "
+          f"schema version {snapshot.schema}):")
+    print("\n".join(_table(snapshot)))
+    return 0
+
+
+def run_restore(args: argparse.Namespace) -> int:
+    target = _cluster_target(args)
+    try:
+        snapshot = asyncio.run(backups.restore(target, args.file, force=args.force,
+                                               progress=_progress))
+    except (StoreError, migrations.SchemaTooNew) as exc:
+        raise UserError(str(exc)) from None
+    print(f"restored {args.file} into {target.display} (schema version {snapshot.schema}):")
+    print("\n".join(_table(snapshot)))
+    print("next: start the daemon; keys work as before (they are restored hashed, as stored)")
     return 0
