@@ -116,8 +116,11 @@ def run_migrate(args: argparse.Namespace) -> int:
     print("every source row is on the target" if report.top_up else
           "every table checks the same on both sides")
     if not report.top_up:
-        print("next: set `store: {url: " + target.display + ", password_file: ...}` in the "
-              "cluster file; run this again afterwards to copy rows written meanwhile")
+        setting = ("set `store: {url: " + target.display + ", password_file: ...}`"
+                   if target.kind == "postgresql" else
+                   f"point `store.path` at {target.display} (and drop store.url)")
+        print(f"next: {setting} in the cluster file; run this again afterwards to copy rows "
+              "written meanwhile")
     return 0
 
 

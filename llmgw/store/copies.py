@@ -175,6 +175,8 @@ async def _refuse_unless_empty(writer: TableWriter, plans: Sequence[Plan], sourc
     # any usage holds zeros there, which the copy replaces.
     held = [f"{n} in {p.name}" for p in plans if p.spec.policy != "derived"
             for n in [await writer.count(p.name)] if n]
+    if len(held) > 4:
+        held[3:] = [f"and {len(held) - 3} more tables"]
     if held:
         raise TargetNotEmpty(
             f"{target.where} already holds rows not copied from {source.where} "
@@ -364,5 +366,6 @@ def lines(report: CopyReport) -> list[str]:
                      for i, (v, w) in enumerate(zip(r, widths, strict=True))).rstrip()
            for r in table]
     for name, rows, why in report.left:
-        out.append(f"not copied: {name} ({count(rows, 'row')}): {why}")
+        if rows:
+            out.append(f"not copied: {name} ({count(rows, 'row')}): {why}")
     return out

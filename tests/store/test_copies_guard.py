@@ -4,6 +4,8 @@ table without saying what becomes of it fails here."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from llmgw.spec.models import StoreSettings
 from llmgw.store import migrations, stores, tables
 
@@ -24,3 +26,10 @@ def test_not_copied_names_only_tables_that_exist() -> None:
     sql = " ".join(m.sqlite + m.postgres for m in migrations.MIGRATIONS)
     for name in set(tables.NOT_COPIED) - {"llmgw_schema"}:
         assert f"TABLE IF NOT EXISTS {name} " in sql or f"TABLE {name} " in sql, name
+
+
+def test_the_docs_say_what_becomes_of_every_table() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ha.md").read_text()
+    section = doc.split("## Moving between stores: `llmgw store migrate`")[1].split("\n## ")[0]
+    for name in [t.name for t in tables.COPIED] + list(tables.NOT_COPIED):
+        assert f"`{name}`" in section, name
