@@ -346,12 +346,6 @@ class PostgresStore(PostgresPages, Store):
             return not await conn.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM keys) OR EXISTS (SELECT 1 FROM usage)")
 
-    async def copied_from(self, source: str) -> int | None:
-        async with self._conn() as conn:
-            found = await conn.fetchval("SELECT last_usage_id FROM store_copies "
-                                        "WHERE source = $1", source)
-        return int(found) if found is not None else None
-
     # -- whole tables, for `llmgw store migrate` (SQL in llmgw.store.tableio) -------------
     async def shapes(self) -> dict[str, tableio.Shape]:
         async with self._conn() as conn:

@@ -353,13 +353,6 @@ class SQLiteStore(SQLitePages, Store):
                                     "OR EXISTS (SELECT 1 FROM usage)").fetchone()[0]
         return await self._run(count)
 
-    async def copied_from(self, source: str) -> int | None:
-        def select(conn: sqlite3.Connection) -> int | None:
-            found = conn.execute("SELECT last_usage_id FROM store_copies WHERE source = ?",
-                                 (source,)).fetchone()
-            return int(found[0]) if found else None
-        return await self._run(select)
-
     # -- whole tables, for `llmgw store migrate` (SQL in llmgw.store.tableio) -------------
     async def shapes(self) -> dict[str, tableio.Shape]:
         return await tableio.sqlite_shapes(self._run)

@@ -231,11 +231,8 @@ class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods
 
     @abc.abstractmethod
     async def is_empty(self) -> bool:
-        """True when no key and no usage row exists (a safe migration target)."""
-
-    @abc.abstractmethod
-    async def copied_from(self, source: str) -> int | None:
-        """The last usage id copied into this store from ``source``; None if never."""
+        """True when no key and no usage row exists (`llmgw store migrate` checks every
+        table it copies instead: llmgw.store.copies)."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...
