@@ -25,7 +25,7 @@ from llmgw.store.stores import StoreError, Target
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "store", help="migrate the store (keys, usage) to PostgreSQL; show its schema",
+        "store", help="move the whole store to PostgreSQL or back; show its schema",
         description="The store holds API keys (hashed), usage rows and the leader lease: "
         "SQLite by default, PostgreSQL for several routers and a standby (docs/ha.md).",
     )

@@ -272,6 +272,8 @@ def test_a_top_up_appends_what_both_sides_wrote_since(
         store = await stores.open_store(settings)
         try:
             await usages.insert(store, [usage(i, None) for i in range(3)])
+            assert await conversations.append(store, made["conversation"], "alice",
+                                              [("user", f"from {who}")], NOW + 50)
             await audits.record_cli(store, "user.create", user=who)
             await users.create(store, who, PASSWORD, now=NOW)
             return await store.record_apply(journals.ApplyEntry(
@@ -285,7 +287,7 @@ def test_a_top_up_appends_what_both_sides_wrote_since(
     asyncio.run(meanwhile(postgres, "postgresdave"))  # and after, on PostgreSQL
     assert migrate(cluster_dir, postgres_db.url, postgres_db.password_file) == 0
     out = capsys.readouterr().out
-    assert "topped up 0 keys, 3 usage rows and 4 other rows" in out, out
+    assert "topped up 0 keys, 3 usage rows and 5 other rows" in out, out
     assert "every source row is on the target" in out
     assert "target has its own too" in out
 
@@ -300,6 +302,8 @@ def test_a_top_up_appends_what_both_sides_wrote_since(
             assert [(e.revision, [c.why for c in e.changes]) for e in history[:2]] == [
                 ("sqlitecarol", ["by sqlitecarol"]), ("postgresdave", ["by postgresdave"])]
             assert len(await usages.recent(store, 10**6)) == USAGE_ROWS + 6
+            said = [m.content for m in await conversations.messages(store, made["conversation"])]
+            assert said == ["héllo", "hi", "from postgresdave", "from sqlitecarol"]
         finally:
             await store.close()
     asyncio.run(look())
