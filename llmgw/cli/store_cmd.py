@@ -81,6 +81,9 @@ def run_migrate(args: argparse.Namespace) -> int:
                                                                "--from"))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if args.source and source_target.path is not None and not source_target.path.is_file():
+        raise UserError(f"no store at {source_target.display}: nothing to copy (opening it "
+                        "would make an empty one)")
     source_name = (f"sqlite:{source_target.path.resolve()}" if source_target.path
                    else source_target.display)
     if (target.path and source_target.path and target.path.resolve() ==

@@ -339,8 +339,11 @@ async def _check(plan: Plan, source: TableReader, target: TableReader, copied: i
                     found.add(tuple(values[i] for i in key_at))
         sums.append(checksum)
         keys.append(found)
+    missing = len(keys[0] - keys[1])
+    if top_up and plan.spec.never_deleted:
+        missing = max(0, sums[0].rows - sums[1].rows)
     return TableCheck(plan.name, sums[0].rows, sums[1].rows, copied, sums[0].hexdigest(),
-                      sums[1].hexdigest(), len(keys[0] - keys[1]))
+                      sums[1].hexdigest(), missing)
 
 
 def _shown_marks(marks: dict[str, int]) -> str:

@@ -17,6 +17,10 @@ copy writes them (a parent before its children), each with what a **top-up**
   copied as they are the first time, then kept by the usage rows a top-up
   appends, through the same code that keeps them on every insert.
 
+A top-up checks that every source row is on the target: by key for ``missing``
+tables, by count for tables whose rows are ``never_deleted`` (usage, the journal);
+the audit log and messages are deleted by retention, so there it cannot.
+
 :data:`NOT_COPIED` lists every other table with the reason. A table in a
 freshly migrated store that is in neither is refused by a copy and fails
 ``tests/store/test_copies_guard.py``: a migration that adds a table must say
@@ -47,6 +51,8 @@ class Copied:
     id: str | None = None  # append: the integer id the marks count
     parent: tuple[str, str, str] | None = None  # (column, table, its key): a child's parent
     sticky: tuple[str, ...] = ()  # missing: columns a top-up fills where the target's is NULL
+    # No code path deletes its rows: after a top-up the target holds at least the source's.
+    never_deleted: bool = False
 
 
 COPIED: tuple[Copied, ...] = (
@@ -55,12 +61,12 @@ COPIED: tuple[Copied, ...] = (
     Copied("sessions", "missing"),
     Copied("conversations", "missing"),
     Copied("messages", "append", id="id", parent=("conversation", "conversations", "id")),
-    Copied("applies", "append", id="id"),
-    Copied("apply_changes", "child", parent=("apply_id", "applies", "id")),
+    Copied("applies", "append", id="id", never_deleted=True),
+    Copied("apply_changes", "child", parent=("apply_id", "applies", "id"), never_deleted=True),
     Copied("holds", "missing"),
     Copied("audit_log", "append", id="id"),
     Copied("rate_counts", "missing"),
-    Copied("usage", "append", id="id"),
+    Copied("usage", "append", id="id", never_deleted=True),
     Copied("project_spend", "derived"),
     Copied("spend_buckets", "derived"),
 )

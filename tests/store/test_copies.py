@@ -358,3 +358,37 @@ def test_a_copy_that_reads_back_differently_is_rolled_back(
             "nothing was written to the target; do not switch to it") in captured.err
     left = asyncio.run(contents(StoreSettings(path=str(target)), {}))
     assert {t: rows for t, rows in left.items() if rows} == {}
+
+
+def test_a_source_file_that_is_not_there_is_refused_not_made(
+    cluster_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert migrate(cluster_dir, f"sqlite:{tmp_path / 'to.db'}",
+                   source=f"sqlite:{tmp_path / 'typo.db'}") == 1
+    assert "nothing to copy" in capsys.readouterr().err
+    assert not (tmp_path / "typo.db").exists() and not (tmp_path / "to.db").exists()
+
+
+def test_a_top_up_onto_a_target_that_lost_usage_rows_fails_and_writes_nothing(
+    cluster_dir: Path, postgres_db: Database, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import asyncpg
+
+    asyncio.run(make(StoreSettings(path=str(cluster_dir / "state" / "llmgw.db"))))
+    assert migrate(cluster_dir, postgres_db.url, postgres_db.password_file) == 0
+    dsn = stores.target_of(postgres_db.url, "", str(postgres_db.password_file)).dsn
+
+    async def lose(n: int) -> int:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("DELETE FROM usage WHERE id <= $1", n)
+            return int(await conn.fetchval("SELECT COUNT(*) FROM usage"))
+        finally:
+            await conn.close()
+    assert asyncio.run(lose(10)) == USAGE_ROWS - 10
+    capsys.readouterr()
+    assert migrate(cluster_dir, postgres_db.url, postgres_db.password_file) == 1
+    captured = capsys.readouterr()
+    assert "MISSING 10" in captured.out
+    assert "the copy does not check out (usage): nothing was written" in captured.err
+    assert asyncio.run(lose(0)) == USAGE_ROWS - 10  # the top-up rolled back
