@@ -710,6 +710,18 @@ CREATE TABLE notes (
 CREATE INDEX notes_user ON notes (user_name, updated_at);
 """,
     ),
+    Migration(
+        17, "copies between stores: how far each appended table was copied",
+        # `llmgw store migrate` copies every table (llmgw.store.tables); a top-up appends
+        # the rows of append-only tables (usage, audit_log, applies, messages) past the
+        # last id copied from that source: {"usage": 7000, "audit_log": 12, ...}.
+        sqlite="""
+ALTER TABLE store_copies ADD COLUMN marks TEXT NOT NULL DEFAULT '{}';
+""",
+        postgres="""
+ALTER TABLE store_copies ADD COLUMN marks TEXT NOT NULL DEFAULT '{}';
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -203,7 +203,8 @@ def test_a_backup_under_load_restores_to_a_consistent_instant(
     assert code == 0
     assert during > 0, "no usage row was written while the backup ran"
     if kind == "sqlite":  # a write after every step, and the copy never started over
-        assert len(load.remaining) > 100
+        # dozens of steps (how many depends on how far the prefill's pages grew: ~100)
+        assert len(load.remaining) > 50
         assert load.remaining == sorted(load.remaining, reverse=True)
     assert stat.S_IMODE(file.stat().st_mode) == 0o600
     backed_up = counts(out)
