@@ -45,6 +45,7 @@ $(SYSDEPS_STAMP):
 	test -x /usr/bin/chromium || missing="$$missing chromium"; \
 	command -v caddy >/dev/null || missing="$$missing caddy"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	command -v jq >/dev/null || missing="$$missing jq"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
