@@ -406,7 +406,7 @@ class NodeReport(Observed):
         if not silent and len(self.gpus) >= len(self.pci_gpus):
             return []
         held = len(self.pci_gpus)
-        answer = held - len(silent) if silent else len(self.gpus)
+        answer = min(len(self.gpus), held)
         why = "; ".join(f"{c.address} " + ("has no driver bound" if c.driver is None else
                                            f"is bound to {c.driver} but not listed")
                         for c in silent) or "the driver lists fewer GPUs than the bus holds"

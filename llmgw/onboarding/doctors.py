@@ -198,7 +198,8 @@ def _fabric_subnets(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
     if not spec.fabrics:
         return _ok("no fabric declared")
     adapters = {a.name: a for a in report.adapters}
-    split, seen = [], []
+    split: list[str] = []
+    seen: list[str] = []
     for name, declared in spec.fabrics.items():
         by_subnet: dict[str, list[str]] = {}
         for adapter in declared:
