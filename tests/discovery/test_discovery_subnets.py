@@ -133,7 +133,8 @@ def gpu(index: int, bus: str) -> Gpu:
 def test_the_pci_scan_finds_nvidia_gpus_and_their_drivers() -> None:
     # The audio function (class 0x0403), the host bridge and the Mellanox card are left out.
     assert pcis.read(SYSFS / "gpu-no-driver" / "sys") == CARDS
-    assert pcis.read(SYSFS / "two-ib-roce" / "sys") == []  # no /sys/bus/pci recorded
+    assert pcis.read(SYSFS / "two-ib-roce" / "sys") == CARDS  # the same bus, linked
+    assert pcis.read(NODES / "h100-ib" / "sys") == []  # no /sys/bus/pci recorded
 
 
 def test_a_card_no_driver_answers_for_is_a_node_fault_with_what_to_check() -> None:
