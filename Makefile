@@ -228,8 +228,10 @@ run: install engine model
 proto: install
 	$(BIN)/python -m llmgw.proto.codegen
 
+# The generated references (a test fails when either is stale or misses a setting).
 docs: install
 	$(BIN)/python -m llmgw.spec.reference > docs/cluster-reference.md
+	$(BIN)/python -m llmgw.agent.reference > docs/agent-reference.md
 
 clean:
 	rm -rf $(VENV) $(CACHE) build *.egg-info

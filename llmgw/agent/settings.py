@@ -121,31 +121,52 @@ class EngineSettings(_Strict):
 
 
 class DeclaredFabricSettings(_Strict):
-    kind: Literal["infiniband", "roce"]
-    adapters: list[str] = Field(default_factory=list)
-    gid_index: int | None = Field(None, ge=0, le=255)
+    """One fabric, as the cluster's `fabrics:` and the node's `fabrics:` would declare it."""
+
+    kind: Literal["infiniband", "roce"] = Field(
+        description="The link layer its adapters' ports must have: InfiniBand, or Ethernet.")
+    adapters: list[str] = Field(
+        default_factory=list, description="RDMA adapters of this node on it, as named under "
+        "`/sys/class/infiniband` (`mlx5_0`).")
+    gid_index: int | None = Field(
+        None, ge=0, le=255, description="RoCE: the GID index NCCL must use; null: the first "
+        "RoCE v2 GID with an IPv4 address, as NCCL would pick it.")
 
 
 class DeclaredSettings(_Strict):
     """What `llmgw agent inventory` compares against when no daemon asks."""
 
-    fabrics: dict[str, DeclaredFabricSettings] = Field(default_factory=dict)
-    weights_dirs: list[str] = Field(default_factory=list)
+    fabrics: dict[str, DeclaredFabricSettings] = Field(
+        default_factory=dict, description="Fabrics to check the adapters against, by name; "
+        "the daemon sends the cluster's own with every request instead.")
+    weights_dirs: list[str] = Field(
+        default_factory=list, description="Directories whose free space and model files the "
+        "report shows, and that path sources must resolve into, until the daemon sends the "
+        "node's `weights_dirs`.")
 
 
 class Settings(_Strict):
     node: str | None = Field(None, description="Node name in reports; default: the host name.")
-    socket: SocketSettings = Field(default_factory=SocketSettings)
+    socket: SocketSettings = Field(
+        default_factory=SocketSettings, description="The unix socket, the agent's only way in.")
     backend: Literal["auto", "systemd", "supervise"] = Field(
         "auto", description="`auto`: systemd when it is PID 1, else supervise."
     )
     state_dir: str = Field("/var/lib/llmgw/agent", description="The supervise backend's state.")
-    hardware: HardwareSettings = Field(default_factory=HardwareSettings)
-    systemd: SystemdSettings = Field(default_factory=SystemdSettings)
-    supervise: SuperviseSettings = Field(default_factory=SuperviseSettings)
-    readiness: ReadinessSettings = Field(default_factory=ReadinessSettings)
-    declared: DeclaredSettings = Field(default_factory=DeclaredSettings)
-    engines: EngineSettings = Field(default_factory=EngineSettings)
+    hardware: HardwareSettings = Field(
+        default_factory=HardwareSettings, description="Where hardware facts are read.")
+    systemd: SystemdSettings = Field(
+        default_factory=SystemdSettings, description="The systemd backend's files and tools.")
+    supervise: SuperviseSettings = Field(
+        default_factory=SuperviseSettings,
+        description="The built-in supervise backend's restarts, stops and logs.")
+    readiness: ReadinessSettings = Field(
+        default_factory=ReadinessSettings, description="How units are watched and probed.")
+    declared: DeclaredSettings = Field(
+        default_factory=DeclaredSettings,
+        description="What the report is checked against before a daemon has asked.")
+    engines: EngineSettings = Field(
+        default_factory=EngineSettings, description="Where and how engine versions install.")
     log_lines_max: int = Field(1000, ge=1, le=100_000, description="Most lines UnitLogs returns.")
 
     @property

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from llmgw.spec import budgets, loras, models, repairs, rollouts, servings
+from llmgw.spec import budgets, loras, models, repairs, rollouts, servings, tenancy
 from llmgw.spec.quantities import format_duration, format_size
 
 # (heading, model, where it appears in a file)
@@ -24,6 +24,10 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("cluster.listeners", models.Listeners, "cluster: {listeners: ...}"),
     ("cluster.store", models.StoreSettings, "cluster: {store: ...}"),
     ("cluster.weights", models.WeightsSettings, "cluster: {weights: ...}"),
+    ("cluster.web", tenancy.WebSettings, "cluster: {web: ...}"),
+    ("cluster.web.oidc", tenancy.OidcSettings, "cluster: {web: {oidc: ...}}"),
+    ("cluster.web.oidc.groups.NAME", tenancy.OidcGroup,
+     "cluster: {web: {oidc: {groups: {NAME: ...}}}}"),
     ("cluster.audit", models.AuditSettings, "cluster: {audit: ...}"),
     ("cluster.gpu_classes.NAME", models.GpuClassDecl, "cluster: {gpu_classes: {NAME: ...}}"),
     ("cluster.drift", repairs.DriftSettings, "cluster: {drift: ...}"),
@@ -40,6 +44,8 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("models.NAME", models.Model, "models: {NAME: ...}"),
     ("models.NAME.profiles[]", models.Profile, "models: {NAME: {profiles: [...]}}"),
     ("models.NAME.scaling", servings.Scaling, "models: {NAME: {scaling: ...}}"),
+    ("models.NAME.scaling.target", servings.Target,
+     "models: {NAME: {scaling: {target: ...}}}"),
     ("models.NAME.pricing", servings.Pricing, "models: {NAME: {pricing: ...}}"),
     ("models.NAME.routing", servings.Routing, "models: {NAME: {routing: ...}}"),
     ("models.NAME.adapters[]", loras.LoraAdapter, "models: {NAME: {adapters: [...]}}"),
@@ -50,6 +56,8 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
      "models: {NAME: {rollout: {compare: ...}}}"),
     ("projects.NAME", models.Project, "projects: {NAME: ...}"),
     ("projects.NAME.budget", budgets.Budget, "projects: {NAME: {budget: ...}}"),
+    ("projects.NAME.conversations", tenancy.Conversations,
+     "projects: {NAME: {conversations: ...}}"),
 )
 
 _INTRO = """\
@@ -169,10 +177,36 @@ def section(heading: str, model: type[BaseModel], where: str) -> str:
     return "\n".join(lines)
 
 
+def nested_models(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field's type holds: ``Node``, ``dict[str, Node]``, ``Target | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in nested_models(arg)]
+
+
+def models_under(root: type[BaseModel]) -> list[type[BaseModel]]:
+    """Every model a settings file rooted at ``root`` can hold, root excluded, in the order
+    met: what a reference must have a section for (tests walk it, so a model added to the
+    code without a section fails them)."""
+    found: list[type[BaseModel]] = []
+    pending = [root]
+    while pending:
+        model = pending.pop(0)
+        for info in model.model_fields.values():
+            for sub in nested_models(info.annotation):
+                if sub is not root and sub not in found:
+                    found.append(sub)
+                    pending.append(sub)
+    return found
+
+
+def render_sections(intro: str,
+                    sections: tuple[tuple[str, type[BaseModel], str], ...]) -> str:
+    return "\n\n".join([intro, *(section(*entry) for entry in sections)]) + "\n"
+
+
 def render() -> str:
-    parts = [_INTRO]
-    parts += [section(*entry) for entry in SECTIONS]
-    return "\n\n".join(parts) + "\n"
+    return render_sections(_INTRO, SECTIONS)
 
 
 if __name__ == "__main__":  # pragma: no cover

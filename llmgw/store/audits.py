@@ -26,6 +26,7 @@ Actions (the vocabulary callers use; a reader matches on them):
 ``user.password``  ``user=U``
 ``user.role``      ``user=U role=admin|user`` (a role change)
 ``user.projects``  ``user=U projects=P,Q`` (a change of the projects a user is member of)
+``user.export``    ``user=U`` (a person downloaded their data, ``/account/data``)
 ``login.ok``       ``user=U method=password|oidc``
 ``login.failed``   ``user=U|? method=… reason=password|throttled``
 ``logout``         ``user=U``

@@ -683,6 +683,45 @@ END;
 $$;
 """,
     ),
+    Migration(
+        16, "notes: a person's own notes beside /chat",
+        # Private to their user (every query names it), deleted with the user, and in the
+        # person's data export (llmgw.store.notes).
+        sqlite="""
+CREATE TABLE IF NOT EXISTS notes (
+    id          TEXT PRIMARY KEY,
+    user_name   TEXT NOT NULL,
+    title       TEXT NOT NULL,
+    body        TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS notes_user ON notes (user_name, updated_at);
+""",
+        postgres="""
+CREATE TABLE notes (
+    id          TEXT PRIMARY KEY,
+    user_name   TEXT NOT NULL,
+    title       TEXT NOT NULL,
+    body        TEXT NOT NULL,
+    created_at  DOUBLE PRECISION NOT NULL,
+    updated_at  DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX notes_user ON notes (user_name, updated_at);
+""",
+    ),
+    Migration(
+        17, "copies between stores: how far each appended table was copied",
+        # `llmgw store migrate` copies every table (llmgw.store.tables); a top-up appends
+        # the rows of append-only tables (usage, audit_log, applies, messages) past the
+        # last id copied from that source: {"usage": 7000, "audit_log": 12, ...}.
+        sqlite="""
+ALTER TABLE store_copies ADD COLUMN marks TEXT NOT NULL DEFAULT '{}';
+""",
+        postgres="""
+ALTER TABLE store_copies ADD COLUMN marks TEXT NOT NULL DEFAULT '{}';
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -16,7 +16,9 @@ from typing import Any, Literal
 
 import asyncpg
 
+from llmgw.store import notes
 from llmgw.store.conversations import Conversation, Message
+from llmgw.store.notes import Note
 from llmgw.store.sessions import Session
 from llmgw.store.usages import GROUPS, Bucket
 from llmgw.store.users import User
@@ -103,7 +105,27 @@ class PostgresPages(abc.ABC):
         async with self._conn() as conn, conn.transaction():
             status = await conn.execute("DELETE FROM users WHERE name = $1", name)
             await conn.execute("DELETE FROM sessions WHERE user_name = $1", name)
+            # What they kept goes with them (messages by the conversations' cascade).
+            await conn.execute("DELETE FROM conversations WHERE user_name = $1", name)
+            await conn.execute("DELETE FROM notes WHERE user_name = $1", name)
         return bool(status.endswith(" 1"))
+
+    # -- notes (SQL in llmgw.store.notes) ------------------------------------------------
+    async def insert_note(self, note: Note, limit: int) -> bool:
+        async with self._conn() as conn:
+            return await notes.postgres_insert(conn, note, limit)
+
+    async def update_note(self, note: Note) -> bool:
+        async with self._conn() as conn:
+            return await notes.postgres_update(conn, note)
+
+    async def notes_of(self, user: str) -> list[Note]:
+        async with self._conn() as conn:
+            return await notes.postgres_notes(conn, user)
+
+    async def delete_note(self, nid: str, user: str) -> bool:
+        async with self._conn() as conn:
+            return await notes.postgres_delete(conn, nid, user)
 
     # -- sessions -----------------------------------------------------------------------
     async def insert_session(self, session: Session) -> None:

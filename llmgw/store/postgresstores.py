@@ -39,6 +39,7 @@ from llmgw.store import (
     ratelimits,
     reservations,
     spends,
+    tableio,
 )
 from llmgw.store.postgrespages import PostgresPages
 from llmgw.store.reservations import Chosen, Held, Owner, Progress
@@ -345,26 +346,25 @@ class PostgresStore(PostgresPages, Store):
             return not await conn.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM keys) OR EXISTS (SELECT 1 FROM usage)")
 
-    async def copied_from(self, source: str) -> int | None:
+    # -- whole tables, for `llmgw store migrate` (SQL in llmgw.store.tableio) -------------
+    async def shapes(self) -> dict[str, tableio.Shape]:
         async with self._conn() as conn:
-            found = await conn.fetchval("SELECT last_usage_id FROM store_copies "
-                                        "WHERE source = $1", source)
-        return int(found) if found is not None else None
+            return await tableio.postgres_shapes(conn)
 
-    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow],
-                          source: str, last_usage_id: int, now: float) -> None:
+    async def copy_marks(self, source: str) -> dict[str, int] | None:
+        async with self._conn() as conn:
+            return await tableio.postgres_marks(conn, source)
+
+    @contextlib.asynccontextmanager
+    async def reading(self) -> AsyncIterator[tableio.TableReader]:
+        async with self._conn() as conn, conn.transaction(isolation="repeatable_read",
+                                                          readonly=True):
+            yield tableio.PostgresTables(conn)
+
+    @contextlib.asynccontextmanager
+    async def writing(self) -> AsyncIterator[tableio.TableWriter]:
         async with self._conn() as conn, conn.transaction():
-            if keys:
-                await conn.executemany(
-                    f"{_INSERT_KEY} ON CONFLICT (id) DO UPDATE SET revoked_at = "
-                    "COALESCE(keys.revoked_at, EXCLUDED.revoked_at)",
-                    [_key_tuple(k) for k in keys])
-            if usage:
-                await _append_usage(conn, [to_record(r) for r in usage])
-            await conn.execute(
-                "INSERT INTO store_copies VALUES ($1, $2, $3) ON CONFLICT (source) DO UPDATE "
-                "SET last_usage_id = EXCLUDED.last_usage_id, copied_at = EXCLUDED.copied_at",
-                source, last_usage_id, now)
+            yield tableio.PostgresTables(conn)
 
     async def close(self) -> None:
         await self._pool.close()

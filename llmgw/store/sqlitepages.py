@@ -14,7 +14,9 @@ import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, TypeVar
 
+from llmgw.store import notes
 from llmgw.store.conversations import Conversation, Message
+from llmgw.store.notes import Note
 from llmgw.store.sessions import Session
 from llmgw.store.usages import GROUPS, Bucket
 from llmgw.store.users import User
@@ -109,8 +111,26 @@ class SQLitePages(abc.ABC):
                 conn.execute("BEGIN")
                 gone = conn.execute("DELETE FROM users WHERE name = ?", (name,)).rowcount
                 conn.execute("DELETE FROM sessions WHERE user_name = ?", (name,))
+                # What they kept goes with them: their conversations, messages and notes.
+                conn.execute("DELETE FROM messages WHERE conversation IN (SELECT id FROM "
+                             "conversations WHERE user_name = ?)", (name,))
+                conn.execute("DELETE FROM conversations WHERE user_name = ?", (name,))
+                conn.execute("DELETE FROM notes WHERE user_name = ?", (name,))
             return gone == 1
         return await self._run(delete)
+
+    # -- notes (SQL in llmgw.store.notes) ------------------------------------------------
+    async def insert_note(self, note: Note, limit: int) -> bool:
+        return await self._run(lambda conn: notes.sqlite_insert(conn, note, limit))
+
+    async def update_note(self, note: Note) -> bool:
+        return await self._run(lambda conn: notes.sqlite_update(conn, note))
+
+    async def notes_of(self, user: str) -> list[Note]:
+        return await self._run(lambda conn: notes.sqlite_notes(conn, user))
+
+    async def delete_note(self, nid: str, user: str) -> bool:
+        return await self._run(lambda conn: notes.sqlite_delete(conn, nid, user))
 
     # -- sessions -----------------------------------------------------------------------
     async def insert_session(self, session: Session) -> None:

@@ -20,10 +20,11 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -39,6 +40,7 @@ from llmgw.store import (
     ratelimits,
     reservations,
     spends,
+    tableio,
 )
 from llmgw.store.reservations import Chosen, Held, Owner, Progress
 from llmgw.store.sqlitepages import SQLitePages
@@ -351,27 +353,33 @@ class SQLiteStore(SQLitePages, Store):
                                     "OR EXISTS (SELECT 1 FROM usage)").fetchone()[0]
         return await self._run(count)
 
-    async def copied_from(self, source: str) -> int | None:
-        def select(conn: sqlite3.Connection) -> int | None:
-            found = conn.execute("SELECT last_usage_id FROM store_copies WHERE source = ?",
-                                 (source,)).fetchone()
-            return int(found[0]) if found else None
-        return await self._run(select)
+    # -- whole tables, for `llmgw store migrate` (SQL in llmgw.store.tableio) -------------
+    async def shapes(self) -> dict[str, tableio.Shape]:
+        return await tableio.sqlite_shapes(self._run)
 
-    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow],
-                          source: str, last_usage_id: int, now: float) -> None:
-        def insert(conn: sqlite3.Connection) -> None:
-            with conn:
-                conn.execute("BEGIN")
-                conn.executemany(f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES ({_KEY_MARKS}) "
-                                 "ON CONFLICT (id) DO UPDATE SET revoked_at = "
-                                 "COALESCE(keys.revoked_at, excluded.revoked_at)",
-                                 [_key_tuple(k) for k in keys])
-                _append_usage(conn, [to_record(r) for r in usage])
-                conn.execute("INSERT INTO store_copies VALUES (?, ?, ?) ON CONFLICT (source) "
-                             "DO UPDATE SET last_usage_id = excluded.last_usage_id, "
-                             "copied_at = excluded.copied_at", (source, last_usage_id, now))
-        await self._run(insert)
+    async def copy_marks(self, source: str) -> dict[str, int] | None:
+        return await tableio.sqlite_marks(self._run, source)
+
+    @contextlib.asynccontextmanager
+    async def reading(self) -> AsyncIterator[tableio.TableReader]:
+        # A read transaction, pinned by its first SELECT: WAL keeps this snapshot while
+        # a daemon goes on writing.
+        await self._run(lambda conn: conn.execute("BEGIN").execute(
+            "SELECT COUNT(*) FROM sqlite_master").fetchone())
+        try:
+            yield tableio.SQLiteTables(self._run)
+        finally:
+            await self._run(lambda conn: conn.execute("ROLLBACK"))
+
+    @contextlib.asynccontextmanager
+    async def writing(self) -> AsyncIterator[tableio.TableWriter]:
+        await self._run(lambda conn: conn.execute("BEGIN IMMEDIATE"))
+        try:
+            yield tableio.SQLiteTables(self._run)
+        except BaseException:
+            await self._run(lambda conn: conn.execute("ROLLBACK"))
+            raise
+        await self._run(lambda conn: conn.execute("COMMIT"))
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)

@@ -37,8 +37,10 @@ from llmgw.store.audits import AuditMethods
 from llmgw.store.exports import ExportMethods
 from llmgw.store.holds import HoldMethods
 from llmgw.store.journals import JournalMethods
+from llmgw.store.notes import NoteMethods
 from llmgw.store.ratelimits import RateLimitMethods
 from llmgw.store.reservations import Owner, ReservationMethods
+from llmgw.store.tableio import TableMethods
 
 if TYPE_CHECKING:
     from llmgw.spec.models import StoreSettings
@@ -107,12 +109,15 @@ class Published:
 
 
 class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods,
-            RateLimitMethods, AuditMethods, ExportMethods, abc.ABC):
+            RateLimitMethods, AuditMethods, ExportMethods, NoteMethods, TableMethods,
+            abc.ABC):
     """The storage interface; the apply journal's methods are in :class:`JournalMethods`,
     held revisions' in :class:`HoldMethods`, reservations' owners in
     :class:`ReservationMethods`, the leader's published admin summary in
     :class:`AdminSummaryMethods`, rate-limit counters in :class:`RateLimitMethods`, the
-    audit log's in :class:`AuditMethods`, the usage export's in :class:`ExportMethods`."""
+    audit log's in :class:`AuditMethods`, the usage export's in :class:`ExportMethods`,
+    people's notes in :class:`NoteMethods`, whole tables for ``llmgw store migrate`` in
+    :class:`TableMethods`."""
 
     kind: Literal["sqlite", "postgresql"]
     where: str  # for messages: a path, or the URL without a password
@@ -229,18 +234,8 @@ class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods
 
     @abc.abstractmethod
     async def is_empty(self) -> bool:
-        """True when no key and no usage row exists (a safe migration target)."""
-
-    @abc.abstractmethod
-    async def copied_from(self, source: str) -> int | None:
-        """The last usage id copied into this store from ``source``; None if never."""
-
-    @abc.abstractmethod
-    async def import_rows(self, keys: Sequence[KeyRow], usage: Sequence[UsageRow],
-                          source: str, last_usage_id: int, now: float) -> None:
-        """In one transaction: insert ``keys`` (digests as they are; ids already here are
-        updated with their revocation), append ``usage``, and record how far ``source``
-        has been copied."""
+        """True when no key and no usage row exists (`llmgw store migrate` checks every
+        table it copies instead: llmgw.store.copies)."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

@@ -23,13 +23,14 @@ charted per model over the last week.
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from llmgw.router import permissions
-from llmgw.store import keys, usages
+from llmgw.store import conversations, keys, notes, usages
 from llmgw.store.keys import CreatedKey, KeyInfo
 from llmgw.store.users import User
 from llmgw.web import charts
@@ -48,6 +49,7 @@ def install(pages: Pages, add: web.UrlDispatcher) -> None:
     add.add_get("/account", partial(_account, pages))
     add.add_post("/account/keys", partial(_create, pages))
     add.add_post("/account/keys/{key_id}/revoke", partial(_revoke, pages))
+    add.add_get("/account/data", partial(_data, pages))
 
 
 def may_manage(user: User, key: KeyInfo, projects: list[str]) -> bool:
@@ -145,3 +147,37 @@ async def _revoke(pages: Pages, request: web.Request) -> web.StreamResponse:
     await pages.gate.audit(request, visitor.user.name, "key.revoke", key=key_id,
                            project=found.project)
     raise web.HTTPSeeOther("/account")
+
+
+async def _data(pages: Pages, request: web.Request) -> web.StreamResponse:
+    """What llmgw keeps of the visitor, as one JSON download: their account, the keys they
+    made (never a secret or digest), their kept conversations with every message, their
+    notes and their own usage from the pages."""
+    visitor = pages.need(request)
+    user, name = visitor.user, visitor.user.name
+    made = [k for k in await keys.list_all(pages.keystore()) if k.owner == name]
+    kept = []
+    for c in await conversations.list_for(pages.store, name, limit=10_000):
+        history = await conversations.messages(pages.store, c.id)
+        kept.append({"id": c.id, "project": c.project, "title": c.title,
+                     "created_at": c.created_at, "updated_at": c.updated_at,
+                     "messages": [{"role": m.role, "content": m.content, "ts": m.ts}
+                                  for m in history]})
+    requests, tokens, usd = await usages.totals_for_user(pages.store, name)
+    doc = {
+        "user": {"name": name, "admin": user.admin, "projects": list(user.projects),
+                 "admin_of": list(user.admin_of), "created_at": user.created_at,
+                 "single_sign_on": user.subject.split(" ", 1)[0] if user.subject else None},
+        "keys": [{"id": k.id, "project": k.project, "name": k.name,
+                  "created_at": k.created_at, "revoked_at": k.revoked_at,
+                  "last_used_at": k.last_used_at} for k in made],
+        "conversations": kept,
+        "notes": [{"id": n.id, "title": n.title, "body": n.body, "created_at": n.created_at,
+                   "updated_at": n.updated_at} for n in await notes.list_of(pages.store, name)],
+        "usage_from_pages": {"requests": requests, "tokens": tokens, "cost_usd": usd},
+        "exported_at": pages.clock(),
+    }
+    await pages.gate.audit(request, name, "user.export", user=name)
+    return web.Response(
+        text=json.dumps(doc, indent=2), content_type="application/json",
+        headers={"Content-Disposition": f'attachment; filename="llmgw-{name}.json"'})

@@ -149,6 +149,7 @@ class Pages:
             chats,
             logviews,
             nodes,
+            notes,
         )
 
         app.middlewares.append(self._middleware)
@@ -165,6 +166,7 @@ class Pages:
         admins.install(self, add)
         nodes.install(self, add)
         logviews.install(self, add)
+        notes.install(self, add)
         self.router.page_auth = partial(chats.principal, self)
 
     # -- helpers for the page modules --------------------------------------------------
@@ -185,9 +187,11 @@ class Pages:
             raise web.HTTPForbidden(text="this page is for admins")
         return visitor
 
-    async def form(self, request: web.Request, visitor: Visitor) -> dict[str, str]:
-        """The posted form, after its CSRF token is checked (403 otherwise)."""
-        data = await _form(request)
+    async def form(self, request: web.Request, visitor: Visitor,
+                   limit: int = 0) -> dict[str, str]:
+        """The posted form, after its CSRF token is checked (403 otherwise); 413 past
+        ``limit`` bytes (default :data:`MAX_FORM`)."""
+        data = await _form(request, limit or MAX_FORM)
         if not self.gate.csrf_ok(visitor, data.get("csrf")):
             raise web.HTTPForbidden(text="the form's CSRF token is missing or wrong: reload "
                                     "the page and try again")
@@ -381,9 +385,9 @@ def redirect(location: str) -> web.Response:
     return web.Response(status=303, headers={"Location": location})
 
 
-async def _form(request: web.Request) -> dict[str, str]:
-    if request.content_length is not None and request.content_length > MAX_FORM:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_FORM,
+async def _form(request: web.Request, limit: int = MAX_FORM) -> dict[str, str]:
+    if request.content_length is not None and request.content_length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit,
                                             actual_size=request.content_length)
     posted = await request.post()
     return {k: v for k, v in posted.items() if isinstance(v, str)}

@@ -403,7 +403,7 @@ def test_migrate_sqlite_to_postgresql_under_the_daemon(
                  "--to", postgres_db.url, "--password-file", str(postgres_db.password_file)],
                 capture_output=True, text=True, timeout=120)
             assert moved.returncode == 0, moved.stderr
-            assert "copied 1 key and " in moved.stdout
+            assert "copied 1 key, " in moved.stdout
             clients.wait_for(5)
         finally:
             clients.stop()
@@ -423,7 +423,7 @@ def test_migrate_sqlite_to_postgresql_under_the_daemon(
              "--from", f"sqlite://{directory / 'llmgw.db'}", "--to", postgres_db.url,
              "--password-file", str(postgres_db.password_file)],
             capture_output=True, text=True, timeout=120)
-        assert topped.returncode == 0 and "topped up 1 key and " in topped.stdout, topped
+        assert topped.returncode == 0 and "topped up 0 keys, " in topped.stdout, topped
         clients = Clients([daemon.router], key, threads=2)  # the same key, on PostgreSQL
         try:
             clients.wait_for(5)

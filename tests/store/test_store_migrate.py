@@ -1,4 +1,5 @@
-"""`llmgw store migrate --to URL`: SQLite → a real PostgreSQL, keys still working."""
+"""`llmgw store migrate --to URL`: SQLite → a real PostgreSQL, keys still working (every
+other table: tests/store/test_copies.py)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def test_migrate_copies_keys_and_usage_then_tops_up(
     secrets = asyncio.run(fill(source, 7000))  # more than one batch
     assert migrate(cluster_dir, postgres_db) == 0
     out = capsys.readouterr().out
-    assert "copied 2 keys and 7000 usage rows" in out
+    assert "copied 2 keys, 7000 usage rows and " in out
     assert "s3cret" not in out  # the password is never printed
     target = StoreSettings.model_validate(postgres_db.settings)
     # The active key verifies against PostgreSQL, the revoked one stays revoked.
@@ -82,7 +83,7 @@ def test_migrate_copies_keys_and_usage_then_tops_up(
         await store.close()
     asyncio.run(more())
     assert migrate(cluster_dir, postgres_db) == 0
-    assert "topped up 2 keys and 3 usage rows" in capsys.readouterr().out
+    assert "topped up 0 keys, 3 usage rows and 0 other rows" in capsys.readouterr().out
     assert asyncio.run(look(target, secrets)) == ([True, False], 1753.0, 7003)
 
 
@@ -94,7 +95,7 @@ def test_migrate_refuses_a_target_filled_elsewhere(
     asyncio.run(fill(StoreSettings(path=str(cluster_dir / "state" / "llmgw.db")), 1))
     assert migrate(cluster_dir, postgres_db) == 1
     err = capsys.readouterr().err
-    assert "already holds keys or usage rows" in err and "Traceback" not in err
+    assert "already holds rows not copied from" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(("to", "error"), [
