@@ -30,6 +30,7 @@ from llmgw.discovery import (
     hosts,
     limits,
     nvml,
+    pcis,
     topologies,
     weights,
 )
@@ -41,6 +42,7 @@ from llmgw.fleet.types import (
     EngineLimits,
     HostFacts,
     NodeReport,
+    PciCard,
     Unit,
 )
 
@@ -130,14 +132,15 @@ class Collector:
         return facts
 
     def _files(self, declaration: Declaration) -> tuple[
-        hosts.Host, list[Adapter], list[Disk], weights.Found, list[str]
+        hosts.Host, list[Adapter], list[Disk], weights.Found, list[str], list[PciCard]
     ]:
         hw = self.settings.hardware
         host = hosts.read(hw.proc_root, hw.sysfs_root)
         found_adapters = adapters.read(hw.sysfs_root)
         found_disks, disk_warnings = disks.read(declaration.weights_dirs)
         found_weights = weights.find(declaration.weights_dirs, self._weights_cache)
-        return host, found_adapters, found_disks, found_weights, disk_warnings
+        cards = pcis.read(hw.sysfs_root)
+        return host, found_adapters, found_disks, found_weights, disk_warnings, cards
 
     def own_limits(self) -> EngineLimits | None:
         """The agent's own limits (under ``proc_root``): what an engine it starts inherits."""
@@ -178,7 +181,7 @@ class Collector:
             self.gpus(), asyncio.to_thread(self._files, declaration),
             asyncio.to_thread(self.host_facts),
         )
-        host, found_adapters, found_disks, found_weights, disk_warnings = files
+        host, found_adapters, found_disks, found_weights, disk_warnings, cards = files
         if host_facts.agent_uid not in (0, None):
             host_facts = host_facts.model_copy(update={"sudo": await self.sudo()})
         warnings = [*facts.warnings, *host.warnings, *disk_warnings, *found_weights.notes]
@@ -199,6 +202,7 @@ class Collector:
             units=list(units),
             collected_at=time.time(),
             warnings=warnings,
+            pci_gpus=cards,
             host=host_facts,
             agent_started_at=self.started_at,
             **boot(Path(self.settings.hardware.proc_root)),

@@ -152,7 +152,8 @@ def _health(gpu: Gpu) -> str:
 
 def _gpus(report: NodeReport) -> str:
     if not report.gpus:
-        return "GPUs      none: a CPU node\n"
+        return "GPUs      none: a CPU node\n" + "".join(
+            f"Fault     {fault}\n" for fault in report.faults)
     classes: dict[str, int] = {}
     for gpu in report.gpus:
         classes[gpu.gpu_class] = classes.get(gpu.gpu_class, 0) + 1
@@ -169,12 +170,13 @@ def _gpus(report: NodeReport) -> str:
             str(gpu.index), gpu.gpu_class, gpu.name, memory, _show(gpu.compute_capability),
             _show(gpu.ecc_uncorrected), _show(gpu.utilization_pct, "%"), nvlink, _health(gpu),
         ])
-    return f"GPUs      {summary}{health}\n" + _table(rows)
+    out = f"GPUs      {summary}{health}\n" + _table(rows)
+    return out + "".join(f"Fault     {fault}\n" for fault in report.faults)
 
 
 def _port_row(adapter: str, port: Port) -> list[str]:
     return [adapter, f"port {port.number}", _show(port.link_layer), _show(port.state),
-            _show(port.phys_state), _show(port.rate)]
+            _show(port.phys_state), _show(port.rate), _show(port.subnet)]
 
 
 def _fabrics(report: NodeReport) -> str:

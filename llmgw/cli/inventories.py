@@ -62,6 +62,10 @@ def render_inventory(cluster: Cluster, fleet: Fleet, now: float) -> str:
               for gpu in report.gpus for fault in gpu.faults]
     if faults:
         lines += ["", "GPU faults (no new work is placed on these)", *faults]
+    node_faults = [f"  {name}: {fault}" for name, report in sorted(fleet.nodes.items())
+                   for fault in report.faults]
+    if node_faults:
+        lines += ["", "Node faults", *node_faults]
 
     fabric_lines = _fabrics(cluster, fleet)
     if fabric_lines:

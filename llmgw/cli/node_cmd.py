@@ -177,7 +177,7 @@ def run_add(args: argparse.Namespace) -> int:
 def _fabrics(steps: checklists.Checklist, report: NodeReport, given: dict[str, list[str]],
              declared: list[str], interactive: bool) -> dict[str, list[str]]:
     """Which declared fabric each of the node's adapters is on: ``--fabric``, else asked per
-    group of adapters (by link layer) at a terminal, else none (said so)."""
+    group of adapters (by subnet manager or RoCE network) at a terminal, else none (said so)."""
     present = [a.name for a in report.adapters]
     steps.begin("fabrics", "the node's RDMA adapters")
     if given:
@@ -195,12 +195,16 @@ def _fabrics(steps: checklists.Checklist, report: NodeReport, given: dict[str, l
         steps.done("fabrics", f"{', '.join(present)} on no fabric: pass --fabric "
                    f"NAME=ADAPTER,… (declared: {', '.join(declared)})")
         return {}
-    groups: dict[str, list[str]] = {}
+    groups: dict[tuple[str, str], list[str]] = {}
     for adapter in report.adapters:
-        groups.setdefault(adapter.link_layer or "unknown link layer", []).append(adapter.name)
+        # One question per subnet manager (InfiniBand) or IP network (RoCE): adapters on
+        # two subnets are two fabrics even when their link layer is the same.
+        subnet = " + ".join(adapter.subnets) or "subnet unknown: no ACTIVE port"
+        layer = adapter.link_layer or "unknown link layer"
+        groups.setdefault((layer, subnet), []).append(adapter.name)
     chosen: dict[str, list[str]] = {}
-    for layer, names in sorted(groups.items()):
-        question = (f"{layer} adapters {', '.join(names)}: on which fabric? "
+    for (layer, subnet), names in sorted(groups.items()):
+        question = (f"{layer} adapters {', '.join(names)} ({subnet}): on which fabric? "
                     f"[{'/'.join(declared)}/none] ")
         answer = steps.ask(question).strip()
         while answer not in (*declared, "none", ""):

@@ -11,6 +11,11 @@ functions, one per file format:
     class/infiniband/mlx5_0/ports/1/link_layer     "InfiniBand" | "Ethernet" (RoCE)
     class/infiniband/mlx5_0/ports/1/gids/<i>       "fe80:0000:0000:0000:..."
     class/infiniband/mlx5_0/ports/1/gid_attrs/types/<i>   "RoCE v2" (RoCE only)
+    class/infiniband/mlx5_0/ports/1/lid            "0xb0"
+    class/infiniband/mlx5_0/ports/1/sm_lid         "0x1" (the subnet manager's; "0x0" on RoCE)
+
+A port's subnet (:attr:`llmgw.fleet.Port.subnet`) is its SM LID and GID prefix
+(the first 64 bits of ``gids/0``) on InfiniBand, its IPv4 network on RoCE.
 """
 
 from __future__ import annotations
@@ -38,6 +43,18 @@ def parse_rate(text: str) -> float | None:
     """Gb/s from the kernel's rate string: ``"200 Gb/sec (4X HDR)"`` → 200.0."""
     match = _RATE.match(text)
     return float(match.group(1)) if match else None
+
+
+def parse_lid(text: str | None) -> str | None:
+    """A LID as sysfs writes it (``"0x1"``), normalised; None when absent or not hex.
+
+    >>> parse_lid("0x01\n"), parse_lid("garbage"), parse_lid(None)
+    ('0x1', None, None)
+    """
+    try:
+        return None if text is None else hex(int(text.strip(), 16))
+    except ValueError:
+        return None
 
 
 def parse_gid(text: str) -> str:
@@ -92,6 +109,8 @@ def read_port(port_dir: Path) -> Port:
         link_layer=_read(port_dir / "link_layer") or None,
         gids=[gids.get(i, EMPTY_GID) for i in range(last + 1)],
         gid_types=[types.get(i, "") for i in range(last + 1)] if types else [],
+        lid=parse_lid(_read(port_dir / "lid")),
+        sm_lid=parse_lid(_read(port_dir / "sm_lid")),
     )
 
 

@@ -128,8 +128,11 @@ def check_one(fabric: DeclaredFabric, adapters: Sequence[Adapter]) -> FabricStat
             )
             continue
         _check_adapter(fabric, adapter, verdict)
-    advertised = bool(verdict.usable) and not verdict.missing
-    if not advertised and fabric.adapters and not verdict.missing:
+    split = _split(fabric, [present[name] for name in verdict.usable])
+    if split:
+        verdict.reasons.append(split)
+    advertised = bool(verdict.usable) and not verdict.missing and not split
+    if not advertised and fabric.adapters and not verdict.missing and not split:
         verdict.reasons.append(f"no declared adapter of {fabric.name} is usable")
     declared = len(fabric.adapters)
     if advertised and len(verdict.usable) < declared:
@@ -144,6 +147,25 @@ def check_one(fabric: DeclaredFabric, adapters: Sequence[Adapter]) -> FabricStat
         gid_index=_gid_index(fabric, verdict),
         declared_adapters=len(fabric.adapters),
     )
+
+
+def _split(fabric: DeclaredFabric, usable: Sequence[Adapter]) -> str | None:
+    """Why ``usable`` are not one fabric: their ports answer to different subnet managers
+    (InfiniBand), so a rank on one cannot reach a rank on the other. None when they agree,
+    when a subnet is unknown (nothing to compare), or on RoCE: RoCE v2 is routed, and a
+    rail-optimised site puts each rail's adapters on an IP network of their own."""
+    if fabric.kind != "infiniband":
+        return None
+    by_subnet: dict[str, list[str]] = {}
+    for adapter in usable:
+        for subnet in adapter.subnets:
+            by_subnet.setdefault(subnet, []).append(adapter.name)
+    if len(by_subnet) < 2:
+        return None
+    groups = "; ".join(f"{', '.join(names)}: {subnet}" for subnet, names in by_subnet.items())
+    return (f"{fabric.name}'s adapters answer to {len(by_subnet)} different subnet managers "
+            f"({groups}); fix: declare each as its own fabric in the cluster's `fabrics:` "
+            "and the node's `fabrics:` in nodes.yaml, or cable them to one subnet")
 
 
 def _gid_index(fabric: DeclaredFabric, verdict: _Verdict) -> int | None:

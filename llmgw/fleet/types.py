@@ -73,6 +73,13 @@ class Gpu(Observed):
         return reasons
 
 
+def _hex(text: str | None) -> int | None:
+    try:
+        return None if text is None else int(text, 16)
+    except ValueError:
+        return None
+
+
 class Port(Observed):
     number: int
     state: str | None = None  # ACTIVE, INIT, DOWN, ARMED
@@ -90,10 +97,45 @@ class Port(Observed):
         description="Per GID index, its type from `gid_attrs/types/<i>` (`RoCE v2`, "
         "`IB/RoCE v1`), or empty where sysfs has none (InfiniBand).",
     )
+    lid: str | None = Field(None, description="The port's own LID (`lid`), as sysfs writes it.")
+    sm_lid: str | None = Field(
+        None, description="LID of the port's subnet manager (`sm_lid`): `0x0` on RoCE and on an "
+        "InfiniBand port no SM has swept; None: not readable.")
 
     @property
     def active(self) -> bool:
         return self.state == "ACTIVE"
+
+    @property
+    def gid_prefix(self) -> str | None:
+        """The subnet prefix: the first 64 bits of GID 0 (``fe80:0000:0000:0000``)."""
+        if not self.gids or self.gids[0] == "0000:0000:0000:0000:0000:0000:0000:0000":
+            return None
+        return ":".join(self.gids[0].split(":")[:4])
+
+    @property
+    def subnet(self) -> str | None:
+        """Which subnet manager (InfiniBand) or IP network (RoCE) this port answers to;
+        ports with equal ``subnet`` can reach each other, others cannot. None: not known
+        (the port is not ACTIVE, no SM has swept it, or a RoCE port has no IPv4 GID).
+
+        InfiniBand: the SM's LID and the GID prefix, which the SM assigns per subnet.
+        RoCE: the IPv4 network of the first RoCE v2 IPv4 GID, taken as a /24: sysfs holds
+        the address, not its netmask."""
+        if not self.active:
+            return None
+        if self.link_layer == "Ethernet":
+            for index, gid in enumerate(self.gids):
+                kind = self.gid_types[index] if index < len(self.gid_types) else ""
+                groups = gid.split(":")
+                if (kind == "RoCE v2" and gid.startswith("0000:0000:0000:0000:0000:ffff:")
+                        and len(groups) == 8 and _hex(groups[6]) is not None):
+                    high = _hex(groups[6]) or 0
+                    return f"RoCE {high >> 8}.{high & 0xff}.{(_hex(groups[7]) or 0) >> 8}.0/24"
+            return None
+        if not _hex(self.sm_lid) or self.gid_prefix is None:
+            return None  # 0x0: no subnet manager has swept this port
+        return f"SM LID {self.sm_lid}, GID prefix {self.gid_prefix}"
 
 
 class Adapter(Observed):
@@ -108,6 +150,21 @@ class Adapter(Observed):
     @property
     def active(self) -> bool:
         return any(p.active for p in self.ports)
+
+    @property
+    def subnets(self) -> list[str]:
+        """The distinct :attr:`Port.subnet` of its ACTIVE ports, in port order."""
+        return list(dict.fromkeys(s for p in self.ports if (s := p.subnet)))
+
+
+class PciCard(Observed):
+    """An NVIDIA display or 3D controller on the PCI bus (``/sys/bus/pci/devices``)."""
+
+    address: str = Field(description="The PCI address: `0000:41:00.0`.")
+    device_id: str | None = Field(None, description="PCI device id, 4 hex digits: `2330`.")
+    driver: str | None = Field(
+        None, description="The bound driver (the `driver` link's target): `nvidia`; None: "
+        "no driver is bound.")
 
 
 class FabricStatus(Observed):
@@ -315,6 +372,9 @@ class NodeReport(Observed):
     units: list[Unit] = Field(default_factory=list)
     collected_at: float | None = None
     warnings: list[str] = Field(default_factory=list)
+    pci_gpus: list[PciCard] = Field(
+        default_factory=list, description="NVIDIA cards on the PCI bus, answering or not; "
+        "empty: none, or not scanned (an older agent, or no /sys/bus/pci).")
     fetches: list[Fetch] = Field(default_factory=list)
     cached_weights: list[CachedWeights] = Field(default_factory=list)
     host: HostFacts | None = None
@@ -333,12 +393,41 @@ class NodeReport(Observed):
         return self.reachable or self.units_as_of is not None or bool(self.units)
 
     @property
+    def faults(self) -> list[str]:
+        """Faults of the node itself (not of one GPU), each with what to check; empty: none.
+
+        A card on the PCI bus that no driver answers for: no ``driver`` link, or bound
+        but missing from what NVML or nvidia-smi listed."""
+        if not self.pci_gpus:
+            return []
+        listed = {_pci(g.pci_bus_id) for g in self.gpus if g.pci_bus_id}
+        silent = [c for c in self.pci_gpus
+                  if c.driver is None or (listed and _pci(c.address) not in listed)]
+        if not silent and len(self.gpus) >= len(self.pci_gpus):
+            return []
+        held = len(self.pci_gpus)
+        answer = min(len(self.gpus), held)
+        why = "; ".join(f"{c.address} " + ("has no driver bound" if c.driver is None else
+                                           f"is bound to {c.driver} but not listed")
+                        for c in silent) or "the driver lists fewer GPUs than the bus holds"
+        return [f"{held} NVIDIA card{'' if held == 1 else 's'} on the PCI bus, {answer} "
+                f"answer: {why}; check `dmesg | grep -i nvidia`, the driver version and "
+                "`nvidia-smi -q`"]
+
+    @property
     def is_cpu_only(self) -> bool:
         return not self.gpus
 
     @property
     def advertised_fabrics(self) -> dict[str, FabricStatus]:
         return {f.name: f for f in self.fabrics if f.advertised}
+
+
+def _pci(address: str) -> str:
+    """A PCI address as ``dddd:bb:dd.f`` in lower case: nvidia-smi writes an 8-digit
+    domain (``00000000:41:00.0``), sysfs a 4-digit one."""
+    domain, _, rest = address.strip().lower().partition(":")
+    return f"{domain[-4:]:0>4}:{rest}"
 
 
 class SourceFacts(Observed):

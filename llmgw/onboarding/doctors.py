@@ -192,6 +192,45 @@ def _fabric_ports(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
                else "no fabric declared")
 
 
+def _fabric_subnets(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    """Each declared InfiniBand fabric's adapters answer to one subnet manager; what each
+    fabric's adapters answer to (RoCE: their IPv4 networks) is shown either way."""
+    if not spec.fabrics:
+        return _ok("no fabric declared")
+    adapters = {a.name: a for a in report.adapters}
+    split: list[str] = []
+    seen: list[str] = []
+    for name, declared in spec.fabrics.items():
+        by_subnet: dict[str, list[str]] = {}
+        for adapter in declared:
+            for subnet in adapters[adapter].subnets if adapter in adapters else []:
+                by_subnet.setdefault(subnet, []).append(adapter)
+        groups = "; ".join(f"{', '.join(names)}: {subnet}" for subnet, names in by_subnet.items())
+        # RoCE v2 is routed: one network per rail is a design, not a split.
+        infiniband = ctx.fabrics.get(name, ("",))[0] == "infiniband"
+        (split if infiniband and len(by_subnet) > 1 else seen).append(
+            f"{name}: {groups or 'subnet unknown'}")
+    if split:
+        return ("fail", f"adapters of one fabric on different subnet managers: "
+                f"{' | '.join(split)}",
+                "declare each subnet as its own fabric (cluster `fabrics:` and the node's "
+                "`fabrics:` in nodes.yaml), or cable the adapters to one subnet")
+    return _ok("; ".join(seen))
+
+
+def _pci_gpus(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    faults = report.faults
+    if faults:
+        return ("fail", "; ".join(f.split("; check ")[0] for f in faults),
+                "check `dmesg | grep -i nvidia`, the driver version and `nvidia-smi -q`")
+    if not report.pci_gpus:
+        # None seen: a CPU node, or a bus this agent cannot read (an older agent, a
+        # container without /sys/bus/pci), where nvidia-smi's count is all there is.
+        return _ok("no NVIDIA card on the PCI bus" if not report.gpus
+                   else "no NVIDIA card read from the PCI bus; not checked")
+    return _ok(f"every NVIDIA card on the PCI bus answers ({len(report.pci_gpus)})")
+
+
 def _roce_gids(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
     roce = {n: ctx.fabrics[n][1] for n in spec.fabrics if ctx.fabrics.get(n, ("",))[0] == "roce"}
     if not roce:
@@ -332,8 +371,10 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("gpu-processes", _gpu_processes),
     ("gpu-mig", _gpu_mig),
     ("gpu-persistence", _gpu_persistence),
+    ("pci-gpus", _pci_gpus),
     ("fabric-adapters", _fabric_adapters),
     ("fabric-ports", _fabric_ports),
+    ("fabric-subnets", _fabric_subnets),
     ("roce-gids", _roce_gids),
     ("memlock", _memlock),
     ("nofile", _nofile),

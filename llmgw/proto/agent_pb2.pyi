@@ -286,12 +286,17 @@ class Port(_message.Message):
     LINK_LAYER_FIELD_NUMBER: _builtins.int
     GIDS_FIELD_NUMBER: _builtins.int
     GID_TYPES_FIELD_NUMBER: _builtins.int
+    LID_FIELD_NUMBER: _builtins.int
+    SM_LID_FIELD_NUMBER: _builtins.int
     number: _builtins.int
     state: _builtins.str
     phys_state: _builtins.str
     rate: _builtins.str
     rate_gbps: _builtins.float
     link_layer: _builtins.str
+    lid: _builtins.str
+    sm_lid: _builtins.str
+    """the subnet manager's LID; 0x0 on RoCE"""
     @_builtins.property
     def gids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -307,11 +312,15 @@ class Port(_message.Message):
         link_layer: _builtins.str | None = ...,
         gids: _abc.Iterable[_builtins.str] | None = ...,
         gid_types: _abc.Iterable[_builtins.str] | None = ...,
+        lid: _builtins.str | None = ...,
+        sm_lid: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_link_layer", b"_link_layer", "_phys_state", b"_phys_state", "_rate", b"_rate", "_rate_gbps", b"_rate_gbps", "_state", b"_state", "link_layer", b"link_layer", "phys_state", b"phys_state", "rate", b"rate", "rate_gbps", b"rate_gbps", "state", b"state"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_lid", b"_lid", "_link_layer", b"_link_layer", "_phys_state", b"_phys_state", "_rate", b"_rate", "_rate_gbps", b"_rate_gbps", "_sm_lid", b"_sm_lid", "_state", b"_state", "lid", b"lid", "link_layer", b"link_layer", "phys_state", b"phys_state", "rate", b"rate", "rate_gbps", b"rate_gbps", "sm_lid", b"sm_lid", "state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_link_layer", b"_link_layer", "_phys_state", b"_phys_state", "_rate", b"_rate", "_rate_gbps", b"_rate_gbps", "_state", b"_state", "gid_types", b"gid_types", "gids", b"gids", "link_layer", b"link_layer", "number", b"number", "phys_state", b"phys_state", "rate", b"rate", "rate_gbps", b"rate_gbps", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_lid", b"_lid", "_link_layer", b"_link_layer", "_phys_state", b"_phys_state", "_rate", b"_rate", "_rate_gbps", b"_rate_gbps", "_sm_lid", b"_sm_lid", "_state", b"_state", "gid_types", b"gid_types", "gids", b"gids", "lid", b"lid", "link_layer", b"link_layer", "number", b"number", "phys_state", b"phys_state", "rate", b"rate", "rate_gbps", b"rate_gbps", "sm_lid", b"sm_lid", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__lid: _TypeAlias = _typing.Literal["lid"]  # noqa: Y015
+    _WhichOneofArgType__lid: _TypeAlias = _typing.Literal["_lid", b"_lid"]  # noqa: Y015
     _WhichOneofReturnType__link_layer: _TypeAlias = _typing.Literal["link_layer"]  # noqa: Y015
     _WhichOneofArgType__link_layer: _TypeAlias = _typing.Literal["_link_layer", b"_link_layer"]  # noqa: Y015
     _WhichOneofReturnType__phys_state: _TypeAlias = _typing.Literal["phys_state"]  # noqa: Y015
@@ -320,8 +329,12 @@ class Port(_message.Message):
     _WhichOneofArgType__rate: _TypeAlias = _typing.Literal["_rate", b"_rate"]  # noqa: Y015
     _WhichOneofReturnType__rate_gbps: _TypeAlias = _typing.Literal["rate_gbps"]  # noqa: Y015
     _WhichOneofArgType__rate_gbps: _TypeAlias = _typing.Literal["_rate_gbps", b"_rate_gbps"]  # noqa: Y015
+    _WhichOneofReturnType__sm_lid: _TypeAlias = _typing.Literal["sm_lid"]  # noqa: Y015
+    _WhichOneofArgType__sm_lid: _TypeAlias = _typing.Literal["_sm_lid", b"_sm_lid"]  # noqa: Y015
     _WhichOneofReturnType__state: _TypeAlias = _typing.Literal["state"]  # noqa: Y015
     _WhichOneofArgType__state: _TypeAlias = _typing.Literal["_state", b"_state"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lid) -> _WhichOneofReturnType__lid | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__link_layer) -> _WhichOneofReturnType__link_layer | None: ...
     @_typing.overload
@@ -331,9 +344,46 @@ class Port(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__rate_gbps) -> _WhichOneofReturnType__rate_gbps | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sm_lid) -> _WhichOneofReturnType__sm_lid | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__state) -> _WhichOneofReturnType__state | None: ...
 
 Global___Port: _TypeAlias = Port  # noqa: Y015
+
+@_typing.final
+class PciCard(_message.Message):
+    """An NVIDIA GPU on the PCI bus, whether or not a driver answers for it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    DEVICE_ID_FIELD_NUMBER: _builtins.int
+    DRIVER_FIELD_NUMBER: _builtins.int
+    address: _builtins.str
+    device_id: _builtins.str
+    driver: _builtins.str
+    """unset: no driver bound"""
+    def __init__(
+        self,
+        *,
+        address: _builtins.str = ...,
+        device_id: _builtins.str | None = ...,
+        driver: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_device_id", b"_device_id", "_driver", b"_driver", "device_id", b"device_id", "driver", b"driver"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device_id", b"_device_id", "_driver", b"_driver", "address", b"address", "device_id", b"device_id", "driver", b"driver"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__device_id: _TypeAlias = _typing.Literal["device_id"]  # noqa: Y015
+    _WhichOneofArgType__device_id: _TypeAlias = _typing.Literal["_device_id", b"_device_id"]  # noqa: Y015
+    _WhichOneofReturnType__driver: _TypeAlias = _typing.Literal["driver"]  # noqa: Y015
+    _WhichOneofArgType__driver: _TypeAlias = _typing.Literal["_driver", b"_driver"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__device_id) -> _WhichOneofReturnType__device_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__driver) -> _WhichOneofReturnType__driver | None: ...
+
+Global___PciCard: _TypeAlias = PciCard  # noqa: Y015
 
 @_typing.final
 class Adapter(_message.Message):
@@ -814,6 +864,7 @@ class NodeReport(_message.Message):
     UNITS_FIELD_NUMBER: _builtins.int
     COLLECTED_AT_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    PCI_GPUS_FIELD_NUMBER: _builtins.int
     FETCHES_FIELD_NUMBER: _builtins.int
     CACHED_WEIGHTS_FIELD_NUMBER: _builtins.int
     HOST_FIELD_NUMBER: _builtins.int
@@ -857,6 +908,8 @@ class NodeReport(_message.Message):
     @_builtins.property
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
+    def pci_gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___PciCard]: ...
+    @_builtins.property
     def fetches(self) -> _containers.RepeatedCompositeFieldContainer[Global___Fetch]: ...
     @_builtins.property
     def cached_weights(self) -> _containers.RepeatedCompositeFieldContainer[Global___CachedWeights]: ...
@@ -885,6 +938,7 @@ class NodeReport(_message.Message):
         units: _abc.Iterable[Global___Unit] | None = ...,
         collected_at: _builtins.float | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        pci_gpus: _abc.Iterable[Global___PciCard] | None = ...,
         fetches: _abc.Iterable[Global___Fetch] | None = ...,
         cached_weights: _abc.Iterable[Global___CachedWeights] | None = ...,
         host: Global___HostFacts | None = ...,
@@ -895,7 +949,7 @@ class NodeReport(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at", "_agent_version", b"_agent_version", "_boot_id", b"_boot_id", "_booted_at", b"_booted_at", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_units_as_of", b"_units_as_of", "agent_started_at", b"agent_started_at", "agent_version", b"agent_version", "boot_id", b"boot_id", "booted_at", b"booted_at", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_model", b"cpu_model", "error", b"error", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "units_as_of", b"units_as_of"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at", "_agent_version", b"_agent_version", "_boot_id", b"_boot_id", "_booted_at", b"_booted_at", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_units_as_of", b"_units_as_of", "adapters", b"adapters", "agent_started_at", b"agent_started_at", "agent_version", b"agent_version", "boot_id", b"boot_id", "booted_at", b"booted_at", "cached_weights", b"cached_weights", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_flags", b"cpu_flags", "cpu_model", b"cpu_model", "disks", b"disks", "error", b"error", "fabrics", b"fabrics", "fetches", b"fetches", "gpus", b"gpus", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "node", b"node", "reachable", b"reachable", "units", b"units", "units_as_of", b"units_as_of", "warnings", b"warnings", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at", "_agent_version", b"_agent_version", "_boot_id", b"_boot_id", "_booted_at", b"_booted_at", "_collected_at", b"_collected_at", "_cpu_count", b"_cpu_count", "_cpu_model", b"_cpu_model", "_error", b"_error", "_host", b"_host", "_hostname", b"_hostname", "_memory_available_bytes", b"_memory_available_bytes", "_memory_total_bytes", b"_memory_total_bytes", "_units_as_of", b"_units_as_of", "adapters", b"adapters", "agent_started_at", b"agent_started_at", "agent_version", b"agent_version", "boot_id", b"boot_id", "booted_at", b"booted_at", "cached_weights", b"cached_weights", "collected_at", b"collected_at", "cpu_count", b"cpu_count", "cpu_flags", b"cpu_flags", "cpu_model", b"cpu_model", "disks", b"disks", "error", b"error", "fabrics", b"fabrics", "fetches", b"fetches", "gpus", b"gpus", "host", b"host", "hostname", b"hostname", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "node", b"node", "pci_gpus", b"pci_gpus", "reachable", b"reachable", "units", b"units", "units_as_of", b"units_as_of", "warnings", b"warnings", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__agent_started_at: _TypeAlias = _typing.Literal["agent_started_at"]  # noqa: Y015
     _WhichOneofArgType__agent_started_at: _TypeAlias = _typing.Literal["_agent_started_at", b"_agent_started_at"]  # noqa: Y015

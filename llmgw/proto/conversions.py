@@ -60,7 +60,7 @@ FLEET_TYPES: dict[str, type[BaseModel]] = {
     "Fetch": fleet.Fetch, "CachedWeights": fleet.CachedWeights,
     "HostFacts": fleet.HostFacts, "EngineBinary": fleet.EngineBinary,
     "InstalledEngine": fleet.InstalledEngine, "EngineLimits": fleet.EngineLimits,
-    "EngineLoad": fleet.EngineLoad,
+    "EngineLoad": fleet.EngineLoad, "PciCard": fleet.PciCard,
 }
 _INDEX_LIST = "IndexList"
 ACTIONS: dict[pb.Action.ValueType, Action] = {

@@ -31,7 +31,10 @@ def full_report() -> fleet.NodeReport:
         adapters=[fleet.Adapter(name="mlx5_0", ports=[fleet.Port(
             number=1, state="ACTIVE", phys_state="LinkUp", rate="400 Gb/sec (4X NDR)",
             rate_gbps=400.0, link_layer="InfiniBand", gids=["fe80::1"], gid_types=["RoCE v2"],
+            lid="0xb0", sm_lid="0x1",
         )])],
+        pci_gpus=[fleet.PciCard(address="0000:41:00.0", device_id="2330", driver="nvidia"),
+                  fleet.PciCard(address="0000:c1:00.0")],
         fabrics=[fleet.FabricStatus(name="roce-a", kind="roce", adapters=["mlx5_0"],
                                     advertised=True, reasons=["x"], gid_index=3)],
         disks=[fleet.Disk(path="/models", free_bytes=5 * 2**40, total_bytes=7 * 2**40)],

@@ -147,3 +147,18 @@ async def test_without_nvml_nvlink_peers_and_mig_come_from_nvidia_smi(tmp_path: 
     assert [(r.mig_mode, r.nvlink_peers) for r in facts.records] == [
         ("Enabled", (1,)), ("Disabled", (0,))]
     assert facts.warnings == []
+
+
+async def test_a_gpu_no_driver_answers_for_is_in_the_report_as_a_node_fault(
+    tmp_path: Path,
+) -> None:
+    """The recorded PCI bus holds three H100s, one without a driver; nvidia-smi is absent."""
+    sysfs = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "gpu-no-driver" / "sys"
+    chosen = node_settings("cpu-only", tmp_path, hardware={
+        "sysfs_root": str(sysfs), "nvidia_smi": str(tmp_path / "no-such-nvidia-smi")})
+    report = await reports.Collector(chosen).collect(Declaration("n"))
+    assert [(c.address, c.driver) for c in report.pci_gpus] == [
+        ("0000:41:00.0", "nvidia"), ("0000:81:00.0", "nvidia"), ("0000:c1:00.0", None)]
+    assert report.gpus == [] and report.faults == [
+        "3 NVIDIA cards on the PCI bus, 0 answer: 0000:c1:00.0 has no driver bound; "
+        "check `dmesg | grep -i nvidia`, the driver version and `nvidia-smi -q`"]

@@ -122,3 +122,17 @@ def test_a_fabric_with_adapters_down_says_how_many_are_active() -> None:
         declared_adapters=2, reasons=["1 of 2 adapters ACTIVE", "mlx5_1 has no ACTIVE port"])]})
     text = inventories.render_inventory(CLUSTER, Fleet(nodes=reports), NOW)
     assert "ib-a (infiniband): advertised by gpu-a-01 (1 of 2 adapters ACTIVE)" in text
+
+
+def test_a_card_no_driver_answers_for_is_a_node_fault() -> None:
+    from llmgw.fleet.types import PciCard
+    reports = dict(fleet().nodes)
+    report = reports["gpu-a-01"]
+    bus = [PciCard(address=f"0000:{g.pci_bus_id or f'{i:02x}:00.0'}"[-12:], driver="nvidia")
+           for i, g in enumerate(report.gpus)]
+    bus.append(PciCard(address="0000:c1:00.0"))
+    reports["gpu-a-01"] = report.model_copy(update={"pci_gpus": bus})
+    text = inventories.render_inventory(CLUSTER, Fleet(nodes=reports), NOW)
+    held = len(bus)
+    assert (f"Node faults\n  gpu-a-01: {held} NVIDIA cards on the PCI bus, {held - 1} answer: "
+            "0000:c1:00.0 has no driver bound; check `dmesg") in text

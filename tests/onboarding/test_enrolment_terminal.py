@@ -162,7 +162,8 @@ def test_terminal_add_then_again_then_upgrade_in_place(
         term.expect(r"\x1b\[8F\x1b\[J  ✓ host key   SHA256:\S+ pinned in ")
         term.expect(r"» install    .*\(\d+s\)")  # what a running step does, and for how long
         term.expect(r"✓ report     8 GPUs, \d+ GiB, 4 RDMA adapters")
-        term.expect(r"InfiniBand adapters mlx5_0, mlx5_1, mlx5_2, mlx5_3: on which fabric\? "
+        term.expect(r"InfiniBand adapters mlx5_0, mlx5_1, mlx5_2, mlx5_3 \(SM LID 0x1, GID "
+                    r"prefix fe80:0000:0000:0000\): on which fabric\? "
                     r"\[ib-a/none\] ")
         term.type("ib-b")
         term.expect(r"'ib-b' is not a declared fabric\. InfiniBand adapters")

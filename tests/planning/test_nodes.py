@@ -263,3 +263,27 @@ def test_weights_room_without_dirs_or_report() -> None:
     assert cap.weights_room(node, "org/big") == "needs 21 GB, 1.0 GB free in /models"
     node.report = None
     assert cap.weights_room(node, "org/big") is None
+
+
+def test_a_fabric_over_two_subnet_managers_is_a_located_problem() -> None:
+    """The recorded node's ib-a spans two subnet managers: the node cannot carry a
+    multi-node replica over it, and the reason names node, adapters and both SMs."""
+    from pathlib import Path
+
+    from llmgw.discovery import adapters, fabrics
+    from llmgw.discovery.fabrics import DeclaredFabric
+
+    sysfs = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "two-ib-roce" / "sys"
+    found = adapters.read(sysfs)
+    [status] = fabrics.check([DeclaredFabric("ib-a", "infiniband", ("mlx5_0", "mlx5_2"))], found)
+    cap = capacity()
+    node = cap.nodes["gpu-01"]
+    assert node.report is not None
+    report = node.report.model_copy(update={"fabrics": [status], "adapters": found})
+    state = nodes._node_state("gpu-01", node.spec, report)
+    assert state.fabric_problems == {"ib-a": (
+        "fabric ib-a not advertised: ib-a's adapters answer to 2 different subnet managers "
+        "(mlx5_0: SM LID 0x1, GID prefix fe80:0000:0000:0000; mlx5_2: SM LID 0x2a, GID prefix "
+        "fec0:0000:0000:0002); fix: declare each as its own fabric in the cluster's `fabrics:` "
+        "and the node's `fabrics:` in nodes.yaml, or cable them to one subnet")}
+    assert "ib-a" not in state.fabrics
