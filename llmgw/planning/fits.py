@@ -170,6 +170,15 @@ def inputs(model: Model, profile: Profile, files: int | None = None) -> Inputs:
     )
 
 
+def of_shape(shape: Shape, files: int | None) -> Inputs:
+    """Inputs for a model not yet in a cluster (``llmgw models show``): its files loaded as
+    they are (else its parameters at the stored dtype), a 16-bit KV cache, one sequence."""
+    profile = Profile(engine="vllm", gpu_class="any")
+    weights, basis = _weights(shape, profile, files)
+    return Inputs(weights=weights, basis=basis, layers=shape.layers, kv_heads=shape.kv_heads,
+                  head_dim=shape.head_dim, context=shape.context_length)
+
+
 def _weights(shape: Shape, profile: Profile, files: int | None) -> tuple[int | None, str]:
     converted = _converted(profile)
     params = shape.params_b

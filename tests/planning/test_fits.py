@@ -51,7 +51,8 @@ def test_tensor_parallel_splits_heads_and_pipeline_splits_layers() -> None:
 
 
 @pytest.mark.parametrize(("profile", "weights", "kv"), [
-    pytest.param({}, 8.03e9 * 2, 2 * 32 * 8 * 128 * 2 * 131072, id="auto: stored dtype, full context"),
+    pytest.param({}, 8.03e9 * 2, 2 * 32 * 8 * 128 * 2 * 131072,
+                 id="auto: stored dtype, full context"),
     pytest.param({"quantization": "fp8"}, 8.03e9, None, id="fp8 weights: 1 byte"),
     pytest.param({"quantization": "awq"}, 8.03e9 * 0.5625, None, id="4-bit: 4.5 bits"),
     pytest.param({"dtype": "float32"}, 8.03e9 * 4, None, id="dtype float32: 4 bytes"),
