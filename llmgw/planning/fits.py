@@ -124,18 +124,18 @@ class Estimate:
         if self.need is None:
             return f"unknown on {where}: the weights' size is unknown ({self.inputs.basis})"
         weights = self.inputs.weights or 0
-        split = f" / {self.gpus} = {_gib(self.weights or 0)} GiB" if self.gpus > 1 else ""
-        parts = [f"weights {_gib(weights)} GiB{split} ({self.inputs.basis})"]
+        split = f" / {self.gpus} = {gib(self.weights or 0)} GiB" if self.gpus > 1 else ""
+        parts = [f"weights {gib(weights)} GiB{split} ({self.inputs.basis})"]
         if self.kv is not None:
-            parts.append(f"KV cache {_gib(self.kv)} GiB at {tokens(self.inputs.context)} "
+            parts.append(f"KV cache {gib(self.kv)} GiB at {tokens(self.inputs.context)} "
                          f"tokens{_times(self.inputs.sequences)}")
         else:
             parts.append("KV cache unknown (no layers, kv_heads, head_dim or context)")
-        parts.append(f"overhead {_gib(OVERHEAD)} GiB + {ACTIVATIONS:.0%} of the weights = "
-                     f"{_gib(self.overhead or 0)} GiB")
+        parts.append(f"overhead {gib(OVERHEAD)} GiB + {ACTIVATIONS:.0%} of the weights = "
+                     f"{gib(self.overhead or 0)} GiB")
         at_least = "" if self.kv is not None else "at least "
-        return (f"needs {at_least}{_gib(self.need)} GiB per GPU on {where} "
-                f"({'; '.join(parts)}), has {_gib(self.have)} GiB ({share})")
+        return (f"needs {at_least}{gib(self.need)} GiB per GPU on {where} "
+                f"({'; '.join(parts)}), has {gib(self.have)} GiB ({share})")
 
 
 def estimate(inputs: Inputs, gpu_class: GpuClass, tp: int = 1, pp: int = 1) -> Estimate:
@@ -363,5 +363,6 @@ def _bytes(size: float) -> str:
     return "1 byte" if size == 1 else f"{size:g} bytes"
 
 
-def _gib(size: float) -> str:
+def gib(size: float) -> str:
+    """``94.5``: bytes as GiB with one decimal, as every sentence here counts them."""
     return f"{size / GIB:.1f}"

@@ -147,3 +147,24 @@ def test_plan_takes_the_profile_that_fits() -> None:
     plan = run_case(case)[0]
     created = {c.model: c.shards[0].spec["profile"] for c in plan.changes}
     assert created == {"llama-405b": 1, "mystery": 0}
+
+
+def test_validates_summary_says_by_how_much_it_fits(tmp_path: Path) -> None:
+    from llmgw.cli import validate_cmd
+
+    (tmp_path / "cluster.yaml").write_text(
+        "cluster: {name: lab}\n"
+        "models:\n"
+        "  llama-405b:\n"
+        "    shape: {params_b: 405.9, layers: 126, kv_heads: 8, head_dim: 128}\n"
+        "    source: meta-llama/Llama-3.1-405B-Instruct\n"
+        "    profiles:\n"
+        "      - {engine: vllm, gpu_class: h100-80g, tensor_parallel: 8, quantization: fp8,\n"
+        "         args: {max-model-len: 16384}}\n"
+        "  unknown:\n"
+        "    source: org/name\n"
+        "    profiles: [{engine: vllm, gpu_class: h100-80g}]\n")
+    text = validate_cmd.summary(clusters.load(tmp_path))
+    assert ("1. vllm on 8× h100-80g (TP 8); fits: 54.0 of 72.0 GiB per GPU on h100-80g at 16k "
+            "context") in text
+    assert "1. vllm on 1× h100-80g\n" in text + "\n"  # no shape: the summary as it was
