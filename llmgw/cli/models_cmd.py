@@ -27,7 +27,7 @@ from llmgw.spec.identifiers import check_text
 from llmgw.spec.shapes import Shape
 
 PUBLIC_HUB = "https://huggingface.co"
-DEFAULT_CLASSES = ("l4-22g", "l40s-45g", "a100-80g", "h100-80g", "h200-140g")
+DEFAULT_CLASSES = fits.CATALOG_CLASSES
 DEFAULT_CONTEXTS = (8192, 32768)
 MAX_FILES = 30  # file rows `show` prints
 
@@ -217,8 +217,7 @@ def show_text(listing: Listing, classes: list[str], contexts: list[int] | None) 
                      f"{item.quantisation or ''}".rstrip())
     if len(listing.files) > MAX_FILES:
         lines.append(f"     … and {len(listing.files) - MAX_FILES} more")
-    weights = sum(f.size for f in chosen) or None
-    shape = arch.shape(weights)
+    weights, shape = listing.loaded, listing.shape()
     found = fits.of_shape(shape, weights)
     wanted = sorted(set(contexts or [*DEFAULT_CONTEXTS, *(
         [arch.context_length] if arch.context_length and arch.context_length >

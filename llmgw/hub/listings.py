@@ -19,6 +19,7 @@ from llmgw.discovery import architectures
 from llmgw.discovery.architectures import Architecture
 from llmgw.hub import caches, fetches
 from llmgw.spec import sources
+from llmgw.spec.shapes import Shape
 from llmgw.spec.sources import Source
 
 CONFIG_BYTES = 1024 * 1024
@@ -66,6 +67,17 @@ class Listing:
     @property
     def quantisations(self) -> tuple[str, ...]:
         return tuple(sorted({q for f in self.files if (q := f.quantisation)}))
+
+    @property
+    def loaded(self) -> int | None:
+        """Bytes of the files one replica loads (:meth:`chosen`); None when there are none."""
+        return sum(f.size for f in self.chosen()) or None
+
+    def shape(self) -> Shape:
+        """The ``shape`` block a cluster file declares for this repo's model."""
+        if self.architecture is None:
+            return Shape(weights_size=self.loaded)
+        return self.architecture.shape(self.loaded)
 
     def chosen(self) -> tuple[File, ...]:
         """The weights one replica loads: the selected ones, else every safetensors file,

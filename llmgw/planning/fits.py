@@ -61,6 +61,7 @@ _CACHE_TYPES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24
 _CONTEXT_FLAGS = {"vllm": ("max-model-len",), "sglang": ("context-length",),
                   "llama.cpp": ("ctx-size", "c")}
 _UTILISATION_FLAGS = {"vllm": "gpu-memory-utilization", "sglang": "mem-fraction-static"}
+CATALOG_CLASSES = ("l4-22g", "l40s-45g", "a100-80g", "h100-80g", "h200-140g")  # a few common
 SEARCHED_COUNTS = (1, 2, 4, 8)  # GPUs of one node the catalog's "needs N×" tries
 
 
