@@ -8,6 +8,7 @@ from pathlib import Path
 
 from llmgw.cli.errors import UserError
 from llmgw.engines import profiles
+from llmgw.planning import fits
 from llmgw.spec import loading
 from llmgw.spec.models import Cluster
 
@@ -22,7 +23,7 @@ def add_cluster_flag(parser: argparse.ArgumentParser) -> None:
 def load(directory: Path) -> Cluster:
     """The validated cluster, or a UserError listing every located problem."""
     try:
-        return loading.load(directory, extra_checks=[profiles.check])
+        return loading.load(directory, extra_checks=[profiles.check, fits.check])
     except loading.SpecErrors as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)

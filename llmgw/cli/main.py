@@ -42,6 +42,7 @@ COMMANDS = (
     "weights",
     "engine",
     "mirror",
+    "models",
     "users",
 )
 

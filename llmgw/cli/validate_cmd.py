@@ -7,8 +7,9 @@ import sys
 from collections import Counter, defaultdict
 
 from llmgw.cli import clusters, engine_cmd
+from llmgw.planning import fits
 from llmgw.spec import checks, gpus
-from llmgw.spec.models import Cluster, Profile
+from llmgw.spec.models import Cluster, Model, Profile
 from llmgw.spec.quantities import count, format_duration, format_size
 
 
@@ -60,6 +61,25 @@ def describe_profile(profile: Profile) -> str:
     return f"{profile.engine} on {where}{shape}"
 
 
+def fit_note(cluster: Cluster, model: Model, profile: Profile) -> str:
+    """``; fits: 54.0 of 72.0 GiB per GPU at 16k context`` (docs/choosing-models.md)."""
+    table = checks.known_classes(cluster)
+    known = [table[c] for c in profile.gpu_classes if c in table]
+    if profile.cpu or not known or model.shape is None:
+        return ""  # no figures declared: nothing to say, and the summary stays as it was
+    found = fits.inputs(model, profile)
+    figures = fits.estimate(found, known[0], profile.tensor_parallel,
+                            profile.pipeline_parallel)
+    if figures.need is None:
+        return "; fit unknown (the shape gives no size)"
+    context = fits.label_context(found.context)
+    if figures.fits is None:
+        return (f"; fit: at least {fits.gib(figures.need)} of {fits.gib(figures.have)} GiB "
+                f"per GPU (KV cache unknown)")
+    return (f"; fits: {fits.gib(figures.need)} of {fits.gib(figures.have)} GiB per GPU on "
+            f"{known[0].name}{context}")
+
+
 def summary(cluster: Cluster) -> str:
     """A one-screen overview of a valid cluster."""
     settings = cluster.cluster
@@ -106,7 +126,8 @@ def summary(cluster: Cluster) -> str:
             idle = f", idle {format_duration(scale.idle_timeout)}" if scale.idle_timeout else ""
             lines.append(f"  {name}  ({demand}, max {scale.max}{idle})")
             for index, profile in enumerate(model.profiles, 1):
-                lines.append(f"    {index}. {describe_profile(profile)}")
+                lines.append(f"    {index}. {describe_profile(profile)}"
+                             f"{fit_note(cluster, model, profile)}")
     if cluster.projects:
         lines += ["", "Projects"]
         for name, project in cluster.projects.items():

@@ -49,7 +49,7 @@ from llmgw.daemon.loadhistories import LoadHistories
 from llmgw.engines import profiles
 from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.metrics.collectors import FleetCollector
-from llmgw.planning import drifts, outputs
+from llmgw.planning import drifts, fits, outputs
 from llmgw.planning.types import Plan
 from llmgw.router import catalogs
 from llmgw.router.apps import Router
@@ -376,7 +376,7 @@ class Daemon:
         """Reload the directory; an invalid edit is refused and the last valid one stays."""
         try:
             cluster = await asyncio.to_thread(loading.load, self.state.directory,
-                                              [profiles.check])
+                                              [profiles.check, fits.check])
         except loading.SpecErrors as exc:
             self.state.refused = [str(e) for e in exc.errors]
             log.error("cluster directory has %s; keeping the last valid cluster:",

@@ -395,6 +395,27 @@ def _transfer(item: RemoteFile, partial: Path, have: int, digest: Any, token: st
         raise FetchError(f"{item.path}: got {partial.stat().st_size} of {item.size} bytes")
 
 
+def read_prefix(url: str, limit: int, token: str | None = None, timeout: float = TIMEOUT,
+                reach: Reach | None = None) -> bytes:
+    """At most the first ``limit`` bytes of ``url`` (a ranged GET; a server that ignores the
+    range is still read no further): what ``llmgw models`` parses a header from."""
+    headers = {**_auth(token), "Accept-Encoding": "identity", "User-Agent": "llmgw",
+               "Range": f"bytes=0-{limit - 1}"}
+    try:
+        response, connection = _open(url, headers, timeout, reach or Reach.of((), url))
+        try:
+            if response.status not in (200, 206):
+                raise FetchError(f"{url}: GET answered {response.status}",
+                                 retry=response.status >= 500)
+            return response.read(limit)
+        finally:
+            connection.close()
+    except FetchError:
+        raise
+    except (OSError, http.client.HTTPException) as exc:
+        raise FetchError(f"{url}: cannot read it: {_first_line(exc)}") from None
+
+
 class _Hashing:
     """Hash chunks on a second thread while the next one is read and written.
 

@@ -9,6 +9,9 @@ every node's fetch) uses, read from a cache laid out as in
   ``lfs: {sha256, size, pointerSize}``. ``sha`` is the resolved commit.
 * ``GET /api/models/{org}/{name}/tree/{rev}``: the file listing
   (``snapshot_download`` reads it).
+* ``GET /api/models?search=TEXT&limit=N``: the repos whose id holds ``TEXT``
+  (case-insensitive), as ``HfApi.list_models`` reads them (``llmgw models
+  search``).
 * ``HEAD|GET /{org}/{name}/resolve/{rev}/{path}``: the file, with ``ETag``,
   ``X-Repo-Commit``, ``Accept-Ranges``, and ``X-Linked-Etag`` /
   ``X-Linked-Size`` for LFS files (the client takes the etag of an LFS file
@@ -164,6 +167,34 @@ async def _info(request: web.Request) -> web.Response:
     })
 
 
+SEARCH_LENGTH = 200
+SEARCH_LIMIT = 1000
+
+
+async def _search(request: web.Request) -> web.Response:
+    text = request.query.get("search", "")
+    limit = request.query.get("limit", "")
+    if len(text) > SEARCH_LENGTH or not text.isprintable():
+        return _error(400, "BadRequest", f"search is at most {SEARCH_LENGTH} printable "
+                      "characters")
+    if limit and not (limit.isdigit() and 0 < int(limit) <= SEARCH_LIMIT):
+        return _error(400, "BadRequest", f"limit is a number from 1 to {SEARCH_LIMIT}")
+    root, wanted = request.app[ROOT], text.lower()
+    found: list[dict[str, object]] = []
+    for repo in sorted(caches.repos(root)):
+        if wanted not in repo.lower():
+            continue
+        try:
+            commit: str | None = caches.resolve(root, repo, "main")
+        except caches.CacheError:
+            commit = None
+        found.append({"id": repo, "modelId": repo, "sha": commit, "private": False,
+                      "tags": [], "downloads": 0, "likes": 0})
+        if len(found) >= int(limit or SEARCH_LIMIT):
+            break
+    return web.json_response(found)
+
+
 def _blob_fields(item: caches.CachedFile) -> dict[str, object]:
     if item.lfs:
         pointer = caches.lfs_pointer(item.etag, item.size)
@@ -290,6 +321,7 @@ def app(root: Path, token: str = "", max_rate: float = 0.0,
     application[TOKEN] = token
     application[RATE] = max_rate
     application[STALL] = send_stall
+    application.router.add_get("/api/models", _search)
     api = "/api/models/{org}/{name}"
     application.router.add_get(api, _info)
     application.router.add_get(api + "/revision/{rev}", _info)

@@ -37,6 +37,7 @@ from llmgw.planning import (
     diffs,
     drifts,
     fingerprints,
+    fits,
     installs,
     placements,
     replicas,
@@ -58,6 +59,7 @@ from llmgw.planning.types import (
     UnknownReplica,
     Unplaceable,
 )
+from llmgw.spec import checks
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import count
 
@@ -109,6 +111,7 @@ class _Planner:
         self.policy = policy
         self.loads: Mapping[str, Sequence[LoadSample]] = {}
         self.capacity = Capacity(cluster, fleet)
+        self.classes = checks.known_classes(cluster)
         observation = replicas.collect(cluster, fleet)
         self.observed = observation.replicas
         self.orphans = observation.orphans
@@ -541,6 +544,9 @@ class _Planner:
             if not source:
                 problems.insert(0, f"no source: set models.{name}.source or the profile's "
                                    "source")
+            elif refused := fits.refusal(model, profile, self.classes,
+                                         fits.reported(self.fleet, source)):
+                problems.append(refused)
             if problems:
                 attempts.append(Attempt(index, placements.label(profile),
                                         tuple(("", p) for p in problems)))

@@ -31,6 +31,7 @@ from llmgw.spec.quantities import Duration, Size
 from llmgw.spec.repairs import DriftSettings
 from llmgw.spec.rollouts import Rollout
 from llmgw.spec.servings import Pricing, Routing, Scaling
+from llmgw.spec.shapes import Shape
 from llmgw.spec.tenancy import AuditSettings as AuditSettings
 from llmgw.spec.tenancy import Conversations as Conversations
 from llmgw.spec.tenancy import OidcGroup as OidcGroup
@@ -387,6 +388,12 @@ class Profile(Strict):
         description="Only nodes whose `labels` hold every key with this value, e.g. "
         "`{rack: \"12\"}`; plans name the nodes left out and why.",
     )
+    fit_sequences: int = Field(
+        1, ge=1, le=4096,
+        description="Sequences at the full context the fit check reserves KV cache for "
+        "(docs/choosing-models.md). One is what vLLM and SGLang need to start; llama.cpp's "
+        "`ctx-size` already counts every slot together.",
+    )
 
     _source = field_validator("source")(_check_source)
     args: dict[Flag, ArgValue] = Field(
@@ -503,6 +510,13 @@ class Model(Strict):
         None,
         description="Gate of this model's replacements: probe, bake, compare (see "
         "docs/rollouts.md), over `cluster.rollout` field by field. Absent: `cluster.rollout`.",
+    )
+    shape: Shape | None = Field(
+        None,
+        description="Parameters, layers, heads and context of the model, for the fit check "
+        "of `validate` and `plan` (`llmgw models show` prints this block from the weights' "
+        "config.json or GGUF header; docs/choosing-models.md). Absent: only sizes the hub or "
+        "a node reports are checked.",
     )
 
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from llmgw.spec import budgets, loras, models, repairs, rollouts, servings, tenancy
+from llmgw.spec import budgets, loras, models, repairs, rollouts, servings, shapes, tenancy
 from llmgw.spec.quantities import format_duration, format_size
 
 # (heading, model, where it appears in a file)
@@ -48,6 +48,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
      "models: {NAME: {scaling: {target: ...}}}"),
     ("models.NAME.pricing", servings.Pricing, "models: {NAME: {pricing: ...}}"),
     ("models.NAME.routing", servings.Routing, "models: {NAME: {routing: ...}}"),
+    ("models.NAME.shape", shapes.Shape, "models: {NAME: {shape: ...}}"),
     ("models.NAME.adapters[]", loras.LoraAdapter, "models: {NAME: {adapters: [...]}}"),
     ("models.NAME.rollout", rollouts.Rollout, "models: {NAME: {rollout: ...}}, or cluster: "
      "{rollout: ...}"),

@@ -146,6 +146,7 @@ class Pages:
         from llmgw.web import (  # their handlers take this object
             accounts,
             admins,
+            catalogs,
             chats,
             logviews,
             nodes,
@@ -165,6 +166,7 @@ class Pages:
         accounts.install(self, add)
         admins.install(self, add)
         nodes.install(self, add)
+        catalogs.install(self, add)
         logviews.install(self, add)
         notes.install(self, add)
         self.router.page_auth = partial(chats.principal, self)
