@@ -37,6 +37,7 @@ from llmgw.store.audits import AuditMethods
 from llmgw.store.exports import ExportMethods
 from llmgw.store.holds import HoldMethods
 from llmgw.store.journals import JournalMethods
+from llmgw.store.outages import OutageMethods
 from llmgw.store.ratelimits import RateLimitMethods
 from llmgw.store.reservations import Owner, ReservationMethods
 
@@ -107,12 +108,13 @@ class Published:
 
 
 class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods,
-            RateLimitMethods, AuditMethods, ExportMethods, abc.ABC):
+            RateLimitMethods, AuditMethods, ExportMethods, OutageMethods, abc.ABC):
     """The storage interface; the apply journal's methods are in :class:`JournalMethods`,
     held revisions' in :class:`HoldMethods`, reservations' owners in
     :class:`ReservationMethods`, the leader's published admin summary in
     :class:`AdminSummaryMethods`, rate-limit counters in :class:`RateLimitMethods`, the
-    audit log's in :class:`AuditMethods`, the usage export's in :class:`ExportMethods`."""
+    audit log's in :class:`AuditMethods`, the usage export's in :class:`ExportMethods`,
+    key re-reads and change notices (store outages) in :class:`OutageMethods`."""
 
     kind: Literal["sqlite", "postgresql"]
     where: str  # for messages: a path, or the URL without a password
