@@ -58,6 +58,9 @@ class NodeState:
     # why this node is not a candidate for that profile.
     excluded: str | None = None
     class_counts: Counter[str] = field(default_factory=Counter)
+    # class → (version, free GPU indices): ``free`` is asked for thousands of times a
+    # plan, and only take/give_back (which bump ``version``) change the answer.
+    _free: dict[str, tuple[int, list[int]]] = field(default_factory=dict, repr=False)
 
     @property
     def reachable(self) -> bool:
@@ -88,10 +91,16 @@ class NodeState:
         return self.excluded
 
     def free(self, gpu_class: str) -> list[int]:
-        return [
+        """Healthy GPUs of ``gpu_class`` nobody holds, in index order; do not modify."""
+        known = self._free.get(gpu_class)
+        if known is not None and known[0] == self.version:
+            return known[1]
+        found = [
             g.index for g in self.gpus.values()
             if g.gpu_class == gpu_class and not g.faults and g.index not in self.used
         ]
+        self._free[gpu_class] = (self.version, found)
+        return found
 
     def classes(self) -> Counter[str]:
         return self.class_counts
@@ -157,6 +166,7 @@ class Capacity:
         self.sources = fleet.sources
         self.margin = cluster.cluster.weights.disk_margin
         self._weights: dict[str, set[str]] = {}
+        self._parsed: dict[str, sources.Source] = {}  # every node asks about the same few
         self.model_nodes: dict[str, Counter[str]] = {}
         self.fabric_nodes: dict[str, list[str]] = {}
         # class → free count → sorted names of placeable nodes
@@ -185,7 +195,9 @@ class Capacity:
         A node that has the weights needs no room; a size the source did not say
         cannot be judged here (the agent checks again before fetching).
         """
-        parsed = sources.parse(source)
+        parsed = self._parsed.get(source)
+        if parsed is None:
+            parsed = self._parsed[source] = sources.parse(source)
         dirs = node.spec.weights_dirs
         if parsed.kind == "path" and not dirs:
             # A node serves path sources from under its weights_dirs only: a cluster

@@ -112,6 +112,7 @@ class _Planner:
         self.loads: Mapping[str, Sequence[LoadSample]] = {}
         self.capacity = Capacity(cluster, fleet)
         self.classes = checks.known_classes(cluster)
+        self.sizes = fits.Reported(fleet)
         observation = replicas.collect(cluster, fleet)
         self.observed = observation.replicas
         self.orphans = observation.orphans
@@ -545,7 +546,7 @@ class _Planner:
                 problems.insert(0, f"no source: set models.{name}.source or the profile's "
                                    "source")
             elif refused := fits.refusal(model, profile, self.classes,
-                                         fits.reported(self.fleet, source)):
+                                         self.sizes.size(source)):
                 problems.append(refused)
             if problems:
                 attempts.append(Attempt(index, placements.label(profile),
