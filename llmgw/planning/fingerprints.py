@@ -40,3 +40,46 @@ def node(name: str, report: NodeReport | None) -> NodeFingerprint:
 def _hash(content: object) -> str:
     text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Cache:
+    """Each node's last fingerprint, kept for the next plan: hashing 10,000 reports
+    that did not change in what :func:`node` reads is most of a steady plan."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[NodeReport | None, NodeFingerprint]] = {}
+
+    def node(self, name: str, report: NodeReport | None) -> NodeFingerprint:
+        """What :func:`node` says of ``report``."""
+        known = self._known.get(name)
+        if known is not None and _same_content(known[0], report):
+            return known[1]
+        found = node(name, report)
+        self._known[name] = (report, found)
+        return found
+
+    def keep(self, names: set[str]) -> None:
+        for name in [n for n in self._known if n not in names]:
+            del self._known[name]
+
+
+def _same_content(old: NodeReport | None, new: NodeReport | None) -> bool:
+    """Whether :func:`node` hashes the same content for both (compared more strictly
+    than it reads: a GPU's faults by what they are made of)."""
+    if old is new:
+        return True
+    if (old is None or new is None or old.reachable != new.reachable
+            or old.memory_total_bytes != new.memory_total_bytes
+            or len(old.gpus) != len(new.gpus) or old.fabrics != new.fabrics
+            or [w.path for w in old.weights] != [w.path for w in new.weights]
+            or [(u.name, u.digest, u.state, u.port) for u in old.units]
+            != [(u.name, u.digest, u.state, u.port) for u in new.units]):
+        return False
+    return all(
+        a.index == b.index and a.uuid == b.uuid and a.gpu_class == b.gpu_class
+        and a.nvlink_peers == b.nvlink_peers and a.mig_mode == b.mig_mode
+        and a.ecc_uncorrected == b.ecc_uncorrected
+        and [(p.pid, p.name, p.owned_by_llmgw) for p in a.processes]
+        == [(p.pid, p.name, p.owned_by_llmgw) for p in b.processes]
+        for a, b in zip(old.gpus, new.gpus, strict=True)
+    )

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from llmgw.fleet.types import FabricStatus, Fleet, NodeReport
+from llmgw.fleet.types import FabricStatus, Fleet, Gpu, NodeReport
 from llmgw.spec import quantities, sources
 from llmgw.spec.models import Cluster, Node
 
@@ -161,7 +161,7 @@ def source_keys(source: str) -> list[str]:
 class Capacity:
     """The fleet as the planner works on it."""
 
-    def __init__(self, cluster: Cluster, fleet: Fleet) -> None:
+    def __init__(self, cluster: Cluster, fleet: Fleet, cache: NodeCache | None = None) -> None:
         self.nodes: dict[str, NodeState] = {}
         self.sources = fleet.sources
         self.margin = cluster.cluster.weights.disk_margin
@@ -174,9 +174,14 @@ class Capacity:
         # (node, what was asked) → (node version, why it did not fit): a failed
         # placement asks every node, and most nodes have not changed since.
         self.reasons: dict[tuple[str, tuple[str, ...], int], tuple[int, str]] = {}
+        needs = {f: spec.min_adapters for f, spec in cluster.fabrics.items()}
+        if cache is not None:
+            cache.keep(cluster.nodes)
         for name in sorted(cluster.nodes):
-            node = _node_state(name, cluster.nodes[name], fleet.nodes.get(name),
-                               {f: spec.min_adapters for f, spec in cluster.fabrics.items()})
+            if cache is not None:
+                node = cache.state(name, cluster.nodes[name], fleet.nodes.get(name), needs)
+            else:
+                node = _node_state(name, cluster.nodes[name], fleet.nodes.get(name), needs)
             self.nodes[name] = node
             for key in node.weights:
                 self._weights.setdefault(key, set()).add(name)
@@ -356,6 +361,8 @@ def _foreign_ports(report: NodeReport) -> dict[int, str]:
     listening = report.host.listening_ports if report.host is not None else None
     taken = {unit.port: unit.port_holder for unit in report.units
              if unit.port is not None and unit.port_holder}
+    if not listening:
+        return taken  # nothing else listens: no unit's spec label needs reading
     ours: set[int] = set()
     for unit in report.units:
         ours |= {p for p in _unit_ports(unit.port, unit.labels.get("X-Llmgw-Spec"))
@@ -394,3 +401,78 @@ def gib(size: int) -> str:
     value = size / GIB
     return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"
 
+
+
+class NodeCache:
+    """Each node's state as derived from its last report, kept for the next plan.
+
+    A report that differs from the last one in nothing :func:`_node_state` reads
+    (utilisation, free memory and the time of collection change every tick) gives
+    the same state: the next plan starts from a copy of it instead of deriving it
+    again. What a plan takes or gives back is never cached: every copy starts empty.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[Node, dict[str, int | None], NodeReport | None,
+                                     NodeState]] = {}
+        self.derived = 0  # states derived afresh by the last plan; the others were copies
+
+    def state(self, name: str, spec: Node, report: NodeReport | None,
+              needs: dict[str, int | None]) -> NodeState:
+        known = self._known.get(name)
+        if (known is not None and (known[0] is spec or known[0] == spec) and known[1] == needs
+                and same_reading(known[2], report)):
+            return _copied(known[3], spec, report)
+        self.derived += 1
+        node = _node_state(name, spec, report, needs)
+        self._known[name] = (spec, needs, report, _copied(node, spec, report))
+        return node
+
+    def keep(self, names: Iterable[str]) -> None:
+        """Forget nodes no longer declared; start counting a new plan."""
+        wanted = set(names)
+        for name in [n for n in self._known if n not in wanted]:
+            del self._known[name]
+        self.derived = 0
+
+
+def same_reading(old: NodeReport | None, new: NodeReport | None) -> bool:
+    """Whether :func:`_node_state` reads the same from both reports."""
+    if old is new:
+        return True
+    if old is None or new is None or len(old.gpus) != len(new.gpus):
+        return False
+    for a, b in zip(old.gpus, new.gpus, strict=True):
+        if (a.index != b.index or a.uuid != b.uuid or a.gpu_class != b.gpu_class
+                or a.mig_mode != b.mig_mode or a.ecc_uncorrected != b.ecc_uncorrected
+                or a.nvlink_peers != b.nvlink_peers or _processes(a) != _processes(b)):
+            return False
+    if (old.fabrics != new.fabrics
+            or [w.path for w in old.weights] != [w.path for w in new.weights]
+            or [c.source for c in old.cached_weights] != [c.source for c in new.cached_weights]):
+        return False
+    listening = old.host.listening_ports if old.host is not None else None
+    if listening != (new.host.listening_ports if new.host is not None else None):
+        return False
+    return _unit_ports_read(old, bool(listening)) == _unit_ports_read(new, bool(listening))
+
+
+def _processes(gpu: Gpu) -> list[tuple[int, str, bool]]:
+    return [(p.pid, p.name, p.owned_by_llmgw) for p in gpu.processes]
+
+
+def _unit_ports_read(report: NodeReport, labels: bool) -> list[tuple[object, ...]]:
+    if labels:
+        return [(u.port, u.port_holder, u.labels.get("X-Llmgw-Spec")) for u in report.units]
+    return [(u.port, u.port_holder) for u in report.units]
+
+
+def _copied(node: NodeState, spec: Node, report: NodeReport | None) -> NodeState:
+    """A state with ``node``'s derived facts (shared: nothing changes them) and nothing
+    taken; ``report`` is the newest, for what is read from it directly."""
+    return NodeState(
+        name=node.name, spec=spec, report=report, gpus=node.gpus, by_uuid=node.by_uuid,
+        foreign_ports=node.foreign_ports, fabrics=node.fabrics,
+        fabric_problems=node.fabric_problems, weights=node.weights,
+        fully_connected=node.fully_connected, class_counts=node.class_counts,
+    )
