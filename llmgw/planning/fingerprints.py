@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 
 from llmgw.fleet.types import NodeReport
 from llmgw.planning.types import NodeFingerprint
@@ -63,23 +64,26 @@ class Cache:
             del self._known[name]
 
 
+_GPU = operator.attrgetter("index", "uuid", "gpu_class", "nvlink_peers", "mig_mode",
+                          "ecc_uncorrected")  # a GPU's faults: by what they are made of
+_PROCESS = operator.attrgetter("pid", "name", "owned_by_llmgw")
+_UNIT = operator.attrgetter("name", "digest", "state", "port")
+
+
 def _same_content(old: NodeReport | None, new: NodeReport | None) -> bool:
     """Whether :func:`node` hashes the same content for both (compared more strictly
-    than it reads: a GPU's faults by what they are made of)."""
+    than it reads)."""
     if old is new:
         return True
-    if (old is None or new is None or old.reachable != new.reachable
-            or old.memory_total_bytes != new.memory_total_bytes
-            or len(old.gpus) != len(new.gpus) or old.fabrics != new.fabrics
-            or [w.path for w in old.weights] != [w.path for w in new.weights]
-            or [(u.name, u.digest, u.state, u.port) for u in old.units]
-            != [(u.name, u.digest, u.state, u.port) for u in new.units]):
-        return False
-    return all(
-        a.index == b.index and a.uuid == b.uuid and a.gpu_class == b.gpu_class
-        and a.nvlink_peers == b.nvlink_peers and a.mig_mode == b.mig_mode
-        and a.ecc_uncorrected == b.ecc_uncorrected
-        and [(p.pid, p.name, p.owned_by_llmgw) for p in a.processes]
-        == [(p.pid, p.name, p.owned_by_llmgw) for p in b.processes]
-        for a, b in zip(old.gpus, new.gpus, strict=True)
-    )
+    return not (
+        old is None or new is None or old.reachable != new.reachable
+        or old.memory_total_bytes != new.memory_total_bytes
+        or list(map(_GPU, old.gpus)) != list(map(_GPU, new.gpus))
+        or _processes(old) != _processes(new) or old.fabrics != new.fabrics
+        or [w.path for w in old.weights] != [w.path for w in new.weights]
+        or list(map(_UNIT, old.units)) != list(map(_UNIT, new.units)))
+
+
+def _processes(report: NodeReport) -> list[tuple[int, list[tuple[object, ...]]]]:
+    return [(g.index, list(map(_PROCESS, g.processes))) for g in report.gpus
+            if g.processes]

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import bisect
 import json
+import operator
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from llmgw.fleet.types import FabricStatus, Fleet, Gpu, NodeReport
+from llmgw.fleet.types import FabricStatus, Fleet, NodeReport
 from llmgw.spec import quantities, sources
 from llmgw.spec.models import Cluster, Node
 
@@ -436,18 +437,19 @@ class NodeCache:
         self.derived = 0
 
 
+# What _node_state reads of a GPU, of its processes, of a unit: fetched in C, compared whole.
+_GPU_READ = operator.attrgetter("index", "uuid", "gpu_class", "mig_mode", "ecc_uncorrected",
+                                "nvlink_peers")
+_PROCESS_READ = operator.attrgetter("pid", "name", "owned_by_llmgw")
+
+
 def same_reading(old: NodeReport | None, new: NodeReport | None) -> bool:
     """Whether :func:`_node_state` reads the same from both reports."""
     if old is new:
         return True
-    if old is None or new is None or len(old.gpus) != len(new.gpus):
-        return False
-    for a, b in zip(old.gpus, new.gpus, strict=True):
-        if (a.index != b.index or a.uuid != b.uuid or a.gpu_class != b.gpu_class
-                or a.mig_mode != b.mig_mode or a.ecc_uncorrected != b.ecc_uncorrected
-                or a.nvlink_peers != b.nvlink_peers or _processes(a) != _processes(b)):
-            return False
-    if (old.fabrics != new.fabrics
+    if (old is None or new is None
+            or list(map(_GPU_READ, old.gpus)) != list(map(_GPU_READ, new.gpus))
+            or _processes(old) != _processes(new) or old.fabrics != new.fabrics
             or [w.path for w in old.weights] != [w.path for w in new.weights]
             or [c.source for c in old.cached_weights] != [c.source for c in new.cached_weights]):
         return False
@@ -457,8 +459,9 @@ def same_reading(old: NodeReport | None, new: NodeReport | None) -> bool:
     return _unit_ports_read(old, bool(listening)) == _unit_ports_read(new, bool(listening))
 
 
-def _processes(gpu: Gpu) -> list[tuple[int, str, bool]]:
-    return [(p.pid, p.name, p.owned_by_llmgw) for p in gpu.processes]
+def _processes(report: NodeReport) -> list[tuple[int, list[tuple[object, ...]]]]:
+    return [(g.index, list(map(_PROCESS_READ, g.processes))) for g in report.gpus
+            if g.processes]
 
 
 def _unit_ports_read(report: NodeReport, labels: bool) -> list[tuple[object, ...]]:

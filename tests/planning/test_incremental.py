@@ -2,11 +2,12 @@
 
 One :class:`Planner` lives through a seeded random walk of edits, as the
 daemon's does through ticks: models added, removed and changed (an engine
-flag, ``min``), an engine failing, nodes lost, back and gone without a report, GPUs faulted and
-healed, a fabric down, nodes added to and removed from the cluster; between
-edits the plan is applied (every new unit ready), and every report is
-re-collected (new objects, a new ``collected_at``) as agents answer each tick.
-At every step the planner's plan, serialized, must equal ``plans.plan``'s.
+flag, ``min``), an engine failing, nodes lost, back and gone without a
+report, GPUs faulted, healed and taken by a foreign process, a fabric down,
+nodes added to and removed from the cluster; between edits the plan is
+applied (every new unit ready), and every report is re-collected (new
+objects, a new ``collected_at``) as agents answer each tick. At every step
+the planner's plan, serialized, must equal ``plans.plan``'s.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from plan_builders import apply, cluster_from, fleet_from
 
-from llmgw.fleet.types import Fleet, NodeReport
+from llmgw.fleet.types import Fleet, GpuProcess, NodeReport
 from llmgw.planning import outputs, plans
 from llmgw.planning.planners import Planner
 from llmgw.planning.types import Plan
@@ -78,7 +79,8 @@ class Walk:
         rng, models, nodes = self.rng, self.data["models"], self.data["nodes"]
         kind = rng.choice(["add model", "remove model", "flag", "min", "lose node",
                            "node back", "node absent", "gpu fault", "gpu heals", "fabric down",
-                           "unit fails", "add node", "remove node", "nothing"])
+                           "unit fails", "foreign process", "add node", "remove node",
+                           "nothing"])
         reports = dict(self.fleet.nodes)
         if kind == "add model":
             models[f"m{self.next_model:02d}"] = _model(self.next_model)
@@ -114,6 +116,15 @@ class Walk:
                 gpus = list(report.gpus)
                 gpus[index] = gpus[index].model_copy(
                     update={"ecc_uncorrected": 1 if kind == "gpu fault" else 0})
+                reports[name] = report.model_copy(update={"gpus": gpus})
+        elif kind == "foreign process" and reports:
+            name = rng.choice(sorted(reports))
+            report = reports[name]
+            if report.gpus:
+                index = rng.randrange(len(report.gpus))
+                gpus = list(report.gpus)
+                gpus[index] = gpus[index].model_copy(update={"processes": [
+                    GpuProcess(pid=rng.randint(100, 999), name="python", used_memory_mib=512)]})
                 reports[name] = report.model_copy(update={"gpus": gpus})
         elif kind == "fabric down" and reports:
             name = rng.choice(sorted(reports))
