@@ -190,7 +190,7 @@ def check(engine: str, version: str, node: str, report: NodeReport | None) -> Ve
         if free < row.size:
             return verdict("cannot", f"{free / GiB:.1f} GiB free in {host.engines_dir}; "
                            f"a {name} environment takes {row.size / GiB:.0f} GiB",
-                           f"free space there, or set engines.dir in the node's agent.yaml")
+                           "free space there, or set engines.dir in the node's agent.yaml")
         seen.append(f"{free / GiB:.0f} GiB free")
     if host.c_compiler == "":
         return verdict("cannot", "no C compiler (gcc or clang), which Triton runs when "
