@@ -28,6 +28,7 @@ from llmgw.cli.inventory_cmd import add_timeout_flag, collect
 from llmgw.fleet.types import Fleet
 from llmgw.onboarding import engineinstalls
 from llmgw.onboarding.engineinstalls import Wanted
+from llmgw.spec.models import Cluster
 from llmgw.transport import pools
 
 WANTED = re.compile(r"^(?P<engine>[a-z.]+)==(?P<version>\S+)$")
@@ -97,23 +98,14 @@ def wanted_for(engine: str, version: str, *, binary: Path | None = None,
         raise UserError(f"{engine} needs --requirements FILE: every package pinned with "
                         "--hash (docs/engines.md)")
     try:
-        text = requirements.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{requirements}: cannot read: {exc}") from None
-    try:
-        installs.request(engine, version, requirements=text, index_url=index_url,
-                         extra_index_urls=extra_index_urls)
-    except installs.RequirementsError as exc:
-        raise UserError(f"{requirements}:{exc.line}:1: {exc.detail}") from None
-    except installs.InstallError as exc:
-        raise UserError(f"{requirements}: {exc}") from None
-    return Wanted(engine, version, requirements=text, index_url=index_url,
-                  extra_index_urls=extra_index_urls)
+        return engineinstalls.from_requirements(engine, version, requirements,
+                                                index_url=index_url,
+                                                extra_index_urls=extra_index_urls)
+    except engineinstalls.WantedError as exc:
+        raise UserError(str(exc)) from None
 
 
-def requirements_path(directory: Path, engine: str, version: str) -> Path:
-    """Where a cluster directory keeps the requirements ``llmgw apply`` installs."""
-    return directory / "engines" / f"{engine}-{version}.txt"
+requirements_path = engineinstalls.requirements_path
 
 
 REQUIREMENTS_NAME = re.compile(r"^(?P<engine>vllm|sglang)-(?P<version>[^/]+)\.txt$")
@@ -144,6 +136,19 @@ def requirement_file_errors(directory: Path) -> list[str]:
             errors.append(f"{where}:{exc.line}:1: {exc.detail}")
         except installs.InstallError as exc:
             errors.append(f"{where}:1:1: {exc}")
+    return errors
+
+
+def declared_requirement_errors(directory: Path, cluster: Cluster) -> list[str]:
+    """``file:line:col: message`` for each engine of ``engines:`` that llmgw installs
+    (``install: auto`` or ``profiles``) whose requirements file is not there."""
+    errors = []
+    for engine, declared in cluster.engines.declared():
+        path = requirements_path(directory, engine, declared.version)
+        if declared.install != "never" and not path.is_file():
+            errors.append(f"engines/{path.name}:1:1: missing: engines.{engine} (version "
+                          f"{declared.version}, install: {declared.install}) installs from it; "
+                          "write it with `pip-compile --generate-hashes` (docs/engines.md)")
     return errors
 
 
