@@ -24,6 +24,8 @@ import httpx
 from llmgw.cli import clusters, inventories, inventory_cmd, plan_cmd
 from llmgw.daemon import admin
 from llmgw.daemon.leaders import LEASE
+from llmgw.engines import installables
+from llmgw.fleet.types import Fleet
 from llmgw.planning import plans
 from llmgw.spec.models import Cluster
 from llmgw.store import migrations, stores
@@ -46,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
     fleet = inventory_cmd.collect(cluster, args.cluster, args.timeout)
     now = time.time()
     sys.stdout.write(inventories.render_status(cluster, fleet, now))
-    sys.stdout.write(render_waiting(daemon_waits(cluster)))
+    served = daemon_status(cluster)
+    sys.stdout.write(render_waiting(waits_of(served)))
+    sys.stdout.write(render_engine_installs(cluster, fleet, served.get("engine_installs")))
     for hold in plan_cmd.read_holds(cluster):
         print(f"{hold.model}: {hold.line()} (`llmgw apply --retry {hold.model}` tries it "
               "again)")
@@ -57,9 +61,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def daemon_waits(cluster: Cluster, timeout: float = 2.0) -> list[dict[str, Any]]:
-    """What a running ``llmgw serve`` waits for, from its admin API (empty when none runs
-    here, or it does not answer: this is a courtesy, not a check)."""
+def waits_of(served: dict[str, Any]) -> list[dict[str, Any]]:
+    found = served.get("waiting")
+    return [w for w in found if isinstance(w, dict)] if isinstance(found, list) else []
+
+
+def daemon_status(cluster: Cluster, timeout: float = 2.0) -> dict[str, Any]:
+    """A running ``llmgw serve``'s status document from its admin API; empty when none
+    runs here or it does not answer."""
     host, _, port = cluster.cluster.listeners.admin.rpartition(":")
     host = host.strip("[]")
     if host in ("0.0.0.0", "::", ""):
@@ -70,10 +79,36 @@ def daemon_waits(cluster: Cluster, timeout: float = 2.0) -> list[dict[str, Any]]
         reply = httpx.get(f"http://{host if ':' not in host else f'[{host}]'}:{port}"
                           "/api/v1/status", headers={"Authorization": f"Bearer {token}"},
                           timeout=timeout)
-        found = reply.json().get("waiting") if reply.status_code == 200 else None
-    except (OSError, httpx.HTTPError, ValueError, AttributeError):
-        return []
-    return [w for w in found if isinstance(w, dict)] if isinstance(found, list) else []
+        found = reply.json() if reply.status_code == 200 else None
+    except (OSError, httpx.HTTPError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def render_engine_installs(cluster: Cluster, fleet: Fleet, served: Any = None) -> str:
+    """The ``Engines`` block: per engine of ``engines:`` and node, installed, installing, or
+    why not. The daemon's own states (``served``: an install under way, a failure waiting
+    for its retry) win over what the report alone says."""
+    daemon: dict[tuple[str, str, str], str] = {}
+    for item in served if isinstance(served, list) else []:
+        if isinstance(item, dict) and all(isinstance(item.get(k), str) for k in (
+                "engine", "version", "node", "state", "reason")):
+            fix = f" (fix: {item['fix']})" if item.get("fix") else ""
+            daemon[(item["engine"], item["version"], item["node"])] = (
+                f"{item['state']}: {item['reason']}{fix}")
+    lines = []
+    for engine, declared in cluster.engines.declared():
+        lines.append(f"  {engine} {declared.version} (install: {declared.install})")
+        width = max((len(n) for n in cluster.nodes), default=0)
+        for node in sorted(cluster.nodes):
+            said = daemon.get((engine, declared.version, node))
+            if said is None:
+                verdict = installables.check(engine, declared.version, node,
+                                             fleet.nodes.get(node))
+                fix = f" (fix: {verdict.fix})" if verdict.fix else ""
+                said = f"{verdict.state}: {verdict.reason}{fix}"
+            lines.append(f"    {node:<{width}}  {said}")
+    return "\n".join(["", "Engines", *lines]) + "\n" if lines else ""
 
 
 def render_waiting(waits: list[dict[str, Any]]) -> str:
