@@ -154,15 +154,23 @@ def declared_requirement_errors(directory: Path, cluster: Cluster) -> list[str]:
 
 async def install_missing(pool: pools.Pool, directory: Path,
                           needs: Mapping[tuple[str, str], set[str]],
-                          say: Callable[[str], None]) -> list[str]:
+                          say: Callable[[str], None], *,
+                          never: frozenset[str] = frozenset()) -> list[str]:
     """Install each needed (engine, version) on the nodes that lack it, as ``llmgw apply``
     does before it changes anything; the failures, one line each (none: all there).
 
     llama.cpp ships the ``llama-server`` on PATH; vLLM and SGLang install the
     cluster directory's ``engines/<engine>-<version>.txt`` (:func:`requirements_path`).
+    An engine in ``never`` (``engines.<engine>.install: never``) is not installed: each
+    such need is a failure saying so.
     """
     failures: list[str] = []
     for (engine, version), nodes in needs.items():
+        if engine in never:
+            failures.append(f"{engine} {version} on {', '.join(sorted(nodes))}: not installed "
+                            f"by llmgw (engines.{engine}.install is never): install it there "
+                            "yourself, or set install: profiles")
+            continue
         try:
             wanted = wanted_for(engine, version, requirements=None if engine == "llama.cpp"
                                 else requirements_path(directory, engine, version))
