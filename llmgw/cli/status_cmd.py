@@ -24,8 +24,6 @@ import httpx
 from llmgw.cli import clusters, inventories, inventory_cmd, plan_cmd
 from llmgw.daemon import admin
 from llmgw.daemon.leaders import LEASE
-from llmgw.engines import installables
-from llmgw.fleet.types import Fleet
 from llmgw.planning import plans
 from llmgw.spec.models import Cluster
 from llmgw.store import migrations, stores
@@ -50,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(inventories.render_status(cluster, fleet, now))
     served = daemon_status(cluster)
     sys.stdout.write(render_waiting(waits_of(served)))
-    sys.stdout.write(render_engine_installs(cluster, fleet, served.get("engine_installs")))
+    sys.stdout.write(inventories.render_engine_installs(cluster, fleet,
+                                                       served.get("engine_installs")))
     for hold in plan_cmd.read_holds(cluster):
         print(f"{hold.model}: {hold.line()} (`llmgw apply --retry {hold.model}` tries it "
               "again)")
@@ -83,32 +82,6 @@ def daemon_status(cluster: Cluster, timeout: float = 2.0) -> dict[str, Any]:
     except (OSError, httpx.HTTPError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}
-
-
-def render_engine_installs(cluster: Cluster, fleet: Fleet, served: Any = None) -> str:
-    """The ``Engines`` block: per engine of ``engines:`` and node, installed, installing, or
-    why not. The daemon's own states (``served``: an install under way, a failure waiting
-    for its retry) win over what the report alone says."""
-    daemon: dict[tuple[str, str, str], str] = {}
-    for item in served if isinstance(served, list) else []:
-        if isinstance(item, dict) and all(isinstance(item.get(k), str) for k in (
-                "engine", "version", "node", "state", "reason")):
-            fix = f" (fix: {item['fix']})" if item.get("fix") else ""
-            daemon[(item["engine"], item["version"], item["node"])] = (
-                f"{item['state']}: {item['reason']}{fix}")
-    lines = []
-    for engine, declared in cluster.engines.declared():
-        lines.append(f"  {engine} {declared.version} (install: {declared.install})")
-        width = max((len(n) for n in cluster.nodes), default=0)
-        for node in sorted(cluster.nodes):
-            said = daemon.get((engine, declared.version, node))
-            if said is None:
-                verdict = installables.check(engine, declared.version, node,
-                                             fleet.nodes.get(node))
-                fix = f" (fix: {verdict.fix})" if verdict.fix else ""
-                said = f"{verdict.state}: {verdict.reason}{fix}"
-            lines.append(f"    {node:<{width}}  {said}")
-    return "\n".join(["", "Engines", *lines]) + "\n" if lines else ""
 
 
 def render_waiting(waits: list[dict[str, Any]]) -> str:

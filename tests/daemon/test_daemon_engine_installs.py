@@ -16,7 +16,7 @@ from support import indexes
 from support.indexes import Index
 from support.plugin import SimClusterFactory
 
-from llmgw.cli import status_cmd
+from llmgw.cli import inventories
 from llmgw.daemon import admin
 from llmgw.daemon.reconcilers import Daemon
 from llmgw.spec import loading
@@ -88,7 +88,7 @@ async def test_gpu_nodes_get_vllm_and_a_node_without_gpus_is_skipped(
                                                            ("node-02", "skip")]
         assert doc[1]["line"] == f"vllm {VERSION} on node-02: skip: no GPU: vLLM runs on GPUs only"
         assert daemon.state.fleet is not None
-        text = status_cmd.render_engine_installs(cluster, daemon.state.fleet, doc)
+        text = inventories.render_engine_installs(cluster, daemon.state.fleet, doc)
         assert text.splitlines()[1:4] == [
             "Engines", f"  vllm {VERSION} (install: auto)",
             f"    node-01  installed: {installed['node-01'][1]}"], text
