@@ -62,8 +62,9 @@ class Needs:
 # 13.0 by v0.22.0 (vllm-project/vllm#44335, #47628). Compute capability 7.0: vLLM's GPU
 # install guide ("compute capability 7.0 or higher, e.g. V100, T4, RTX20xx, A100, L4, H100").
 # Python: vLLM 0.9 to 0.21 require Python <3.14 on PyPI, as torch 2.7-2.9 ship wheels to 3.13.
-# Sizes: a vLLM 0.11 environment (torch 2.8 with its CUDA 12.8 libraries) takes about 10 GiB;
-# the check asks for 12 GiB, room for pip's downloaded wheels beside it.
+# Sizes: a vLLM 0.11 environment with CUDA (torch 2.8 and its nvidia-* CUDA 12.8 libraries)
+# takes roughly 10 GiB; not measured on a GPU machine here (the CPU build the tests install,
+# `make vllm`, is 2.5 GiB). The check asks for 12 GiB, room for pip's wheels beside it.
 # SGLang: its wheels follow torch's CUDA (12.4 for 0.4 on torch 2.5/2.6, 12.8 from 0.5 on
 # torch 2.8); sgl-kernel is built for compute capability 7.5 and newer (not confirmed on a
 # machine here); FlashInfer's wheels make its environment larger, 14 GiB asked.
