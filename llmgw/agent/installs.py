@@ -14,7 +14,10 @@ Layout: ``<engines.dir>/<engine>-<version>`` (``vllm-0.11.0``,
   those files. A wrong hash fails the download with pip's own lines saying
   which package, what was expected and what came. A node without a GPU skips
   them (state ``skipped`` in the answer, and nothing in the report): not a
-  fault.
+  fault. A node without a C compiler fails them before anything is fetched:
+  Triton builds its launcher with ``gcc`` (or ``clang``) when the engine first
+  loads a model, so the install would only fail later, at the worst moment;
+  the error names the fix (``apt-get install gcc``).
 
 An install is built under a scratch name (``.<engine>-<version>.partial-<random>``)
 and its program run (``llama-server --version``, ``vllm --version``, for
@@ -49,7 +52,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llmgw.agent import fetchers, unitfiles
+from llmgw.agent import fetchers, reports, unitfiles
 from llmgw.agent.settings import EngineSettings
 from llmgw.agent.units import UnitChange, UnitResult
 from llmgw.fleet.types import Fetch, InstalledEngine
@@ -81,6 +84,27 @@ REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?==\
 
 Start = Callable[[Sequence[UnitChange]], Awaitable[list[UnitResult]]]
 HasGpu = Callable[[], Awaitable[bool]]
+Compiler = Callable[[], str]  # the C compiler engines find, "" for none (reports.c_compiler)
+COMPILER_FIX = "apt-get install gcc"
+
+
+def no_compiler(engine: str) -> str:
+    """Why a vLLM or SGLang install stops on a node without a C compiler, and the fix."""
+    return (f"no C compiler on this node (gcc or clang on PATH): Triton compiles its "
+            f"launcher with one when {engine} first loads a model, and fails without; "
+            f"install one: `{COMPILER_FIX}` (Debian, Ubuntu; `dnf install gcc` on Fedora, RHEL)")
+
+
+def free_bytes(root: Path) -> int | None:
+    """Free bytes (for an unprivileged user) on the filesystem that holds ``root``, or
+    will once it is made: its nearest existing parent's; None when none can be asked."""
+    for candidate in (root, *root.parents):
+        try:
+            found = os.statvfs(candidate)
+        except OSError:
+            continue
+        return found.f_bavail * found.f_frsize
+    return None
 
 
 class InstallError(Exception):
@@ -209,13 +233,15 @@ class Installer:
     """Installs for one agent: deduplicated, atomic, reported; units wait for them."""
 
     def __init__(self, settings: EngineSettings, start: Start, has_gpu: HasGpu,
-                 poke: Callable[[], None], *, group: str | None = None) -> None:
+                 poke: Callable[[], None], *, group: str | None = None,
+                 compiler: Compiler | None = None) -> None:
         self.root = Path(settings.dir)
         self.settings = settings
         self._start = start
         self._has_gpu = has_gpu
         self._poke = poke
         self._group = group
+        self._compiler = compiler or reports.c_compiler  # what the report says too
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._progress: dict[tuple[str, str], Progress] = {}
         self._waiting: dict[str, tuple[tuple[str, str], UnitChange]] = {}
@@ -334,6 +360,10 @@ class Installer:
             elif wanted.engine in GPU_ONLY and not await self._has_gpu():
                 progress.at("skipped", state="skipped",
                             error=f"this node has no GPU: {wanted.engine} is not installed here")
+            elif wanted.engine in GPU_ONLY and not self._compiler():
+                # Found now rather than at the first model load, hours later.
+                progress.at("failed", state="failed", error=no_compiler(wanted.engine))
+                log.warning("installing %s: %s", progress.target, progress.error)
             else:
                 progress.at("starting", state="running")
                 async with asyncio.timeout(self.settings.install_timeout):

@@ -25,6 +25,7 @@ from llmgw.agent.settings import Settings
 from llmgw.discovery import (
     adapters,
     disks,
+    drivers,
     fabrics,
     gpus,
     hosts,
@@ -50,6 +51,8 @@ from llmgw.fleet.types import (
 _NO_DEVICES = "No devices were found"
 # Engine programs looked up on the agent's PATH (the engines' units run with it).
 ENGINE_PROGRAMS = ("llama-server", "vllm", "sglang")
+COMPILERS = ("gcc", "clang")  # what Triton looks for, in its order
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass
@@ -167,10 +170,13 @@ class Collector:
             if found:
                 engines.append(EngineBinary(name=name, path=found,
                                             executable=os.access(found, os.X_OK)))
+        driver = drivers.parse(read(Path(self.settings.hardware.sysfs_root).joinpath(
+            *drivers.PATH)))
         return HostFacts(python_version=".".join(map(str, sys.version_info[:3])),
                          memlock_bytes=memlock, memlock_unlimited=unlimited,
                          engines=engines, listening_ports=ports,
-                         agent_uid=limits.parse_uid(status_text or ""))
+                         agent_uid=limits.parse_uid(status_text or ""),
+                         driver_version=driver, c_compiler=c_compiler())
 
     async def collect(
         self, declaration: Declaration, units: Sequence[Unit] = (),
@@ -207,6 +213,22 @@ class Collector:
             agent_started_at=self.started_at,
             **boot(Path(self.settings.hardware.proc_root)),
         )
+
+
+def c_compiler() -> str:
+    """The C compiler engines find, its path, or "" when there is none.
+
+    Triton (vLLM's and SGLang's kernels) compiles a small launcher in C when an
+    engine first loads a model: ``$CC``, else ``gcc``, else ``clang`` on PATH
+    (``triton/runtime/build.py``), and fails with "Failed to find C compiler"
+    when there is none. Engines' units run with the agent's PATH after their
+    install's ``bin/``."""
+    path = os.environ.get("PATH") or SYSTEM_PATH
+    for name in COMPILERS:
+        found = shutil.which(name, path=f"{path}:{SYSTEM_PATH}")
+        if found:
+            return found
+    return ""
 
 
 def boot(proc_root: Path) -> dict[str, str | float | None]:

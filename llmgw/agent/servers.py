@@ -124,6 +124,7 @@ class Agent:
         cached = await asyncio.to_thread(fetchers.cached, dirs, specs)
         host = report.host.model_copy(update={
             "engines_dir": str(self.installer.root),
+            "engines_free_bytes": await asyncio.to_thread(installs.free_bytes, self.installer.root),
             "installed_engines": await asyncio.to_thread(self.installer.installed),
             "engine_limits": await self.backend.engine_limits() or self.collector.own_limits(),
         }) if report.host is not None else None

@@ -131,7 +131,8 @@ async def _apply_with(cluster: Cluster, args: argparse.Namespace, previous: Plan
         service = Convergence(
             pool, store=None if isinstance(store, str) else store, ready_timeout=ready_timeout,
             started_by=records.invoker(), progress=display.step,
-            install=lambda needs: install(pool, args.cluster, needs, out))
+            install=lambda needs: install(pool, args.cluster, needs, out,
+                                          never=never_installed(cluster)))
         request = Request(cluster, revision_of(args.cluster), scope=merged, holds=known,
                           replanned=replanned, policy=Policy(place_unseen=args.force))
         prepared = await service.prepare(request)
@@ -197,12 +198,19 @@ async def _beside_daemon(cluster: Cluster, store: Store | str, yes: bool, out: T
 
 
 async def install(pool: pools.Pool, directory: Path,
-                   needs: Mapping[tuple[str, str], set[str]], out: TextIO) -> list[str]:
+                   needs: Mapping[tuple[str, str], set[str]], out: TextIO, *,
+                   never: frozenset[str] = frozenset()) -> list[str]:
     """Install the engine versions the plan needs before anything changes; the failures
     (none: all there)."""
     print("\nInstalling engine versions first:", file=out)
     return await engine_cmd.install_missing(
-        pool, directory, needs, lambda line: print(f"  {line}", file=out, flush=True))
+        pool, directory, needs, lambda line: print(f"  {line}", file=out, flush=True),
+        never=never)
+
+
+def never_installed(cluster: Cluster) -> frozenset[str]:
+    """Engines whose ``engines.<engine>.install`` is ``never``."""
+    return frozenset(e for e, d in cluster.engines.declared() if d.install == "never")
 
 
 async def _holds(cluster: Cluster, store: Store | str, retry: list[str] | None,

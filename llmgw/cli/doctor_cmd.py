@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Reach each node's agent and check SSH and the pinned key, root or sudo, "
         "the agent's version, the NVIDIA driver, GPU health (ECC, foreign processes, MIG, "
         "persistence mode), RDMA adapters, "
-        "ports and RoCE GIDs against the declared fabrics, the memlock limit, engines, free "
+        "ports and RoCE GIDs against the declared fabrics, the memlock limit, engines, whether "
+        "each vLLM or SGLang version the cluster names can be installed, free "
         "disk in weights directories, clock skew, the engine port range and Python. Exits 1 "
         "when any check fails.",
     )

@@ -28,6 +28,7 @@ from llmgw.cli.inventory_cmd import add_timeout_flag, collect
 from llmgw.fleet.types import Fleet
 from llmgw.onboarding import engineinstalls
 from llmgw.onboarding.engineinstalls import Wanted
+from llmgw.spec.models import Cluster
 from llmgw.transport import pools
 
 WANTED = re.compile(r"^(?P<engine>[a-z.]+)==(?P<version>\S+)$")
@@ -97,23 +98,14 @@ def wanted_for(engine: str, version: str, *, binary: Path | None = None,
         raise UserError(f"{engine} needs --requirements FILE: every package pinned with "
                         "--hash (docs/engines.md)")
     try:
-        text = requirements.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{requirements}: cannot read: {exc}") from None
-    try:
-        installs.request(engine, version, requirements=text, index_url=index_url,
-                         extra_index_urls=extra_index_urls)
-    except installs.RequirementsError as exc:
-        raise UserError(f"{requirements}:{exc.line}:1: {exc.detail}") from None
-    except installs.InstallError as exc:
-        raise UserError(f"{requirements}: {exc}") from None
-    return Wanted(engine, version, requirements=text, index_url=index_url,
-                  extra_index_urls=extra_index_urls)
+        return engineinstalls.from_requirements(engine, version, requirements,
+                                                index_url=index_url,
+                                                extra_index_urls=extra_index_urls)
+    except engineinstalls.WantedError as exc:
+        raise UserError(str(exc)) from None
 
 
-def requirements_path(directory: Path, engine: str, version: str) -> Path:
-    """Where a cluster directory keeps the requirements ``llmgw apply`` installs."""
-    return directory / "engines" / f"{engine}-{version}.txt"
+requirements_path = engineinstalls.requirements_path
 
 
 REQUIREMENTS_NAME = re.compile(r"^(?P<engine>vllm|sglang)-(?P<version>[^/]+)\.txt$")
@@ -147,17 +139,38 @@ def requirement_file_errors(directory: Path) -> list[str]:
     return errors
 
 
+def declared_requirement_errors(directory: Path, cluster: Cluster) -> list[str]:
+    """``file:line:col: message`` for each engine of ``engines:`` that llmgw installs
+    (``install: auto`` or ``profiles``) whose requirements file is not there."""
+    errors = []
+    for engine, declared in cluster.engines.declared():
+        path = requirements_path(directory, engine, declared.version)
+        if declared.install != "never" and not path.is_file():
+            errors.append(f"engines/{path.name}:1:1: missing: engines.{engine} (version "
+                          f"{declared.version}, install: {declared.install}) installs from it; "
+                          "write it with `pip-compile --generate-hashes` (docs/engines.md)")
+    return errors
+
+
 async def install_missing(pool: pools.Pool, directory: Path,
                           needs: Mapping[tuple[str, str], set[str]],
-                          say: Callable[[str], None]) -> list[str]:
+                          say: Callable[[str], None], *,
+                          never: frozenset[str] = frozenset()) -> list[str]:
     """Install each needed (engine, version) on the nodes that lack it, as ``llmgw apply``
     does before it changes anything; the failures, one line each (none: all there).
 
     llama.cpp ships the ``llama-server`` on PATH; vLLM and SGLang install the
     cluster directory's ``engines/<engine>-<version>.txt`` (:func:`requirements_path`).
+    An engine in ``never`` (``engines.<engine>.install: never``) is not installed: each
+    such need is a failure saying so.
     """
     failures: list[str] = []
     for (engine, version), nodes in needs.items():
+        if engine in never:
+            failures.append(f"{engine} {version} on {', '.join(sorted(nodes))}: not installed "
+                            f"by llmgw (engines.{engine}.install is never): install it there "
+                            "yourself, or set install: profiles")
+            continue
         try:
             wanted = wanted_for(engine, version, requirements=None if engine == "llama.cpp"
                                 else requirements_path(directory, engine, version))

@@ -15,7 +15,9 @@ replica's state is its least advanced shard's: one failed shard fails it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from llmgw.engines import installables
 from llmgw.fleet import summaries as nodesums
 from llmgw.fleet.types import Fleet
 from llmgw.planning import drifts, outputs, summaries
@@ -230,3 +232,29 @@ def render_drift(plan: Plan) -> str:
         lines.append(f"  ? {unknown.model} r{unknown.replica} on {', '.join(unknown.nodes)} "
                      f"(node lost): {'; '.join(unknown.reasons)}")
     return "\n".join(["", "Drift", *lines]) + "\n" if lines else ""
+
+
+def render_engine_installs(cluster: Cluster, fleet: Fleet, served: Any = None) -> str:
+    """The ``Engines`` block: per engine of ``engines:`` and node, installed, installing, or
+    why not. The daemon's own states (``served``: an install under way, a failure waiting
+    for its retry) win over what the report alone says."""
+    daemon: dict[tuple[str, str, str], str] = {}
+    for item in served if isinstance(served, list) else []:
+        if isinstance(item, dict) and all(isinstance(item.get(k), str) for k in (
+                "engine", "version", "node", "state", "reason")):
+            fix = f" (fix: {item['fix']})" if item.get("fix") else ""
+            daemon[(item["engine"], item["version"], item["node"])] = (
+                f"{item['state']}: {item['reason']}{fix}")
+    lines = []
+    for engine, declared in cluster.engines.declared():
+        lines.append(f"  {engine} {declared.version} (install: {declared.install})")
+        width = max((len(n) for n in cluster.nodes), default=0)
+        for node in sorted(cluster.nodes):
+            said = daemon.get((engine, declared.version, node))
+            if said is None:
+                verdict = installables.check(engine, declared.version, node,
+                                             fleet.nodes.get(node))
+                fix = f" (fix: {verdict.fix})" if verdict.fix else ""
+                said = f"{verdict.state}: {verdict.reason}{fix}"
+            lines.append(f"    {node:<{width}}  {said}")
+    return "\n".join(["", "Engines", *lines]) + "\n" if lines else ""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pydantic
 
-from llmgw.cli import clusters
+from llmgw.cli import clusters, inventories
 from llmgw.cli.errors import UserError
 from llmgw.fleet.types import FORMAT_VERSION, Fleet
 from llmgw.planning import holds, outputs, plans
@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{result.summary()} Written to {args.out}.", file=sys.stderr)
     else:
         sys.stdout.write(rendered)
+        if args.format == "text":  # what install: auto does per node, or why not
+            sys.stdout.write(inventories.render_engine_installs(cluster, fleet))
     if args.detailed_exitcode:
         return detailed_exitcode(result)
     return 0

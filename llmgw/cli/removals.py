@@ -118,7 +118,8 @@ async def _remove_with(cluster: Cluster, args: argparse.Namespace, ready_timeout
         service = Convergence(
             pool, store=None if isinstance(store, str) else store, ready_timeout=ready_timeout,
             started_by=records.invoker(), progress=display.step,
-            install=lambda needs: apply_cmd.install(pool, args.cluster, needs, sys.stdout))
+            install=lambda needs: apply_cmd.install(pool, args.cluster, needs, sys.stdout,
+                                                    never=apply_cmd.never_installed(cluster)))
         request = Request(removals.draining(cluster, name), revision_of(args.cluster),
                           scope=lambda plan: removals.moves(plan, name))
         prepared = await service.prepare(request)
@@ -153,8 +154,9 @@ async def _remove_with(cluster: Cluster, args: argparse.Namespace, ready_timeout
                 + (f", {len(stuck)} with nowhere to go (--force)" if stuck else ""))
             if needs:  # before the drain is written: a failed install changes nothing
                 say("install    engine versions the moves need, first:")
-                failures = await engine_cmd.install_missing(pool, args.cluster, needs,
-                                                            lambda line: say(f"  {line}"))
+                failures = await engine_cmd.install_missing(
+                    pool, args.cluster, needs, lambda line: say(f"  {line}"),
+                    never=apply_cmd.never_installed(cluster))
                 if failures:
                     raise UserError("installing what the drain needs failed; nothing was "
                                     "changed:\n  - " + "\n  - ".join(failures))

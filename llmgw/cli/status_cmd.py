@@ -45,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
     fleet = inventory_cmd.collect(cluster, args.cluster, args.timeout)
     now = time.time()
     sys.stdout.write(inventories.render_status(cluster, fleet, now))
-    sys.stdout.write(render_waiting(daemon_waits(cluster)))
+    served = daemon_status(cluster)
+    sys.stdout.write(render_waiting(waits_of(served)))
+    sys.stdout.write(inventories.render_engine_installs(cluster, fleet,
+                                                       served.get("engine_installs")))
     for hold in plan_cmd.read_holds(cluster):
         print(f"{hold.model}: {hold.line()} (`llmgw apply --retry {hold.model}` tries it "
               "again)")
@@ -56,9 +59,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def daemon_waits(cluster: Cluster, timeout: float = 2.0) -> list[dict[str, Any]]:
-    """What a running ``llmgw serve`` waits for, from its admin API (empty when none runs
-    here, or it does not answer: this is a courtesy, not a check)."""
+def waits_of(served: dict[str, Any]) -> list[dict[str, Any]]:
+    found = served.get("waiting")
+    return [w for w in found if isinstance(w, dict)] if isinstance(found, list) else []
+
+
+def daemon_status(cluster: Cluster, timeout: float = 2.0) -> dict[str, Any]:
+    """A running ``llmgw serve``'s status document from its admin API; empty when none
+    runs here or it does not answer."""
     host, _, port = cluster.cluster.listeners.admin.rpartition(":")
     host = host.strip("[]")
     if host in ("0.0.0.0", "::", ""):
@@ -69,10 +77,10 @@ def daemon_waits(cluster: Cluster, timeout: float = 2.0) -> list[dict[str, Any]]
         reply = httpx.get(f"http://{host if ':' not in host else f'[{host}]'}:{port}"
                           "/api/v1/status", headers={"Authorization": f"Bearer {token}"},
                           timeout=timeout)
-        found = reply.json().get("waiting") if reply.status_code == 200 else None
-    except (OSError, httpx.HTTPError, ValueError, AttributeError):
-        return []
-    return [w for w in found if isinstance(w, dict)] if isinstance(found, list) else []
+        found = reply.json() if reply.status_code == 200 else None
+    except (OSError, httpx.HTTPError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def render_waiting(waits: list[dict[str, Any]]) -> str:

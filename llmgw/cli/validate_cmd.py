@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
         print(classes_table())
         return 0
     cluster, sources = clusters.load_with_sources(args.cluster)
-    errors = engine_cmd.requirement_file_errors(args.cluster)
+    errors = (engine_cmd.requirement_file_errors(args.cluster)
+              + engine_cmd.declared_requirement_errors(args.cluster, cluster))
     if errors:
         print("\n".join(errors), file=sys.stderr)
         return 1

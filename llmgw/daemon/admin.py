@@ -199,6 +199,8 @@ def status(daemon: Daemon) -> dict[str, Any]:
         "held": [{"model": h.model, "revision": h.revision, "reason": h.reason,
                   "held_at": h.held_at, "line": h.line()} for h in state.held],
         "waiting": waiting(daemon),
+        "engine_installs": [{**i.doc(), "reason": secrets.scrub(i.reason),
+                             "line": secrets.scrub(i.line)} for i in state.engine_installs],
     }
     if state.plan is not None:
         # Changes still in flight (a replica loading) are changes: not converged yet.

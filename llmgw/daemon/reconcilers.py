@@ -42,7 +42,7 @@ import watchfiles
 from llmgw.applying import executions, records
 from llmgw.applying.convergences import Convergence, Finished, Request
 from llmgw.applying.executions import Outcome, Step, Waiting
-from llmgw.daemon import loadhistories, routetables
+from llmgw.daemon import autoinstalls, loadhistories, routetables
 from llmgw.daemon.canaries import RouterTraffic
 from llmgw.daemon.leaders import LEASE, Leadership, NotLeader
 from llmgw.daemon.loadhistories import LoadHistories
@@ -87,6 +87,8 @@ class State:
     iterations: int = 0
     held: list[Hold] = field(default_factory=list)  # models held after a failed gate
     gates: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, result) → count
+    # engines.<engine>.install: auto, per node: installed, installing, or why not
+    engine_installs: list[autoinstalls.NodeInstall] = field(default_factory=list)
 
 
 class Daemon:
@@ -134,6 +136,8 @@ class Daemon:
             started_by=records.DAEMON, progress=_log_step, traffic=lambda _: self.traffic,
             observed=self._observed, planner=planners.Planner())
         self.converging.on_finished.append(self._finished)
+        self.installs = autoinstalls.AutoInstalls(self.pool, directory, clock=clock,
+                                                  wake=self.wake)
         self._waits_logged: tuple[tuple[str, int, str], ...] = ()
         self._waits_logged_at = 0.0
 
@@ -188,6 +192,7 @@ class Daemon:
                 task.cancel()
             await asyncio.gather(*helpers, *self._watchers, return_exceptions=True)
             await self.converging.aclose()
+            await self.installs.aclose()
             await self.pool.aclose()
 
     async def _until_stopped(self, work: Coroutine[Any, Any, Any], stop: asyncio.Event) -> bool:
@@ -254,6 +259,9 @@ class Daemon:
             self.cluster, state.revision, demand,
             loads=lambda fleet, now: self.loads.record(self.cluster, fleet, demand, now)))
         plan = prepared.plan
+        # In the background, as fetches are: a node's install never holds up the others'
+        # replicas, and the next iteration sees what it installed.
+        state.engine_installs = self.installs.consider(self.cluster, prepared.fleet)
         state.held = list(self.converging.held)
         state.plan, state.planned_at = plan, self.clock()
         if self.collector is not None:

@@ -351,6 +351,15 @@ class HostFacts(Observed):
         default_factory=list, description="Engine versions installed under engines_dir.")
     engine_limits: EngineLimits | None = Field(
         None, description="The limits engines get on this node; None: an older agent.")
+    driver_version: str | None = Field(
+        None, description="The loaded NVIDIA kernel module's version (`535.129.03`, from "
+        "/sys/module/nvidia/version); None: no driver loaded, or an older agent.")
+    c_compiler: str | None = Field(
+        None, description="The C compiler on the engines' PATH (`gcc`, else `cc`), which "
+        "Triton runs when vLLM or SGLang first loads a model; empty: none; None: an older "
+        "agent.")
+    engines_free_bytes: int | None = Field(
+        None, description="Free bytes on the filesystem of engines_dir; None: unknown.")
 
 
 class NodeReport(Observed):

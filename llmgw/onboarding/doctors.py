@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmgw.engines import installables
 from llmgw.fleet.types import NodeReport
 from llmgw.spec.models import Cluster, Node
 
@@ -53,6 +54,8 @@ class Context:
     now: float
     engines: tuple[str, ...] = ()  # engines the cluster's models may run on this node
     fabrics: dict[str, tuple[str, int | None]] = field(default_factory=dict)  # name → kind, gid
+    # (engine, version, install mode) of each vLLM or SGLang version the cluster names
+    installs: tuple[tuple[str, str, str], ...] = ()
 
 
 Verdict = tuple[Status, str, str]
@@ -317,6 +320,27 @@ def _engines(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
                          else f"{e} installed by llmgw" for e in ctx.engines))
 
 
+def _engine_install(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
+    """Whether each engine version the cluster names can be installed here
+    (:mod:`llmgw.engines.installables`, what the daemon's ``install: auto`` decides by)."""
+    if not ctx.installs:
+        return _ok("no vLLM or SGLang version named (engines: or a profile's engine_version)")
+    words = {"installed": "installed", "install": "can be installed", "skip": "skipped",
+             "cannot": "cannot be installed", "unknown": "unknown"}
+    parts, fixes = [], []
+    status: Status = "ok"
+    for engine, version, mode in ctx.installs:
+        verdict = installables.check(engine, version, report.node, report)
+        parts.append(f"{engine} {version}: {words[verdict.state]}: {verdict.reason}")
+        if verdict.state == "cannot":
+            fixes.append(f"{engine} {version}: {verdict.fix}")
+            status = "fail" if mode == "auto" or status == "fail" else "warning"
+        elif verdict.state == "unknown" and status == "ok":
+            status = "warning"
+            fixes.append(f"{engine} {version}: upgrade the agent")
+    return status, "; ".join(parts), "; ".join(fixes)
+
+
 def _disk(spec: Node, report: NodeReport, ctx: Context) -> Verdict:
     if not spec.weights_dirs:
         return _ok("no weights_dirs declared")
@@ -379,6 +403,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("memlock", _memlock),
     ("nofile", _nofile),
     ("engines", _engines),
+    ("engine-install", _engine_install),
     ("disk", _disk),
     ("clock", _clock),
     ("engine-ports", _engine_ports),
@@ -415,7 +440,14 @@ def context_for(cluster: Cluster, name: str, report: NodeReport, *, version: str
                 engines.add(profile.engine)
     fabrics: dict[str, tuple[str, int | None]] = {
         n: (f.kind, f.gid_index) for n, f in cluster.fabrics.items()}
-    return Context(version=version, now=now, engines=tuple(sorted(engines)), fabrics=fabrics)
+    named: dict[tuple[str, str], str] = {
+        (e, d.version): d.install for e, d in cluster.engines.declared()}
+    for model in cluster.models.values():
+        for profile in model.profiles:
+            if profile.engine in installables.ENGINES and profile.engine_version:
+                named.setdefault((profile.engine, profile.engine_version), "profiles")
+    return Context(version=version, now=now, engines=tuple(sorted(engines)), fabrics=fabrics,
+                   installs=tuple((e, v, m) for (e, v), m in sorted(named.items())))
 
 
 def failed(findings: list[Finding]) -> bool:

@@ -31,6 +31,7 @@ from pathlib import Path
 import asyncssh
 import grpc
 
+from llmgw.agent import installs
 from llmgw.planning.nodes import human_bytes
 from llmgw.transport import pools
 from llmgw.transport.failures import NodeUnreachable
@@ -42,6 +43,10 @@ INCOMING = ".incoming"  # the agent's llmgw.agent.installs.INCOMING
 
 class ShipError(Exception):
     """The binary could not be copied to the node."""
+
+
+class WantedError(Exception):
+    """What should install an engine version is not usable; the message is located."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,31 @@ class Wanted:
     @property
     def target(self) -> str:
         return f"{self.engine} {self.version}"
+
+
+def requirements_path(directory: Path, engine: str, version: str) -> Path:
+    """Where a cluster directory keeps the requirements of a vLLM or SGLang version
+    (what ``llmgw apply`` and the daemon's ``install: auto`` install)."""
+    return directory / "engines" / f"{engine}-{version}.txt"
+
+
+def from_requirements(engine: str, version: str, requirements: Path, *, index_url: str = "",
+                      extra_index_urls: tuple[str, ...] = ()) -> Wanted:
+    """The vLLM or SGLang version installed from a requirements file, checked as the
+    agent checks it; :class:`WantedError` says what is wrong, at ``file:line:col``."""
+    try:
+        text = requirements.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WantedError(f"{requirements}: cannot read: {exc}") from None
+    try:
+        installs.request(engine, version, requirements=text, index_url=index_url,
+                         extra_index_urls=extra_index_urls)
+    except installs.RequirementsError as exc:
+        raise WantedError(f"{requirements}:{exc.line}:1: {exc.detail}") from None
+    except installs.InstallError as exc:
+        raise WantedError(f"{requirements}: {exc}") from None
+    return Wanted(engine, version, requirements=text, index_url=index_url,
+                  extra_index_urls=extra_index_urls)
 
 
 @dataclass(frozen=True)

@@ -1022,6 +1022,9 @@ class HostFacts(_message.Message):
     ENGINES_DIR_FIELD_NUMBER: _builtins.int
     INSTALLED_ENGINES_FIELD_NUMBER: _builtins.int
     ENGINE_LIMITS_FIELD_NUMBER: _builtins.int
+    DRIVER_VERSION_FIELD_NUMBER: _builtins.int
+    C_COMPILER_FIELD_NUMBER: _builtins.int
+    ENGINES_FREE_BYTES_FIELD_NUMBER: _builtins.int
     python_version: _builtins.str
     memlock_bytes: _builtins.int
     """RLIMIT_MEMLOCK (soft) of the agent; absent: unknown"""
@@ -1032,6 +1035,12 @@ class HostFacts(_message.Message):
     """its user may `sudo -n`; unset: root, or unknown"""
     engines_dir: _builtins.str
     """where the agent installs engine versions"""
+    driver_version: _builtins.str
+    """/sys/module/nvidia/version; absent: no driver, or unknown"""
+    c_compiler: _builtins.str
+    """gcc, else cc, on the engines' PATH; "": none; absent: unknown"""
+    engines_free_bytes: _builtins.int
+    """free bytes where engines_dir lies; absent: unknown"""
     @_builtins.property
     def engines(self) -> _containers.RepeatedCompositeFieldContainer[Global___EngineBinary]:
         """engine programs on the agent's PATH"""
@@ -1061,15 +1070,24 @@ class HostFacts(_message.Message):
         engines_dir: _builtins.str | None = ...,
         installed_engines: _abc.Iterable[Global___InstalledEngine] | None = ...,
         engine_limits: Global___EngineLimits | None = ...,
+        driver_version: _builtins.str | None = ...,
+        c_compiler: _builtins.str | None = ...,
+        engines_free_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "engine_limits", b"engine_limits", "engines_dir", b"engines_dir", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_c_compiler", b"_c_compiler", "_driver_version", b"_driver_version", "_engines_dir", b"_engines_dir", "_engines_free_bytes", b"_engines_free_bytes", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "c_compiler", b"c_compiler", "driver_version", b"driver_version", "engine_limits", b"engine_limits", "engines_dir", b"engines_dir", "engines_free_bytes", b"engines_free_bytes", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_engines_dir", b"_engines_dir", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "engine_limits", b"engine_limits", "engines", b"engines", "engines_dir", b"engines_dir", "installed_engines", b"installed_engines", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid", "_c_compiler", b"_c_compiler", "_driver_version", b"_driver_version", "_engines_dir", b"_engines_dir", "_engines_free_bytes", b"_engines_free_bytes", "_memlock_bytes", b"_memlock_bytes", "_python_version", b"_python_version", "_sudo", b"_sudo", "agent_uid", b"agent_uid", "c_compiler", b"c_compiler", "driver_version", b"driver_version", "engine_limits", b"engine_limits", "engines", b"engines", "engines_dir", b"engines_dir", "engines_free_bytes", b"engines_free_bytes", "installed_engines", b"installed_engines", "listening_ports", b"listening_ports", "memlock_bytes", b"memlock_bytes", "memlock_unlimited", b"memlock_unlimited", "python_version", b"python_version", "sudo", b"sudo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__agent_uid: _TypeAlias = _typing.Literal["agent_uid"]  # noqa: Y015
     _WhichOneofArgType__agent_uid: _TypeAlias = _typing.Literal["_agent_uid", b"_agent_uid"]  # noqa: Y015
+    _WhichOneofReturnType__c_compiler: _TypeAlias = _typing.Literal["c_compiler"]  # noqa: Y015
+    _WhichOneofArgType__c_compiler: _TypeAlias = _typing.Literal["_c_compiler", b"_c_compiler"]  # noqa: Y015
+    _WhichOneofReturnType__driver_version: _TypeAlias = _typing.Literal["driver_version"]  # noqa: Y015
+    _WhichOneofArgType__driver_version: _TypeAlias = _typing.Literal["_driver_version", b"_driver_version"]  # noqa: Y015
     _WhichOneofReturnType__engines_dir: _TypeAlias = _typing.Literal["engines_dir"]  # noqa: Y015
     _WhichOneofArgType__engines_dir: _TypeAlias = _typing.Literal["_engines_dir", b"_engines_dir"]  # noqa: Y015
+    _WhichOneofReturnType__engines_free_bytes: _TypeAlias = _typing.Literal["engines_free_bytes"]  # noqa: Y015
+    _WhichOneofArgType__engines_free_bytes: _TypeAlias = _typing.Literal["_engines_free_bytes", b"_engines_free_bytes"]  # noqa: Y015
     _WhichOneofReturnType__memlock_bytes: _TypeAlias = _typing.Literal["memlock_bytes"]  # noqa: Y015
     _WhichOneofArgType__memlock_bytes: _TypeAlias = _typing.Literal["_memlock_bytes", b"_memlock_bytes"]  # noqa: Y015
     _WhichOneofReturnType__python_version: _TypeAlias = _typing.Literal["python_version"]  # noqa: Y015
@@ -1079,7 +1097,13 @@ class HostFacts(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__agent_uid) -> _WhichOneofReturnType__agent_uid | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__c_compiler) -> _WhichOneofReturnType__c_compiler | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__driver_version) -> _WhichOneofReturnType__driver_version | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__engines_dir) -> _WhichOneofReturnType__engines_dir | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__engines_free_bytes) -> _WhichOneofReturnType__engines_free_bytes | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memlock_bytes) -> _WhichOneofReturnType__memlock_bytes | None: ...
     @_typing.overload

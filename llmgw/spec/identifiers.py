@@ -49,6 +49,11 @@ PATTERNS: dict[str, tuple[str, str]] = {
                   "letter or digit"),
     "flag": (r"^-{0,2}[A-Za-z0-9][A-Za-z0-9._-]{0,79}$",
              "an engine flag such as max-model-len: letters, digits, '.', '_' and '-'"),
+    "engine version": (r"^\d+(\.\d+){0,3}([.-]?(post|rc|dev)\d+)?$",
+                       "a release such as 0.11.0 or 0.11.0rc1: up to four numbers "
+                       "separated by '.', then a post, rc or dev number"),
+    "index URL": (r"^https?://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+$",
+                  "an http(s) URL of a package index, such as https://pypi.org/simple"),
     "variable": (r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
                  "an environment variable name: letters, digits and '_', not starting "
                  "with a digit"),

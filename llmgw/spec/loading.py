@@ -37,8 +37,9 @@ from llmgw.spec import bounds, checks, identifiers, partials, secrets, statedirs
 from llmgw.spec.models import SECTIONS, Cluster
 
 DataPath = tuple[str | int, ...]
-COLLECTIONS = ("fabrics", "nodes", "models", "projects")
-_SINGULAR = {"fabrics": "fabric", "nodes": "node", "models": "model", "projects": "project"}
+COLLECTIONS = ("fabrics", "nodes", "models", "projects", "engines")
+_SINGULAR = {"fabrics": "fabric", "nodes": "node", "models": "model", "projects": "project",
+             "engines": "engine"}
 
 
 @dataclass(frozen=True, order=True)

@@ -530,6 +530,42 @@ class Model(Strict):
     )
 
 
+ENGINE_VERSION = identifiers.PATTERNS["engine version"][0]  # no shell or path characters
+
+
+class EngineInstall(Strict):
+    version: str = Field(
+        pattern=ENGINE_VERSION,
+        description="The release to install, e.g. `0.11.0`; its requirements, every package "
+        "pinned by hash, are `engines/<engine>-<version>.txt` in the cluster directory "
+        "(docs/engines.md).",
+    )
+    install: Literal["auto", "profiles", "never"] = Field(
+        "profiles",
+        description="`auto`: the daemon installs it on every GPU node that passes the checks "
+        "(driver, compute capability, Python, disk, a C compiler; `llmgw doctor` shows them) "
+        "and says per node why not; a node without GPUs is skipped, not a fault. "
+        "`profiles`: only where a profile names the version, by `llmgw apply` or `llmgw "
+        "engine install`. `never`: llmgw installs nothing of this engine (`llmgw apply` says "
+        "what is missing).",
+    )
+    index_url: str | None = Field(
+        None, pattern=identifiers.PATTERNS["index URL"][0],
+        description="The package index the daemon's installs download from (a site's mirror); "
+        "default: each agent's `engines.index_url`.",
+    )
+
+
+class Engines(Strict):
+    vllm: EngineInstall | None = Field(None, description="vLLM, installed from an index.")
+    sglang: EngineInstall | None = Field(None, description="SGLang, installed from an index.")
+
+    def declared(self) -> list[tuple[str, EngineInstall]]:
+        """(engine, its settings) for each engine named, in a fixed order."""
+        return [(name, found) for name in ("vllm", "sglang")
+                if (found := getattr(self, name)) is not None]
+
+
 class Cluster(Strict):
     """A whole cluster directory, all files merged."""
 
@@ -538,6 +574,9 @@ class Cluster(Strict):
     nodes: dict[Name, Node] = Field(default_factory=dict, description="Machines in the fleet.")
     models: dict[Name, Model] = Field(default_factory=dict, description="Models to serve.")
     projects: dict[Name, Project] = Field(default_factory=dict, description="Who pays.")
+    engines: Engines = Field(
+        default_factory=Engines,
+        description="Engine versions the nodes get, and whether the daemon installs them.")
 
 
 ClusterSettings.model_rebuild()

@@ -55,6 +55,8 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("models.NAME.rollout.probe", rollouts.Probe, "models: {NAME: {rollout: {probe: ...}}}"),
     ("models.NAME.rollout.compare", rollouts.Compare,
      "models: {NAME: {rollout: {compare: ...}}}"),
+    ("engines", models.Engines, "engines:"),
+    ("engines.ENGINE", models.EngineInstall, "engines: {vllm|sglang: ...}"),
     ("projects.NAME", models.Project, "projects: {NAME: ...}"),
     ("projects.NAME.budget", budgets.Budget, "projects: {NAME: {budget: ...}}"),
     ("projects.NAME.conversations", tenancy.Conversations,

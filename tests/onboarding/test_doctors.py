@@ -198,3 +198,43 @@ def test_doctor_over_sshd_names_each_fault_and_exits_1(sim_cluster: SimClusterFa
     down = doctor("node-01", "--json")
     assert down.returncode == 1
     assert [f["check"] for f in json.loads(down.stdout)["nodes"]["node-01"]] == ["ssh"]
+
+
+ENGINE_INSTALLS = {
+    # fixture node: (status, the words its detail or fix holds)
+    "h100-ib": ("ok", "vllm 0.11.0: can be installed: 8 GPUs, driver 550.54.15 (CUDA 12.8 "
+                "needs 525.60.13), compute capability 9.0"),
+    "cpu-only": ("ok", "vllm 0.11.0: skipped: no GPU: vLLM runs on GPUs only"),
+    "old-driver": ("fail", "fix: vllm 0.11.0: upgrade the NVIDIA driver to 525.60.13 or newer"),
+}
+
+
+@pytest.mark.parametrize("hardware", sorted(ENGINE_INSTALLS))
+def test_engine_install_says_per_node_whether_vllm_can_be_installed(hardware: str) -> None:
+    spec, found, ctx = fixture_report(hardware)
+    assert found.host is not None
+    # What the agent's server adds to the collector's report: where engines go, its space.
+    found = found.model_copy(update={"host": found.host.model_copy(update={
+        "engines_dir": "/var/lib/llmgw/engines", "engines_free_bytes": 100 << 30,
+        "c_compiler": "/usr/bin/gcc"})})
+    ctx = doctors.Context(version=ctx.version, now=ctx.now, fabrics=ctx.fabrics,
+                          installs=(("vllm", "0.11.0", "auto"),))
+    finding, = [f for f in doctors.examine(hardware, spec, found, ctx)
+                if f.check == "engine-install"]
+    status, words = ENGINE_INSTALLS[hardware]
+    assert finding.status == status, finding
+    assert words in f"{finding.detail} fix: {finding.fix}", finding
+
+
+def test_the_cluster_names_the_versions_doctor_checks() -> None:
+    from llmgw.spec.models import Cluster
+    cluster = Cluster.model_validate({
+        "cluster": {"name": "c"},
+        "engines": {"vllm": {"version": "0.11.0", "install": "auto"},
+                    "sglang": {"version": "0.5.3", "install": "never"}},
+        "models": {"m": {"source": "org/m", "profiles": [
+            {"engine": "vllm", "engine_version": "0.10.2", "gpu_class": "h100-80g"},
+            {"engine": "llama.cpp", "engine_version": "11434.0.0", "cpu": True}]}}})
+    ctx = doctors.context_for(cluster, "n", report(), version=__version__, now=NOW)
+    assert ctx.installs == (("sglang", "0.5.3", "never"), ("vllm", "0.10.2", "profiles"),
+                            ("vllm", "0.11.0", "auto"))
