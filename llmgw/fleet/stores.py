@@ -50,6 +50,7 @@ class Copy:
     source: str | None  # the source llmgw fetched it as; None: weights found on disk
     relative: str  # the path below the weights directory
     nodes: tuple[str, ...]  # the nodes whose agents reported it
+    directory: str = ""  # the weights directory it is in, as the first of them sees it
 
 
 @dataclass(frozen=True)
@@ -149,13 +150,15 @@ def survey(fleet: Fleet, fabrics: Mapping[str, Iterable[str]],
             keys = [key for key in groups if mount is not None and key[1] == mount.store
                     and name in groups[key]]
             if not keys:
-                local.setdefault(name, []).append(Copy(label, size, source, relative, (name,)))
+                local.setdefault(name, []).append(
+                    Copy(label, size, source, relative, (name,), on_disk.path if on_disk else ""))
                 continue
             for key in keys:
                 entry = held.setdefault(key, {})
                 seen = entry.get((relative, source))
                 nodes = (*seen.nodes, name) if seen else (name,)
-                entry[(relative, source)] = Copy(label, size, source, relative, nodes)
+                where = seen.directory if seen else (on_disk.path if on_disk else "")
+                entry[(relative, source)] = Copy(label, size, source, relative, nodes, where)
     stores = tuple(
         Store(fabric=key[0], fs_type=kinds[key][0], source=kinds[key][1],
               dirs=tuple(sorted(members.items())),
