@@ -523,11 +523,21 @@ def _entry_file(source: Source, remote: Remote) -> str:
 
 @contextlib.contextmanager
 def _locked(weights_dir: str | Path, source: Source) -> Iterator[None]:
-    """One fetch of a source per weights directory, across processes."""
+    """One fetch of a source per weights directory, across processes, and across nodes
+    where the directory is on a shared filesystem that honours ``flock`` (NFS, CephFS,
+    GPFS, BeeGFS; Lustre when mounted with ``-o flock``)."""
     locks = Path(weights_dir) / ".llmgw" / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     with (locks / f"{record_id(source)}.lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as exc:
+            # Fetching unlocked where other nodes may write the same files would
+            # interleave their bytes: refuse, and say what the filesystem lacks.
+            raise FetchError(
+                f"cannot lock {locks} ({exc.strerror or exc}): the filesystem refuses "
+                "flock, which keeps nodes that share the directory to one fetch (Lustre: "
+                "mount with -o flock)", retry=False) from None
         try:
             yield
         finally:
