@@ -3,6 +3,9 @@ per node (:mod:`llmgw.fleet.stores`, :mod:`llmgw.planning.holdings`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from plan_builders import cluster_from, fleet_from
 
 from llmgw.cli import inventories
@@ -110,3 +113,17 @@ def test_the_plan_fetches_once_per_shared_store() -> None:
         "gpu-02": f"fetched once into /models{shared}, by gpu-01",
         "gpu-03": "will fetch 16 GB into /models",
     }
+
+
+def test_a_declared_filesystem_type_is_checked_where_it_is_written(tmp_path: Path) -> None:
+    from llmgw.spec import loading
+
+    (tmp_path / "cluster.yaml").write_text(
+        "cluster:\n  name: lab\n  weights:\n    filesystems:\n"
+        "      fuse.juicefs: shared\n      'NFS 4!': shared\n      nfs4: sometimes\n")
+    with pytest.raises(loading.SpecErrors) as caught:
+        loading.load(tmp_path)
+    text = str(caught.value)
+    assert "cluster.yaml:6:7: cluster.weights.filesystems['NFS 4!']" in text, text
+    assert ("cluster.yaml:7:13: cluster.weights.filesystems.nfs4: input should be 'shared' "
+            "or 'local'") in text
