@@ -103,3 +103,12 @@ def test_disks_carry_their_mount_symlinks_followed(tmp_path: Path) -> None:
     assert len(warnings) == 1
     unknown, _ = disks.read([str(tmp_path)], None)
     assert unknown[0].mount is None
+
+
+def test_a_point_mounted_over_is_the_last_mount() -> None:
+    """``mount filer:/x /models`` over a local /models: the kernel resolves the later."""
+    text = ("29 1 259:2 / / rw - ext4 /dev/nvme0n1p2 rw\n"
+            "98 29 259:5 / /models rw - xfs /dev/md0 rw\n"
+            "312 98 0:52 / /models rw - nfs4 filer-a:/export/models rw,vers=4.2\n")
+    mount = mounts.find("/models/org/name", mounts.parse(text))
+    assert mount is not None and (mount.fs_type, mount.root) == ("nfs4", "/org/name")
