@@ -54,3 +54,38 @@ def test_a_filesystem_that_refuses_flock_fails_the_fetch_with_the_fix(
     with pytest.raises(fetches.FetchError, match="mount with -o flock") as caught:
         fetches.fetch(sources.parse("acme/tiny"), tmp_path, endpoint="http://127.0.0.1:9")
     assert not caught.value.retry
+
+
+def test_an_agent_waiting_for_another_nodes_fetch_says_so(tmp_path: Path) -> None:
+    """While another node holds the fetch's lock, the unit's detail says what it waits for;
+    once that fetch is done, this one reuses it and moves no byte."""
+    import fcntl
+    import threading
+    import time
+
+    from llmgw.agent import fetchers
+    from llmgw.spec import sources
+
+    root = tmp_path / "mirror" / "hub"
+    caches.add(root, "acme/tiny", tiny_model(tmp_path / "tiny"))
+    shared = tmp_path / "filer" / "models"
+    source = sources.parse("acme/tiny")
+    with serving(root) as mirror:
+        fetches.fetch(source, shared, endpoint=mirror.url)  # the other node's, done
+        sent = mirror.sent
+        locks = shared / ".llmgw" / "locks" / f"{fetches.record_id(source)}.lock"
+        progress = fetches.Progress("weights", source.text)
+        with locks.open("w") as other:
+            fcntl.flock(other, fcntl.LOCK_EX)  # the other node is still at it
+            worker = threading.Thread(target=fetches.fetch, args=(source, shared),
+                                      kwargs={"endpoint": mirror.url, "progress": progress})
+            worker.start()
+            deadline = time.monotonic() + 30
+            while not progress.waiting and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert fetchers.describe(progress).startswith(
+                f"waiting for another fetch of acme/tiny into {shared}")
+            fcntl.flock(other, fcntl.LOCK_UN)
+        worker.join(30)
+        assert progress.state == "done" and progress.waiting == ""
+        assert mirror.sent == sent
