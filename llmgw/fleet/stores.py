@@ -13,8 +13,8 @@ node on no fabric, a local filesystem, or a mount the agent did not report
 that mounts it), ``llmgw status`` and /admin read. A purely computational
 module with no side effects.
 
-    >>> found = survey(fleet, {"gpu-a-01": ["ib-a"], "gpu-a-02": ["ib-a"]})
-    >>> [(s.fabric, s.source, [c.name for c in s.copies]) for s in found.stores]
+    found = survey(fleet, {"gpu-a-01": ["ib-a"], "gpu-a-02": ["ib-a"]})
+    [(s.fabric, s.source, [c.name for c in s.copies]) for s in found.stores]
 """
 
 from __future__ import annotations

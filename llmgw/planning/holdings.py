@@ -73,8 +73,8 @@ def holdings(cluster: Cluster, fleet: Fleet) -> Holdings:
     sources = _sources(cluster)
 
     def held(copies: tuple[stores.Copy, ...]) -> tuple[Held, ...]:
-        found = [Held(c.name, c.size_bytes, _models(c, sources)) for c in copies]
-        return tuple(sorted(found, key=lambda h: (h.models, h.name.lower())))
+        items = [Held(c.name, c.size_bytes, _models(c, sources)) for c in copies]
+        return tuple(sorted(items, key=lambda h: (h.models, h.name.lower())))
 
     views = tuple(StoreView(fabric=s.fabric, fs_type=s.fs_type, source=s.source, dirs=s.dirs,
                             held=held(s.copies)) for s in found.stores)
