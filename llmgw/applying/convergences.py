@@ -53,7 +53,7 @@ from llmgw.applying.executions import (
     Waiting,
 )
 from llmgw.fleet.types import Demand, Fleet
-from llmgw.planning import holds, installs, plans
+from llmgw.planning import holds, installs, planners, plans
 from llmgw.planning.scaling import LoadSample, Policy
 from llmgw.planning.types import Change, Plan
 from llmgw.spec.models import Cluster
@@ -146,6 +146,7 @@ class Convergence:
         traffic: Callable[[Cluster], bakes.Traffic] | None = None,
         install: Installer | None = None,
         observed: Callable[[Fleet], Awaitable[Fleet]] | None = None,
+        planner: planners.Planner | None = None,
     ) -> None:
         self.agents = agents
         self.store = store
@@ -156,6 +157,9 @@ class Convergence:
         self.traffic = traffic or bakes.ProbeOnly
         self.install = install
         self.observed = observed  # the daemon's: remember unreachable nodes, publish routes
+        # The daemon's loop plans incrementally (the same plans, from what the last plan
+        # read of unchanged nodes); a one-shot plans in full.
+        self.planner = planner
         self.held: list[Hold] = []  # the holds in force, as last read or made
         self.on_finished: list[Finishing] = []
         self._running: dict[Execution, asyncio.Task[Finished]] = {}
@@ -181,8 +185,9 @@ class Convergence:
         cluster = request.cluster
         now = self.clock()
         loads = request.loads(fleet, now) if request.loads is not None else None
-        plan = plans.plan(cluster, fleet, now, request.demand,
-                          revision=request.revision, policy=request.policy, loads=loads)
+        planning = self.planner.plan if self.planner is not None else plans.plan
+        plan = planning(cluster, fleet, now, request.demand,
+                        revision=request.revision, policy=request.policy, loads=loads)
         plan = await self._hold(plan, cluster, request.holds)
         if request.scope is not None:
             plan = request.scope(plan)

@@ -49,7 +49,7 @@ from llmgw.daemon.loadhistories import LoadHistories
 from llmgw.engines import profiles
 from llmgw.fleet.types import Demand, Fleet, Unit
 from llmgw.metrics.collectors import FleetCollector
-from llmgw.planning import drifts, fits, outputs
+from llmgw.planning import drifts, fits, outputs, planners
 from llmgw.planning.types import Plan
 from llmgw.router import catalogs
 from llmgw.router.apps import Router
@@ -132,7 +132,7 @@ class Daemon:
         self.converging = Convergence(
             self.pool, store=store, clock=clock, ready_timeout=ready_timeout,
             started_by=records.DAEMON, progress=_log_step, traffic=lambda _: self.traffic,
-            observed=self._observed)
+            observed=self._observed, planner=planners.Planner())
         self.converging.on_finished.append(self._finished)
         self._waits_logged: tuple[tuple[str, int, str], ...] = ()
         self._waits_logged_at = 0.0

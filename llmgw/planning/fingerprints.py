@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 
 from llmgw.fleet.types import NodeReport
 from llmgw.planning.types import NodeFingerprint
@@ -40,3 +41,49 @@ def node(name: str, report: NodeReport | None) -> NodeFingerprint:
 def _hash(content: object) -> str:
     text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Cache:
+    """Each node's last fingerprint, kept for the next plan: hashing 10,000 reports
+    that did not change in what :func:`node` reads is most of a steady plan."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[NodeReport | None, NodeFingerprint]] = {}
+
+    def node(self, name: str, report: NodeReport | None) -> NodeFingerprint:
+        """What :func:`node` says of ``report``."""
+        known = self._known.get(name)
+        if known is not None and _same_content(known[0], report):
+            return known[1]
+        found = node(name, report)
+        self._known[name] = (report, found)
+        return found
+
+    def keep(self, names: set[str]) -> None:
+        for name in [n for n in self._known if n not in names]:
+            del self._known[name]
+
+
+_GPU = operator.attrgetter("index", "uuid", "gpu_class", "nvlink_peers", "mig_mode",
+                          "ecc_uncorrected")  # a GPU's faults: by what they are made of
+_PROCESS = operator.attrgetter("pid", "name", "owned_by_llmgw")
+_UNIT = operator.attrgetter("name", "digest", "state", "port")
+
+
+def _same_content(old: NodeReport | None, new: NodeReport | None) -> bool:
+    """Whether :func:`node` hashes the same content for both (compared more strictly
+    than it reads)."""
+    if old is new:
+        return True
+    return not (
+        old is None or new is None or old.reachable != new.reachable
+        or old.memory_total_bytes != new.memory_total_bytes
+        or list(map(_GPU, old.gpus)) != list(map(_GPU, new.gpus))
+        or _processes(old) != _processes(new) or old.fabrics != new.fabrics
+        or [w.path for w in old.weights] != [w.path for w in new.weights]
+        or list(map(_UNIT, old.units)) != list(map(_UNIT, new.units)))
+
+
+def _processes(report: NodeReport) -> list[tuple[int, list[tuple[object, ...]]]]:
+    return [(g.index, list(map(_PROCESS, g.processes))) for g in report.gpus
+            if g.processes]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import operator
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -59,6 +60,9 @@ class NodeState:
     # why this node is not a candidate for that profile.
     excluded: str | None = None
     class_counts: Counter[str] = field(default_factory=Counter)
+    # class → (version, free GPU indices): ``free`` is asked for thousands of times a
+    # plan, and only take/give_back (which bump ``version``) change the answer.
+    _free: dict[str, tuple[int, list[int]]] = field(default_factory=dict, repr=False)
 
     @property
     def reachable(self) -> bool:
@@ -89,10 +93,16 @@ class NodeState:
         return self.excluded
 
     def free(self, gpu_class: str) -> list[int]:
-        return [
+        """Healthy GPUs of ``gpu_class`` nobody holds, in index order; do not modify."""
+        known = self._free.get(gpu_class)
+        if known is not None and known[0] == self.version:
+            return known[1]
+        found = [
             g.index for g in self.gpus.values()
             if g.gpu_class == gpu_class and not g.faults and g.index not in self.used
         ]
+        self._free[gpu_class] = (self.version, found)
+        return found
 
     def classes(self) -> Counter[str]:
         return self.class_counts
@@ -153,11 +163,12 @@ def source_keys(source: str) -> list[str]:
 class Capacity:
     """The fleet as the planner works on it."""
 
-    def __init__(self, cluster: Cluster, fleet: Fleet) -> None:
+    def __init__(self, cluster: Cluster, fleet: Fleet, cache: NodeCache | None = None) -> None:
         self.nodes: dict[str, NodeState] = {}
         self.sources = fleet.sources
         self.margin = cluster.cluster.weights.disk_margin
         self._weights: dict[str, set[str]] = {}
+        self._parsed: dict[str, sources.Source] = {}  # every node asks about the same few
         self.model_nodes: dict[str, Counter[str]] = {}
         self.fabric_nodes: dict[str, list[str]] = {}
         # class → free count → sorted names of placeable nodes
@@ -165,9 +176,14 @@ class Capacity:
         # (node, what was asked) → (node version, why it did not fit): a failed
         # placement asks every node, and most nodes have not changed since.
         self.reasons: dict[tuple[str, tuple[str, ...], int], tuple[int, str]] = {}
+        needs = {f: spec.min_adapters for f, spec in cluster.fabrics.items()}
+        if cache is not None:
+            cache.keep(cluster.nodes)
         for name in sorted(cluster.nodes):
-            node = _node_state(name, cluster.nodes[name], fleet.nodes.get(name),
-                               {f: spec.min_adapters for f, spec in cluster.fabrics.items()})
+            if cache is not None:
+                node = cache.state(name, cluster.nodes[name], fleet.nodes.get(name), needs)
+            else:
+                node = _node_state(name, cluster.nodes[name], fleet.nodes.get(name), needs)
             self.nodes[name] = node
             for key in node.weights:
                 self._weights.setdefault(key, set()).add(name)
@@ -207,7 +223,9 @@ class Capacity:
         A node that has the weights needs no room; a size the source did not say
         cannot be judged here (the agent checks again before fetching).
         """
-        parsed = sources.parse(source)
+        parsed = self._parsed.get(source)
+        if parsed is None:
+            parsed = self._parsed[source] = sources.parse(source)
         dirs = node.spec.weights_dirs
         if parsed.kind == "path" and not dirs:
             # A node serves path sources from under its weights_dirs only: a cluster
@@ -366,6 +384,8 @@ def _foreign_ports(report: NodeReport) -> dict[int, str]:
     listening = report.host.listening_ports if report.host is not None else None
     taken = {unit.port: unit.port_holder for unit in report.units
              if unit.port is not None and unit.port_holder}
+    if not listening:
+        return taken  # nothing else listens: no unit's spec label needs reading
     ours: set[int] = set()
     for unit in report.units:
         ours |= {p for p in _unit_ports(unit.port, unit.labels.get("X-Llmgw-Spec"))
@@ -404,3 +424,80 @@ def gib(size: int) -> str:
     value = size / GIB
     return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"
 
+
+
+class NodeCache:
+    """Each node's state as derived from its last report, kept for the next plan.
+
+    A report that differs from the last one in nothing :func:`_node_state` reads
+    (utilisation, free memory and the time of collection change every tick) gives
+    the same state: the next plan starts from a copy of it instead of deriving it
+    again. What a plan takes or gives back is never cached: every copy starts empty.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[Node, dict[str, int | None], NodeReport | None,
+                                     NodeState]] = {}
+        self.derived = 0  # states derived afresh by the last plan; the others were copies
+
+    def state(self, name: str, spec: Node, report: NodeReport | None,
+              needs: dict[str, int | None]) -> NodeState:
+        known = self._known.get(name)
+        if (known is not None and (known[0] is spec or known[0] == spec) and known[1] == needs
+                and same_reading(known[2], report)):
+            return _copied(known[3], spec, report)
+        self.derived += 1
+        node = _node_state(name, spec, report, needs)
+        self._known[name] = (spec, needs, report, _copied(node, spec, report))
+        return node
+
+    def keep(self, names: Iterable[str]) -> None:
+        """Forget nodes no longer declared; start counting a new plan."""
+        wanted = set(names)
+        for name in [n for n in self._known if n not in wanted]:
+            del self._known[name]
+        self.derived = 0
+
+
+# What _node_state reads of a GPU, of its processes, of a unit: fetched in C, compared whole.
+_GPU_READ = operator.attrgetter("index", "uuid", "gpu_class", "mig_mode", "ecc_uncorrected",
+                                "nvlink_peers")
+_PROCESS_READ = operator.attrgetter("pid", "name", "owned_by_llmgw")
+
+
+def same_reading(old: NodeReport | None, new: NodeReport | None) -> bool:
+    """Whether :func:`_node_state` reads the same from both reports."""
+    if old is new:
+        return True
+    if (old is None or new is None
+            or list(map(_GPU_READ, old.gpus)) != list(map(_GPU_READ, new.gpus))
+            or _processes(old) != _processes(new) or old.fabrics != new.fabrics
+            or [w.path for w in old.weights] != [w.path for w in new.weights]
+            or [c.source for c in old.cached_weights] != [c.source for c in new.cached_weights]):
+        return False
+    listening = old.host.listening_ports if old.host is not None else None
+    if listening != (new.host.listening_ports if new.host is not None else None):
+        return False
+    return _unit_ports_read(old, bool(listening)) == _unit_ports_read(new, bool(listening))
+
+
+def _processes(report: NodeReport) -> list[tuple[int, list[tuple[object, ...]]]]:
+    return [(g.index, list(map(_PROCESS_READ, g.processes))) for g in report.gpus
+            if g.processes]
+
+
+def _unit_ports_read(report: NodeReport, labels: bool) -> list[tuple[object, ...]]:
+    if labels:
+        return [(u.port, u.port_holder, u.labels.get("X-Llmgw-Spec")) for u in report.units]
+    return [(u.port, u.port_holder) for u in report.units]
+
+
+def _copied(node: NodeState, spec: Node, report: NodeReport | None) -> NodeState:
+    """A state with ``node``'s derived facts (shared: nothing changes them) and nothing
+    taken; ``report`` is the newest, for what is read from it directly."""
+    return NodeState(
+        name=node.name, spec=spec, report=report, gpus=node.gpus, by_uuid=node.by_uuid,
+        foreign_ports=node.foreign_ports, fabrics=node.fabrics,
+        fabric_problems=node.fabric_problems, weights=node.weights,
+        fully_connected=node.fully_connected, class_counts=node.class_counts,
+    )

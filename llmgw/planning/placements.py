@@ -217,24 +217,13 @@ def _place_multi(capacity: Capacity, request: Request) -> Placement | Attempt:
     best: tuple[tuple[int, ...], str, str, list[tuple[str, tuple[int, ...]]]] | None = None
     for gpu_class in profile.gpu_classes:
         for fabric in sorted(capacity.fabric_nodes):
-            fits: list[tuple[tuple[int, int, int, int, str], tuple[int, ...], str]] = []
-            misfits: list[tuple[str, str]] = []
-            for name in capacity.fabric_nodes[fabric]:
-                node = capacity.nodes[name]
-                why = (_why_not_multi(node, fabric, gpu_class, count)
-                       or capacity.weights_room(node, request.source))
-                if why:
-                    misfits.append((name, why))
-                    continue
-                key, gpus = _rank(capacity, request, node, gpu_class, count, weights)
-                fits.append((key, gpus, name))
-            if len(fits) < profile.nodes:
-                verb = "fits" if len(fits) == 1 else "fit"
-                reasons.append(("", f"fabric {fabric} ({gpu_class}): {len(fits)} node{_s(fits)} "
-                                    f"{verb}, needs {profile.nodes}"))
-                reasons.extend(misfits)
+            chosen = _best_multi(capacity, request, fabric, gpu_class, count, weights)
+            if chosen is None:
+                # Too few fit: ask every node of the fabric, to say why each does not.
+                chosen = _misfits_multi(capacity, request, fabric, gpu_class, count, weights,
+                                        reasons)
+            if chosen is None:
                 continue
-            chosen = sorted(fits)[: profile.nodes]
             score = (
                 sum(key[0] for key, _, _ in chosen), sum(key[1] for key, _, _ in chosen),
                 sum(key[2] for key, _, _ in chosen), sum(key[3] for key, _, _ in chosen),
@@ -263,6 +252,74 @@ def _place_multi(capacity: Capacity, request: Request) -> Placement | Attempt:
         else:
             slots.append(Slot(name, gpu_class, gpus, uuids))
     return Placement(request.profile_index, tuple(slots), fabric=fabric)
+
+
+_Fit = tuple[tuple[int, int, int, int, str], tuple[int, ...], str]  # (rank key, GPUs, node)
+
+
+def _best_multi(
+    capacity: Capacity, request: Request, fabric: str, gpu_class: str, count: int,
+    weights: set[str],
+) -> list[_Fit] | None:
+    """The ``profile.nodes`` best nodes of ``fabric`` for one replica, best first; None when
+    fewer fit.
+
+    The same choice as ranking every node of the fabric, without asking 10,000 of
+    them: nodes with the weights or the model are few and ranked all; every other
+    node ranks by (NVLink, free GPUs left, name), the order ``by_free`` yields them
+    in, so once enough NVLink-connected ones are found no later node can beat them.
+    """
+    wanted = request.profile.nodes
+
+    def fits(node: NodeState) -> bool:
+        return (_why_not_multi(node, fabric, gpu_class, count) is None
+                and not capacity.weights_room(node, request.source))
+
+    special = weights | set(capacity.model_nodes.get(request.model, {}))
+    found: list[_Fit] = []
+    for name in sorted(special):
+        node = capacity.nodes.get(name)
+        if node is not None and fits(node):
+            key, gpus = _rank(capacity, request, node, gpu_class, count, weights)
+            found.append((key, gpus, name))
+    connected = 0
+    for node in capacity.by_free(gpu_class, count):
+        if node.name in special or not fits(node):
+            continue
+        key, gpus = _rank(capacity, request, node, gpu_class, count, weights)
+        found.append((key, gpus, node.name))
+        connected += key[0] == NVLINK
+        if connected >= wanted:
+            break
+    if len(found) < wanted:
+        return None
+    return sorted(found)[:wanted]
+
+
+def _misfits_multi(
+    capacity: Capacity, request: Request, fabric: str, gpu_class: str, count: int,
+    weights: set[str], reasons: list[tuple[str, str]],
+) -> list[_Fit] | None:
+    """Every node of ``fabric`` ranked or refused, the refusals added to ``reasons``."""
+    profile = request.profile
+    fits: list[_Fit] = []
+    misfits: list[tuple[str, str]] = []
+    for name in capacity.fabric_nodes[fabric]:
+        node = capacity.nodes[name]
+        why = (_why_not_multi(node, fabric, gpu_class, count)
+               or capacity.weights_room(node, request.source))
+        if why:
+            misfits.append((name, why))
+            continue
+        key, gpus = _rank(capacity, request, node, gpu_class, count, weights)
+        fits.append((key, gpus, name))
+    if len(fits) >= profile.nodes:
+        return sorted(fits)[: profile.nodes]
+    verb = "fits" if len(fits) == 1 else "fit"
+    reasons.append(("", f"fabric {fabric} ({gpu_class}): {len(fits)} node{_s(fits)} "
+                        f"{verb}, needs {profile.nodes}"))
+    reasons.extend(misfits)
+    return None
 
 
 def _place_cpu(capacity: Capacity, request: Request) -> Placement | Attempt:
