@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmgw.fleet.types import Disk, Fleet, Mount, NodeReport
 
@@ -104,29 +104,40 @@ def _disk_of(path: str, disks: Iterable[Disk]) -> Disk | None:
     return best
 
 
+def _below(path: str, disk: Disk | None) -> str:
+    """``path`` below the disk's directory (both absolute, normalised by the agent)."""
+    if disk is None:
+        return path
+    base = disk.path.rstrip("/")
+    return path[len(base) + 1:] if path.startswith(base + "/") else posixpath.relpath(path, base)
+
+
 def copies(report: NodeReport) -> list[tuple[Disk | None, str, int, str | None, str]]:
     """Each copy a node reports: (its disk, its name, size, fetched source, relative path)."""
     found: list[tuple[Disk | None, str, int, str | None, str]] = []
     for cached in report.cached_weights:
         disk = _disk_of(cached.path, report.disks)
-        relative = posixpath.relpath(cached.path, disk.path) if disk else cached.path
+        relative = _below(cached.path, disk)
         found.append((disk, cached.source, cached.size_bytes, cached.source, relative))
     fetched = [c.path.rstrip("/") for c in report.cached_weights]
     for weights in report.weights:
         if any(weights.path == f or weights.path.startswith(f + "/") for f in fetched):
             continue  # what llmgw fetched: reported above, as its source
         disk = _disk_of(weights.path, report.disks)
-        relative = posixpath.relpath(weights.path, disk.path) if disk else weights.path
+        relative = _below(weights.path, disk)
         found.append((disk, relative, weights.size_bytes, None, relative))
     return found
 
 
 def survey(fleet: Fleet, fabrics: Mapping[str, Iterable[str]],
-           overrides: Mapping[str, bool] | None = None) -> Survey:
-    """The fleet's stores and local copies; ``fabrics``: each node's declared fabrics."""
+           overrides: Mapping[str, bool] | None = None, *, local: bool = True) -> Survey:
+    """The fleet's stores and local copies; ``fabrics``: each node's declared fabrics.
+    ``local=False`` leaves out the local copies (the planner reads each node's own)."""
     groups: dict[tuple[str, tuple[str, str, str]], dict[str, str]] = {}
     kinds: dict[tuple[str, tuple[str, str, str]], tuple[str, str]] = {}
     alone: dict[str, list[str]] = {}
+    # (node, store) → the groups it is in: each copy looks its own up, not every group.
+    member: dict[tuple[str, tuple[str, str, str]], list[tuple[str, tuple[str, str, str]]]] = {}
     reports = {n: r for n, r in sorted(fleet.nodes.items()) if r.reachable}
     for name, report in reports.items():
         on = sorted(fabrics.get(name, ()))
@@ -142,31 +153,40 @@ def survey(fleet: Fleet, fabrics: Mapping[str, Iterable[str]],
                 key = (fabric, mount.store)
                 groups.setdefault(key, {}).setdefault(name, disk.path)
                 kinds.setdefault(key, (mount.fs_type, mount.label))
-    held: dict[tuple[str, tuple[str, str, str]], dict[tuple[str, str | None], Copy]] = {}
-    local: dict[str, list[Copy]] = {}
+                member.setdefault((name, mount.store), []).append(key)
+    # group → (relative, source) → the first report's copy and every reporting node
+    held: dict[tuple[str, tuple[str, str, str]],
+               dict[tuple[str, str | None], tuple[Copy, list[str]]]] = {}
+    own: dict[str, list[Copy]] = {}
     for name, report in reports.items():
+        stored = {d.path: m.store for d in report.disks if (m := shared_mount(d, overrides))}
+        if not stored and not local:
+            continue
         for on_disk, label, size, source, relative in copies(report):
-            mount = shared_mount(on_disk, overrides) if on_disk else None
-            keys = [key for key in groups if mount is not None and key[1] == mount.store
-                    and name in groups[key]]
+            store = stored.get(on_disk.path) if on_disk is not None else None
+            keys = member.get((name, store), []) if store is not None else []
             if not keys:
-                local.setdefault(name, []).append(
+                own.setdefault(name, []).append(
                     Copy(label, size, source, relative, (name,), on_disk.path if on_disk else ""))
                 continue
             for key in keys:
                 entry = held.setdefault(key, {})
                 seen = entry.get((relative, source))
-                nodes = (*seen.nodes, name) if seen else (name,)
-                where = seen.directory if seen else (on_disk.path if on_disk else "")
-                entry[(relative, source)] = Copy(label, size, source, relative, nodes, where)
+                if seen is not None:
+                    seen[1].append(name)
+                else:
+                    first = Copy(label, size, source, relative, (), on_disk.path if on_disk else "")
+                    entry[(relative, source)] = (first, [name])
     stores = tuple(
         Store(fabric=key[0], fs_type=kinds[key][0], source=kinds[key][1],
               dirs=tuple(sorted(members.items())),
-              copies=tuple(sorted(held.get(key, {}).values(), key=lambda c: (c.name,
-                                                                             c.relative))))
+              copies=tuple(sorted((replace(c, nodes=tuple(n)) for c, n in
+                                   held.get(key, {}).values()),
+                                  key=lambda c: (c.name, c.relative))))
         for key, members in sorted(groups.items(), key=lambda item: (item[0][0],
                                                                      kinds[item[0]][1]))
     )
     return Survey(stores=stores,
-                  local={n: tuple(sorted(c, key=lambda c: c.name)) for n, c in local.items()},
+                  local={n: tuple(sorted(c, key=lambda c: c.name)) for n, c in own.items()
+                         if local},
                   alone={n: tuple(w) for n, w in alone.items()})

@@ -194,7 +194,7 @@ class Capacity:
                     self._file(node, gpu_class)
         self.survey = stores.survey(
             fleet, {name: list(node.spec.fabrics) for name, node in self.nodes.items()},
-            cluster.cluster.weights.shared_overrides)
+            cluster.cluster.weights.shared_overrides, local=False)
         self._file_shared()
         # (fabric, store, source) → the first node this plan fetches it on: the
         # others that mount the store wait for that one fetch (llmgw.hub.fetches'
