@@ -283,6 +283,8 @@ def describe(progress: fetches.Progress) -> str:
     """One line for a unit's detail: ``fetching 1.2 GB of 141 GB at 310 MB/s``."""
     if progress.state == "failed":
         return f"fetch failed: {progress.error}"
+    if progress.waiting:
+        return f"waiting for {progress.waiting}"
     if progress.bytes_total is None:
         return f"fetching {progress.target}: asking the source"
     text = (f"fetching {progress.target}: {fetches._human(progress.bytes_done)} of "

@@ -30,6 +30,7 @@ from llmgw.discovery import (
     gpus,
     hosts,
     limits,
+    mounts,
     nvml,
     pcis,
     topologies,
@@ -140,7 +141,11 @@ class Collector:
         hw = self.settings.hardware
         host = hosts.read(hw.proc_root, hw.sysfs_root)
         found_adapters = adapters.read(hw.sysfs_root)
-        found_disks, disk_warnings = disks.read(declaration.weights_dirs)
+        try:
+            mountinfo: str | None = mounts.path(hw.proc_root).read_text()
+        except OSError:
+            mountinfo = None  # every mount unknown: planned as local
+        found_disks, disk_warnings = disks.read(declaration.weights_dirs, mountinfo)
         found_weights = weights.find(declaration.weights_dirs, self._weights_cache)
         cards = pcis.read(hw.sysfs_root)
         return host, found_adapters, found_disks, found_weights, disk_warnings, cards

@@ -20,7 +20,7 @@ import grpc
 
 from llmgw.agent import monitors, reports, servers, settings, shutdowns
 from llmgw.cli.errors import UserError
-from llmgw.fleet.types import Gpu, NodeReport, Port
+from llmgw.fleet.types import Gpu, Mount, NodeReport, Port
 from llmgw.transport.agent_client import AgentClient
 
 ABSENT = "—"
@@ -132,6 +132,15 @@ def _size(value: int | None) -> str:
     return f"{value} B"
 
 
+def _mount(mount: Mount | None) -> str:
+    """``nfs4 filer-a:/export/models (shared)``; ``—`` when the agent did not say."""
+    if mount is None:
+        return "—"
+    if mount.shared:
+        return f"{mount.fs_type} {mount.label} (shared)"
+    return f"{mount.fs_type} {mount.source} (local)"
+
+
 def _show(value: object, suffix: str = "") -> str:
     return ABSENT if value is None else f"{value}{suffix}"
 
@@ -235,7 +244,7 @@ def render(report: NodeReport, source: str) -> str:
     ]
     if report.disks:
         parts.append("Disks\n" + _table([
-            [d.path, f"{_size(d.free_bytes)} free of {_size(d.total_bytes)}"]
+            [d.path, f"{_size(d.free_bytes)} free of {_size(d.total_bytes)}", _mount(d.mount)]
             for d in report.disks
         ]))
     else:

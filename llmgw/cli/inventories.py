@@ -20,7 +20,7 @@ from typing import Any
 from llmgw.engines import installables
 from llmgw.fleet import summaries as nodesums
 from llmgw.fleet.types import Fleet
-from llmgw.planning import drifts, outputs, summaries
+from llmgw.planning import drifts, holdings, outputs, summaries
 from llmgw.planning.summaries import STATE_ORDER, Shard, gpu_counts, replicas
 from llmgw.planning.types import Plan
 from llmgw.spec.models import Cluster
@@ -136,7 +136,31 @@ def render_status(cluster: Cluster, fleet: Fleet, now: float,
         lines.append(f"idle: {idle.replica.model} r{idle.replica.replica} holds "
                      f"{nodesums.count(idle.replica.gpu_count, 'GPU')}, {since}")
     lines += _fetches(fleet)
+    lines += render_holdings(holdings.holdings(cluster, fleet))
     return "\n".join(lines) + "\n"
+
+
+def _held(item: holdings.Held) -> list[str]:
+    models = ", ".join(item.models) or "(no model)"
+    return [models, item.name, nodesums.size(item.size_bytes)]
+
+
+def render_holdings(found: holdings.Holdings) -> list[str]:
+    """Per fabric its shared stores and what each holds, then each node's own copies."""
+    if not found:
+        return []
+    lines = ["", "Weights"]
+    for store in found.stores:
+        where = sorted({d for _, d in store.dirs})
+        lines.append(f"  {store.fabric}: shared {store.fs_type} {store.source} at "
+                     f"{', '.join(where)}, mounted by {', '.join(store.nodes)}")
+        rows = [["", *_held(item)] for item in store.held]
+        lines += _table(rows, header=False) if rows else ["    holds nothing yet"]
+    for node, held in found.local:
+        lines.append(f"  {node}: local")
+        lines += _table([["", *_held(item)] for item in held], header=False)
+    lines += [f"  {node}: {why}" for node, why in found.alone]
+    return lines
 
 
 def _fetches(fleet: Fleet) -> list[str]:

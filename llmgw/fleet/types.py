@@ -186,10 +186,39 @@ class FabricStatus(Observed):
         return f"{len(self.adapters)} of {declared} adapter{'' if declared == 1 else 's'} ACTIVE"
 
 
+class Mount(Observed):
+    """The filesystem a weights directory lies on, from ``/proc/self/mountinfo``."""
+
+    mount_point: str
+    fs_type: str = Field(description="As the kernel names it: `nfs4`, `lustre`, `ext4`.")
+    source: str = Field(description="The mount's source: `filer-a:/export/models` (NFS), "
+                        "`10.0.0.1@o2ib:/lfs01` (Lustre), `/dev/nvme0n1p1` (a local disk).")
+    root: str = Field("/", description="Where the weights directory is inside that "
+                      "filesystem: the mount's root joined with the path below its mount point.")
+    shared: bool = Field(False, description="A network or cluster filesystem, by its type: "
+                         "what one node writes there, the others that mount it read.")
+
+    @property
+    def store(self) -> tuple[str, str, str]:
+        """What two nodes must both see to share one copy: the filesystem's family
+        (``nfs4`` is ``nfs``), its source and the directory inside it."""
+        family = "nfs" if self.fs_type in ("nfs", "nfs4") else self.fs_type
+        return family, self.source.rstrip("/") or "/", self.root.rstrip("/") or "/"
+
+    @property
+    def label(self) -> str:
+        """``filer-a:/export/models`` and the directory inside it, when not its root."""
+        _, source, root = self.store
+        return source if root == "/" else f"{source} {root}"
+
+
 class Disk(Observed):
     path: str
     free_bytes: int | None = None
     total_bytes: int | None = None
+    mount: Mount | None = Field(
+        None, description="The filesystem it lies on; None: not known (an older agent, or "
+        "mountinfo unreadable), planned as local.")
 
 
 class Weights(Observed):

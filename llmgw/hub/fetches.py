@@ -78,6 +78,9 @@ class Progress:
     started_at: float | None = None
     updated_at: float | None = None
     cancelled: bool = False  # set from another thread: the transfer stops at its next chunk
+    # Set while another process holds this fetch's lock: another node on a shared
+    # weights directory, or another agent, fetches it; this one waits, then reuses it.
+    waiting: str = ""
 
     def advance(self, count: int, now: float) -> None:
         if self.cancelled:
@@ -277,7 +280,7 @@ def fetch(
     """
     progress = progress or Progress("weights", source.text)
     reach = Reach.of(allowed_hosts, endpoint)
-    with _locked(weights_dir, source):
+    with _locked(weights_dir, source, progress):
         done = present(source, weights_dir)
         if done is not None:
             progress.state, progress.bytes_done = "done", done.size_bytes
@@ -522,12 +525,32 @@ def _entry_file(source: Source, remote: Remote) -> str:
 
 
 @contextlib.contextmanager
-def _locked(weights_dir: str | Path, source: Source) -> Iterator[None]:
-    """One fetch of a source per weights directory, across processes."""
+def _locked(weights_dir: str | Path, source: Source,
+            progress: Progress | None = None) -> Iterator[None]:
+    """One fetch of a source per weights directory, across processes, and across nodes
+    where the directory is on a shared filesystem that honours ``flock`` (NFS, CephFS,
+    GPFS, BeeGFS; Lustre when mounted with ``-o flock``)."""
     locks = Path(weights_dir) / ".llmgw" / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     with (locks / f"{record_id(source)}.lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if progress is not None:
+                    progress.waiting = (f"another fetch of {source.text} into {weights_dir} "
+                                        "(another node sharing the directory, or another "
+                                        "agent); it is used once complete")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                if progress is not None:
+                    progress.waiting = ""
+        except OSError as exc:
+            # Fetching unlocked where other nodes may write the same files would
+            # interleave their bytes: refuse, and say what the filesystem lacks.
+            raise FetchError(
+                f"cannot lock {locks} ({exc.strerror or exc}): the filesystem refuses "
+                "flock, which keeps nodes that share the directory to one fetch (Lustre: "
+                "mount with -o flock)", retry=False) from None
         try:
             yield
         finally:

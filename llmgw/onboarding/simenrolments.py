@@ -34,7 +34,7 @@ from pathlib import Path
 from ruamel.yaml import YAML
 
 from llmgw.onboarding import enrolments, yamledits
-from llmgw.onboarding.simnodes import HarnessError, SimNode, fixture_settings
+from llmgw.onboarding.simnodes import HarnessError, SimNode, fixture_settings, hardware_settings
 from llmgw.spec.models import NAME_PATTERN
 
 ENROL_TIMEOUT = 900.0  # node add builds nothing here, but installs ~50 wheels per node
@@ -55,7 +55,7 @@ def prepare(node: SimNode) -> Path:
         yaml.default_flow_style = False
         with settings.open("w") as out:
             out.write("# The simulated node's hardware, kept by `llmgw node add`.\n")
-            yaml.dump({"hardware": fixture_settings(node.hardware)["hardware"]}, out)
+            yaml.dump({"hardware": hardware_settings(node)}, out)
     for directory in (node.root.parent, node.root, prefix):
         directory.chmod(0o711 if directory != prefix else 0o755)
     return prefix

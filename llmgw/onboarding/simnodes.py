@@ -572,7 +572,34 @@ def agent_config(node: SimNode) -> dict[str, Any]:
         "engines": {"dir": str(node.root / "engines")},
     })
     data.setdefault("readiness", {"poll_interval": "0.2s", "probe_timeout": "1s"})
+    data["hardware"] = hardware_settings(node)
     return data
+
+
+def hardware_settings(node: SimNode) -> dict[str, Any]:
+    """The fixture's ``hardware`` settings, its ``proc`` tree the node's own copy."""
+    hardware = dict(fixture_settings(node.hardware)["hardware"])
+    if "proc_root" in hardware:
+        hardware["proc_root"] = str(_proc_tree(node, Path(hardware["proc_root"])))
+    return hardware
+
+
+def _proc_tree(node: SimNode, fixture: Path) -> Path:
+    """The node's own copy of its fixture's ``proc`` tree, where the fixture's mount of
+    ``/models`` (an NFS filer on the InfiniBand nodes, a local disk elsewhere) is also
+    mounted at the lab's models directory (``<runtime>/models``, beside the nodes'
+    own): so the lab's nodes report its one copy of a model as the fixture's filesystem
+    holds it, shared or local."""
+    target = node.root / "proc"
+    shutil.copytree(fixture, target, dirs_exist_ok=True)
+    info = target / "self" / "mountinfo"
+    if info.is_file():
+        text = info.read_text()
+        lab_models = str(node.root.parent / "models").replace("\\", "\\134").replace(" ", "\\040")
+        extra = [" ".join([*fields[:4], lab_models, *fields[5:]]) for line in text.splitlines()
+                 if len(fields := line.split(" ")) > 5 and fields[4] == SIM_MODELS]
+        info.write_text(text + "".join(f"{line}\n" for line in extra))
+    return target
 
 
 def node_spec(node: SimNode) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from llmgw.fleet import stores
 from llmgw.fleet.types import FabricStatus, Fleet, NodeReport
 from llmgw.spec import quantities, sources
 from llmgw.spec.models import Cluster, Node
@@ -191,6 +192,27 @@ class Capacity:
             if node.placeable:
                 for gpu_class in node.classes():
                     self._file(node, gpu_class)
+        self.survey = stores.survey(
+            fleet, {name: list(node.spec.fabrics) for name, node in self.nodes.items()},
+            cluster.cluster.weights.shared_overrides, local=False)
+        self._file_shared()
+        # (fabric, store, source) → the first node this plan fetches it on: the
+        # others that mount the store wait for that one fetch (llmgw.hub.fetches'
+        # lock is in the directory), so the plan says it is fetched once.
+        self.planned_fetches: dict[tuple[str, str, str], str] = {}
+
+    def _file_shared(self) -> None:
+        """A copy in a shared store counts for every node of its fabric that mounts it,
+        under the path that node sees it at (its own weights directory there)."""
+        for store in self.survey.stores:
+            for copy in store.copies:
+                for name, directory in store.dirs:
+                    if name not in self.nodes:
+                        continue
+                    keys = ({copy.source} if copy.source is not None
+                            else weights_keys(f"{directory.rstrip('/')}/{copy.relative}"))
+                    for key in keys:
+                        self._weights.setdefault(key, set()).add(name)
 
     # -- queries ----------------------------------------------------------
 

@@ -599,7 +599,8 @@ class _Planner:
 
     def _build(self, name: str, index: int, placement: Placement) -> tuple[Shard, ...]:
         built = shards.build(self.cluster, self.reports, name, index, placement, render=True)
-        built = shards.weights_noted(built, self.reports, self.fleet.sources)
+        built = shards.weights_noted(built, self.reports, self.fleet.sources,
+                                     self.capacity.survey, self.capacity.planned_fetches)
         holds = []
         for slot in placement.slots:
             ports = slot.ports

@@ -21,6 +21,7 @@ from typing import Any
 
 from llmgw.engines import flags, launches
 from llmgw.engines.launches import EngineError, FabricUse, Launch
+from llmgw.fleet import stores
 from llmgw.fleet.types import NodeReport, SourceFacts
 from llmgw.planning.nodes import human_bytes
 from llmgw.planning.placements import Placement
@@ -176,26 +177,42 @@ def _placed(report: NodeReport | None, source: str) -> str | None:
 
 def weights_noted(
     built: tuple[Shard, ...], reports: Mapping[str, NodeReport],
-    facts: Mapping[str, SourceFacts],
+    facts: Mapping[str, SourceFacts], survey: stores.Survey | None = None,
+    planned: dict[tuple[str, str, str], str] | None = None,
 ) -> tuple[Shard, ...]:
-    """The shards, each saying whether its node has the weights or what it will fetch."""
-    return tuple(replace(s, weights=weights_note(s, reports.get(s.node), facts)) for s in built)
+    """The shards, each saying whether its node has the weights or what it will fetch;
+    ``planned`` (kept by the caller across replicas) says which node of a shared store
+    this plan fetches each source on first."""
+    return tuple(replace(s, weights=weights_note(s, reports.get(s.node), facts, survey,
+                                                 planned))
+                 for s in built)
 
 
 def weights_note(shard: Shard, report: NodeReport | None,
-                 facts: Mapping[str, SourceFacts]) -> str:
+                 facts: Mapping[str, SourceFacts], survey: stores.Survey | None = None,
+                 planned: dict[tuple[str, str, str], str] | None = None) -> str:
     weights = shard.spec.get("weights")
     if not isinstance(weights, dict):
         return ""
     source, directory = str(weights.get("source")), str(weights.get("dir"))
     if report is not None and any(c.source == source for c in report.cached_weights):
         return f"present in {directory}"
+    store = survey.of(shard.node, directory) if survey is not None else None
+    where = f" (shared: {store.fs_type} {store.source} on {store.fabric})" if store else ""
+    if store is not None:
+        if any(c.source == source for c in store.copies):
+            holders = sorted({n for c in store.copies if c.source == source for n in c.nodes})
+            return f"present in {directory}{where}, as {', '.join(holders)} reported"
+        if planned is not None:
+            first = planned.setdefault((store.fabric, store.source, source), shard.node)
+            if first != shard.node:
+                return f"fetched once into {directory}{where}, by {first}"
     known = facts.get(source)
     if known is None:
-        return f"will fetch {source} into {directory}"
+        return f"will fetch {source} into {directory}{where}"
     if known.size_bytes is None:
-        return f"will fetch {source} into {directory} (size unknown: {known.error})"
-    return f"will fetch {human_bytes(known.size_bytes)} into {directory}"
+        return f"will fetch {source} into {directory}{where} (size unknown: {known.error})"
+    return f"will fetch {human_bytes(known.size_bytes)} into {directory}{where}"
 
 
 def files(shard: Shard) -> units.UnitFiles:

@@ -456,30 +456,77 @@ class Disk(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     FREE_BYTES_FIELD_NUMBER: _builtins.int
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    MOUNT_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     free_bytes: _builtins.int
     total_bytes: _builtins.int
+    @_builtins.property
+    def mount(self) -> Global___Mount:
+        """The filesystem it lies on; unset: unknown (an older agent), planned as local."""
+
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
         free_bytes: _builtins.int | None = ...,
         total_bytes: _builtins.int | None = ...,
+        mount: Global___Mount | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_free_bytes", b"_free_bytes", "_total_bytes", b"_total_bytes", "free_bytes", b"free_bytes", "total_bytes", b"total_bytes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_free_bytes", b"_free_bytes", "_mount", b"_mount", "_total_bytes", b"_total_bytes", "free_bytes", b"free_bytes", "mount", b"mount", "total_bytes", b"total_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_free_bytes", b"_free_bytes", "_total_bytes", b"_total_bytes", "free_bytes", b"free_bytes", "path", b"path", "total_bytes", b"total_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_free_bytes", b"_free_bytes", "_mount", b"_mount", "_total_bytes", b"_total_bytes", "free_bytes", b"free_bytes", "mount", b"mount", "path", b"path", "total_bytes", b"total_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__free_bytes: _TypeAlias = _typing.Literal["free_bytes"]  # noqa: Y015
     _WhichOneofArgType__free_bytes: _TypeAlias = _typing.Literal["_free_bytes", b"_free_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__mount: _TypeAlias = _typing.Literal["mount"]  # noqa: Y015
+    _WhichOneofArgType__mount: _TypeAlias = _typing.Literal["_mount", b"_mount"]  # noqa: Y015
     _WhichOneofReturnType__total_bytes: _TypeAlias = _typing.Literal["total_bytes"]  # noqa: Y015
     _WhichOneofArgType__total_bytes: _TypeAlias = _typing.Literal["_total_bytes", b"_total_bytes"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__free_bytes) -> _WhichOneofReturnType__free_bytes | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mount) -> _WhichOneofReturnType__mount | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__total_bytes) -> _WhichOneofReturnType__total_bytes | None: ...
 
 Global___Disk: _TypeAlias = Disk  # noqa: Y015
+
+@_typing.final
+class Mount(_message.Message):
+    """A weights directory's mount, from /proc/self/mountinfo (never its options)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MOUNT_POINT_FIELD_NUMBER: _builtins.int
+    FS_TYPE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    ROOT_FIELD_NUMBER: _builtins.int
+    SHARED_FIELD_NUMBER: _builtins.int
+    mount_point: _builtins.str
+    fs_type: _builtins.str
+    """nfs4 | lustre | gpfs | beegfs | ceph | ext4 | xfs | overlay ..."""
+    source: _builtins.str
+    """filer-a:/export/models, 10.0.0.1@o2ib:/lfs01, /dev/nvme0n1p1"""
+    root: _builtins.str
+    """the directory inside that filesystem"""
+    shared: _builtins.bool
+    """a network or cluster filesystem, by its type"""
+    def __init__(
+        self,
+        *,
+        mount_point: _builtins.str = ...,
+        fs_type: _builtins.str = ...,
+        source: _builtins.str = ...,
+        root: _builtins.str = ...,
+        shared: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fs_type", b"fs_type", "mount_point", b"mount_point", "root", b"root", "shared", b"shared", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Mount: _TypeAlias = Mount  # noqa: Y015
 
 @_typing.final
 class Weights(_message.Message):

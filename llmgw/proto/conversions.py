@@ -56,7 +56,7 @@ class UnitResult:
 FLEET_TYPES: dict[str, type[BaseModel]] = {
     "NodeReport": fleet.NodeReport, "Gpu": fleet.Gpu, "GpuProcess": fleet.GpuProcess,
     "Adapter": fleet.Adapter, "Port": fleet.Port, "FabricStatus": fleet.FabricStatus,
-    "Disk": fleet.Disk, "Weights": fleet.Weights, "Unit": fleet.Unit,
+    "Disk": fleet.Disk, "Mount": fleet.Mount, "Weights": fleet.Weights, "Unit": fleet.Unit,
     "Fetch": fleet.Fetch, "CachedWeights": fleet.CachedWeights,
     "HostFacts": fleet.HostFacts, "EngineBinary": fleet.EngineBinary,
     "InstalledEngine": fleet.InstalledEngine, "EngineLimits": fleet.EngineLimits,

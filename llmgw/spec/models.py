@@ -42,6 +42,8 @@ from llmgw.spec.tenancy import WebSettings as WebSettings
 NAME_PATTERN = identifiers.PATTERNS["name"][0]
 Port = Annotated[int, Field(ge=1, le=65535)]
 AllowedHost = Annotated[str, AfterValidator(hosts.check_entry)]
+# A filesystem type as /proc/self/mountinfo names it: nfs4, lustre, fuse.juicefs.
+FsType = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._+-]{0,63}$")]
 
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
 _ENDPOINT = identifiers.HTTP_URL
@@ -143,6 +145,20 @@ class WeightsSettings(Strict):
         "address), checked by `validate` and again when `plan` asks its size and the node "
         "downloads it. The `endpoint`'s host is always allowed.",
     )
+
+    filesystems: dict[FsType, Literal["shared", "local"]] = Field(
+        default_factory=dict, max_length=64,
+        description="Filesystem types (as `/proc/self/mountinfo` names them) to count as "
+        "`shared` or `local`, beyond llmgw's own list of network and cluster filesystems "
+        "(NFS, Lustre, GPFS, BeeGFS, CephFS, ...): `{fuse.mystore: shared}`, or `{nfs4: local}` "
+        "where each node mounts a filer of its own. One copy on a shared weights directory "
+        "counts for every node of its fabric that mounts the same source.",
+    )
+
+    @property
+    def shared_overrides(self) -> dict[str, bool]:
+        """``filesystems`` as :func:`llmgw.fleet.stores.is_shared` reads it."""
+        return {fs_type: kind == "shared" for fs_type, kind in self.filesystems.items()}
 
     @field_validator("endpoint")
     @classmethod

@@ -1,4 +1,5 @@
-"""/admin/nodes and /admin/nodes/<node>: every node, and one node with its GPUs, for admins.
+"""/admin/nodes and /admin/nodes/<node>: every node and what each fabric holds, and one
+node with its GPUs, for admins.
 
 The figures are those of :mod:`llmgw.fleet.summaries` (per node and per GPU)
 and :mod:`llmgw.planning.summaries` (which GPUs llmgw units hold) — the same
@@ -22,7 +23,7 @@ from markupsafe import Markup, escape
 from llmgw.fleet import redactions
 from llmgw.fleet import summaries as nodesums
 from llmgw.fleet.types import Fleet
-from llmgw.planning import summaries
+from llmgw.planning import holdings, summaries
 from llmgw.spec import identifiers
 
 if TYPE_CHECKING:
@@ -64,8 +65,11 @@ async def _nodes(pages: Pages, request: web.Request) -> web.StreamResponse:
     # Free text (errors) as it may leave the daemon: scrubbed of secrets, then escaped.
     shown = redactions.public(fleet) if fleet is not None else None
     rows = nodesums.node_rows(pages.cluster(), shown, pages.clock()) if shown else []
+    # What each fabric holds (its shared stores, each node's own copies): the
+    # planner's own count of copies, over the same scrubbed fleet, escaped.
+    held = holdings.holdings(pages.cluster(), shown) if shown else None
     return pages.render(request, "admin_nodes.html", observed=fleet is not None, rows=rows,
-                        observed_at=view.observed_at if view else None)
+                        holdings=held, observed_at=view.observed_at if view else None)
 
 
 async def _node(pages: Pages, request: web.Request) -> web.StreamResponse:

@@ -37,7 +37,10 @@ def full_report() -> fleet.NodeReport:
                   fleet.PciCard(address="0000:c1:00.0")],
         fabrics=[fleet.FabricStatus(name="roce-a", kind="roce", adapters=["mlx5_0"],
                                     advertised=True, reasons=["x"], gid_index=3)],
-        disks=[fleet.Disk(path="/models", free_bytes=5 * 2**40, total_bytes=7 * 2**40)],
+        disks=[fleet.Disk(path="/models", free_bytes=5 * 2**40, total_bytes=7 * 2**40,
+                          mount=fleet.Mount(mount_point="/mnt/models", fs_type="nfs4",
+                                            source="filer-a:/export/models", root="/llm",
+                                            shared=True))],
         weights=[fleet.Weights(path="/models/x", format="gguf", size_bytes=123)],
         units=[fleet.Unit(
             name="llmgw-m-r1-s2.service", model="m", replica=1, rank=2, digest="abc",
@@ -77,6 +80,14 @@ def test_absent_stays_absent_and_empty_stays_empty() -> None:
     assert back.gpus[0].utilization_pct == 0 and back.gpus[0].nvlink_peers == []
     assert back.gpus[1].utilization_pct is None and back.gpus[1].nvlink_peers is None
     assert back.gpus[0].memory_total_mib is None and back.memory_total_bytes is None
+
+
+def test_a_disk_from_an_agent_without_mounts_has_its_mount_unknown() -> None:
+    # What an agent before field 4 sends: path and sizes only.
+    older = pb.Disk(path="/models", free_bytes=10, total_bytes=20).SerializeToString()
+    disk = messages.from_message(pb.Disk.FromString(older), fleet.Disk)
+    assert disk == fleet.Disk(path="/models", free_bytes=10, total_bytes=20)
+    assert disk.mount is None
 
 
 def test_fields_a_newer_agent_sends_are_dropped_by_an_older_reader() -> None:

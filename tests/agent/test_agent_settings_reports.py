@@ -162,3 +162,23 @@ async def test_a_gpu_no_driver_answers_for_is_in_the_report_as_a_node_fault(
     assert report.gpus == [] and report.faults == [
         "3 NVIDIA cards on the PCI bus, 0 answer: 0000:c1:00.0 has no driver bound; "
         "check `dmesg | grep -i nvidia`, the driver version and `nvidia-smi -q`"]
+
+
+async def test_each_weights_directory_reports_the_mount_it_lies_on(tmp_path: Path) -> None:
+    """The fixture node's own recorded-format mountinfo (under its proc_root): /models is
+    the lab's NFS filer, its fixture models directory the local root filesystem."""
+    chosen = node_settings("h100-ib", tmp_path)
+    local = str(NODES / "h100-ib" / "models")
+    report = await reports.Collector(chosen).collect(Declaration("n", (), ("/models", local)))
+    mounts = {d.path: d.mount for d in report.disks}
+    nfs, root = mounts["/models"], mounts[local]
+    assert nfs is not None and root is not None
+    assert (nfs.fs_type, nfs.source, nfs.shared) == ("nfs4", "filer-a.lab:/export/models", True)
+    assert (root.fs_type, root.source, root.shared) == ("ext4", "/dev/nvme0n1p2", False)
+
+
+async def test_an_unreadable_mountinfo_leaves_every_mount_unknown(tmp_path: Path) -> None:
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    chosen = node_settings("h100-ib", tmp_path, hardware={"proc_root": str(tmp_path / "proc")})
+    report = await reports.Collector(chosen).collect(Declaration("n", (), (str(tmp_path),)))
+    assert [d.mount for d in report.disks] == [None]

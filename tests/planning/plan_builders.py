@@ -18,6 +18,7 @@ adapters ACTIVE. ``fleet:`` overrides that per node::
         weights: [/models/meta-llama/Llama-3.1-8B-Instruct]
         disk_free: 80GB         # free bytes in the node's first weights_dirs entry
         fetched: [org/name]     # sources llmgw already fetched there
+        mount: nfs4 filer-a:/export/models   # the filesystem of the first weights_dirs entry
         engines: [vllm 0.11.0]  # engine versions installed (absent: an agent that does not say)
         unreachable: connection refused
         absent: true            # no report at all
@@ -56,6 +57,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from llmgw.fleet.stores import is_shared
 from llmgw.fleet.types import (
     CachedWeights,
     Disk,
@@ -65,6 +67,7 @@ from llmgw.fleet.types import (
     GpuProcess,
     HostFacts,
     InstalledEngine,
+    Mount,
     NodeReport,
     SourceFacts,
     Unit,
@@ -211,10 +214,17 @@ def _report(cluster: Cluster, name: str, extra: dict[str, Any], now: float) -> N
         for p in extra.get("weights", [])
     ]
     disks = []
-    if "disk_free" in extra and spec is not None and spec.weights_dirs:
-        free = parse_size(str(extra["disk_free"]))
-        disks = [Disk(path=spec.weights_dirs[0], free_bytes=free, total_bytes=free * 4)]
-    cached = [CachedWeights(source=str(s), path=f"/models/hub/{s}", size_bytes=1)
+    if ("disk_free" in extra or "mount" in extra) and spec is not None and spec.weights_dirs:
+        free = parse_size(str(extra["disk_free"])) if "disk_free" in extra else None
+        mount = None
+        if "mount" in extra:  # "nfs4 filer-a:/export/models": the first weights_dirs entry's
+            fs_type, source = str(extra["mount"]).split()
+            mount = Mount(mount_point=spec.weights_dirs[0], fs_type=fs_type, source=source,
+                          shared=is_shared(fs_type))
+        disks = [Disk(path=spec.weights_dirs[0], free_bytes=free,
+                      total_bytes=None if free is None else free * 4, mount=mount)]
+    first = spec.weights_dirs[0] if spec is not None and spec.weights_dirs else "/models"
+    cached = [CachedWeights(source=str(s), path=f"{first}/hub/{s}", size_bytes=1)
               for s in extra.get("fetched", [])]
     started, booted = extra.get("agent_started_at"), extra.get("booted_at")
     host = None

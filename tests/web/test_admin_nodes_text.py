@@ -106,3 +106,39 @@ def test_a_login_goes_back_to_the_node_page_it_came_from(
         answer = client.post("/login", data={"name": "ada", "password": "ada-admin-pass",
                                              "csrf": token.group(1), "next": target})
     assert answer.status_code == 303 and answer.headers["location"] == goes_to
+
+
+def test_what_each_fabric_holds_is_shown_once_and_escaped(tmp_path: Path) -> None:
+    """The weights section: a shared store once for its fabric, whatever its agents
+    report (sources and paths are free text from nodes: escaped, and scrubbed)."""
+    from llmgw.fleet.types import CachedWeights, Disk, Mount
+    from llmgw.spec.models import Cluster
+
+    spec = Cluster.model_validate({
+        "cluster": {"name": "lab"}, "fabrics": {"ib-a": {"kind": "infiniband"}},
+        "nodes": {n: {"address": f"10.0.0.{i}", "fabrics": {"ib-a": ["mlx5_0"]},
+                      "weights_dirs": ["/models"]} for i, n in enumerate(["gpu-01", "gpu-02"])},
+        "models": {"chat": {"source": "org/chat", "profiles": [
+            {"engine": "vllm", "gpu_class": "h100-80g"}]}}})
+    mount = Mount(mount_point="/models", fs_type="nfs4", shared=True,
+                  source=f"filer{HOSTILE}:/export/{TOKEN}")
+    cached = [CachedWeights(source="org/chat", path="/models/hub/models--org--chat/snapshots/1",
+                            size_bytes=2 * 1024**3)]
+    observed = Fleet(nodes={n: NodeReport(node=n, disks=[Disk(path="/models", mount=mount)],
+                                          cached_weights=cached) for n in ("gpu-01", "gpu-02")})
+    made = Stack(tmp_path, spec, Settings(), 0, pages=True)
+    try:
+        made.run(users.create(made.db, "ada", "ada-admin-pass", admin=True))
+        made.pages.admin = lambda: AdminView(
+            summary=summaries.summarize(spec, observed, 0.0), fleet=observed)
+        with httpx.Client(base_url=made.url, timeout=30) as client:
+            login(client)
+            page = client.get("/admin/nodes").text
+    finally:
+        made.close()
+    section = page[page.index('id="weights"'):]
+    rows = re.findall(r"<tr data-fabric=\"ib-a\">(.*?)</tr>", section)
+    assert len(rows) == 1, rows  # one copy on one store, though two agents report it
+    assert "gpu-01, gpu-02" in rows[0] and ">chat<" in rows[0] and "2.0 GiB" in rows[0]
+    assert "&lt;img src=x onerror=alert(1)&gt;" in rows[0] and "<img" not in page
+    assert TOKEN not in page
