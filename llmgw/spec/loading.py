@@ -33,12 +33,13 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError, YAMLWarning
 
-from llmgw.spec import bounds, checks, identifiers, partials, secrets
+from llmgw.spec import bounds, checks, identifiers, partials, secrets, upstreams
 from llmgw.spec.models import SECTIONS, Cluster
 
 DataPath = tuple[str | int, ...]
-COLLECTIONS = ("fabrics", "nodes", "models", "projects")
-_SINGULAR = {"fabrics": "fabric", "nodes": "node", "models": "model", "projects": "project"}
+COLLECTIONS = ("fabrics", "nodes", "models", "projects", "upstreams")
+_SINGULAR = {"fabrics": "fabric", "nodes": "node", "models": "model", "projects": "project",
+             "upstreams": "upstream"}
 
 
 @dataclass(frozen=True, order=True)
@@ -154,7 +155,12 @@ def load_with_sources(
     if errors:
         raise SpecErrors(errors)
     assert cluster is not None
-    return _resolve_relative(cluster, root), sources
+    resolved = _resolve_relative(cluster, root)
+    errors = [SpecError(sources.locate(path), message)
+              for path, message in upstreams.file_problems(resolved)]
+    if errors:
+        raise SpecErrors(errors)
+    return resolved, sources
 
 
 def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
@@ -196,7 +202,13 @@ def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
         name: node.model_copy(update={"agent_socket": resolve(node.agent_socket)})
         for name, node in nodes.items()
     }
-    return cluster.model_copy(update={"cluster": settings, "nodes": nodes, "models": models})
+    remotes = {
+        name: upstream.model_copy(update={"api_key_file": anchored(upstream.api_key_file)})
+        if upstream.api_key_file else upstream
+        for name, upstream in cluster.upstreams.items()
+    }
+    return cluster.model_copy(update={"cluster": settings, "nodes": nodes, "models": models,
+                                      "upstreams": remotes})
 
 
 def _meaning_errors(
