@@ -111,7 +111,8 @@ def check_url(text: str) -> None:
                          "1 to 65535") from None
     host = parts.hostname or ""
     if port == 0 or not host or not identifiers.is_address(host.strip("[]")) or host == "local":
-        raise ValueError(f"invalid upstream url {shown}: no valid host ({identifiers.ADDRESS_RULE})")
+        raise ValueError(f"invalid upstream url {shown}: no valid host "
+                         f"({identifiers.ADDRESS_RULE})")
 
 
 def served_by_upstreams(cluster: Cluster) -> dict[str, str]:
