@@ -196,3 +196,18 @@ def read_key(path: str | Path) -> str:
         raise ValueError("holds a space, line break or control character")
     return key
 
+
+
+def summary(cluster: Cluster) -> dict[str, dict[str, object]]:
+    """Each upstream as a plan compares it and the leader publishes it: never the key,
+    nor its file's path (only whether there is one). A purely computational function."""
+    return {
+        name: {
+            "url": upstream.url,
+            "key": upstream.api_key_file is not None,
+            "models": {served: [entry.model or served, entry.use]
+                       for served, entry in sorted(upstream.models.items())},
+            "max_in_flight": upstream.max_in_flight,
+        }
+        for name, upstream in sorted(cluster.upstreams.items())
+    }
