@@ -287,6 +287,7 @@ class Router:
                     first_byte_timeout=(entry.first_byte_timeout if entry
                                         else self.settings.first_byte_timeout),
                     cap=entry.max_in_flight if entry else None,
+                    replicas_only=entry is not None and entry.adapter is not None,
                 )
                 outcome.status = outcome.status or response.status
                 return response

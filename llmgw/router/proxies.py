@@ -135,8 +135,12 @@ class Proxy:
         load_factor: float = 1.25,
         first_byte_timeout: float = 600.0,
         cap: int | None = None,
+        replicas_only: bool = False,
     ) -> web.StreamResponse:
         """Send ``body`` to a ready replica of ``model`` and answer ``request`` with its reply.
+
+        ``replicas_only``: never to an upstream (a LoRA adapter's request: only the
+        model's replicas loaded it).
 
         ``affinity`` (a prompt-prefix digest) picks by prefix with bounded loads
         instead of least outstanding; a retry goes to the next replica on the ring.
@@ -144,9 +148,10 @@ class Proxy:
         every other replica full answers the first failure).
         """
         tried: list[Upstream] = []
+        skipped = self.routes.upstreams_of(model) if replicas_only else []
         last_error: ApiError | None = None
         for _ in range(2):
-            upstream = self.routes.pick(model, exclude=tried, affinity=affinity,
+            upstream = self.routes.pick(model, exclude=[*tried, *skipped], affinity=affinity,
                                         load_factor=load_factor, cap=cap)
             if upstream is None:
                 break
@@ -166,7 +171,7 @@ class Proxy:
             try:
                 response = await self._attempt(
                     request, upstream, sent, stream, strip_usage_chunk, outcome,
-                    can_retry=len(self.routes.endpoints(model)) > len(tried),
+                    can_retry=len(self.routes.endpoints(model)) > len(tried) + len(skipped),
                     first_byte_timeout=first_byte_timeout, authorization=authorization,
                 )
                 failed = outcome.status >= 500

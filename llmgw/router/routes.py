@@ -176,6 +176,10 @@ class Routes:
     def endpoints(self, model: str) -> list[Endpoint]:
         return [u.endpoint for u in self._table.get(model, ())]
 
+    def upstreams_of(self, model: str) -> list[Upstream]:
+        """The model's endpoints that are upstreams (``upstreams:``), not replicas."""
+        return [u for u in self._table.get(model, ()) if u.endpoint.upstream]
+
     def models(self) -> list[str]:
         """Models with at least one ready endpoint."""
         return sorted(self._table)

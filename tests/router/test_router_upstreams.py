@@ -20,6 +20,7 @@ from support.stacks import CPU, Stack, StackFactory
 from support.upstream import Upstream
 
 from llmgw.router import catalogs
+from llmgw.spec.loras import LoraAdapter
 from llmgw.spec.models import Cluster
 
 KEY = "sk-upstream-KEYMARK-41c9"
@@ -266,3 +267,23 @@ def test_the_key_is_nowhere_but_the_upstreams_requests(
     assert KEY not in scrape(stack)
     assert not any(KEY in v for v in stack.table_values("usage"))
     assert KEY not in repr(stack.router.routes.endpoints("chat"))
+
+
+def test_an_adapter_is_never_sent_to_an_upstream(
+        make_stack: StackFactory, tmp_path: Path) -> None:
+    stack = make_stack(replicas=1, wait_timeout=0.5)
+    ext = stack.run(Upstream("ext").start())
+    stack.upstreams.append(ext)
+    cluster = spec(ext.url, key_file(tmp_path), "always")
+    cluster.models["chat"].adapters.append(LoraAdapter(name="chat-sql", source="/w/sql"))
+    stack.call(stack.router.configure, catalogs.from_cluster(cluster))
+    until(lambda: stack.router.externals.status()["ext"][0])
+    c = client(stack, stack.key())
+    with pytest.raises(openai.APIStatusError) as refused:
+        ask(c, "chat-sql")  # only the upstream is there: no replica loaded the adapter
+    assert refused.value.status_code == 503 and not ext.received
+    replica = stack.upstreams[0]
+    stack.route({"chat": [replica]})
+    ask(c, "chat-sql")
+    ask(c, "chat-sql")
+    assert len(replica.received) == 2 and not ext.received
