@@ -81,7 +81,8 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     if bool(old.get("key")) != bool(new.get("key")):
         found.append("a key is sent" if new.get("key") else "no key is sent any more")
     if old.get("max_in_flight") != new.get("max_in_flight"):
-        found.append(f"max_in_flight {old.get('max_in_flight')} → {new.get('max_in_flight')}")
+        found.append(f"max_in_flight {old.get('max_in_flight') or 'no cap'} → "
+                     f"{new.get('max_in_flight') or 'no cap'}")
     was, now = dict(old.get("models") or {}), dict(new.get("models") or {})
     for served in sorted(set(was) | set(now)):
         if served not in was:

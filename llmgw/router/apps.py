@@ -382,6 +382,10 @@ class Router:
         else:
             message = (f"model {name!r} has no ready replica (starting, or failed: see "
                        f"`llmgw status`); retry in {after} s")
+        down = self.externals.down(key)
+        if down:
+            message = (f"model {name!r} has no ready replica and no upstream that is up "
+                       f"({'; '.join(down)}); retry in {after} s")
         raise ApiError(503, message, code="model_loading", type="server_error",
                        headers={"Retry-After": str(after)})
 

@@ -128,6 +128,11 @@ class Externals:
         if name in self._states:
             self.metrics.upstream_request(name, failed, seconds)
 
+    def down(self, model: str) -> list[str]:
+        """Why each upstream serving model key ``model`` is not routed: "name: reason"."""
+        return [f"{name}: {state.reason}" for name, state in sorted(self._states.items())
+                if not state.up and model in state.entry.models]
+
     def status(self) -> dict[str, tuple[bool, str]]:
         """Name → (up, why not): for logs and pages; never the key."""
         return {name: (s.up, s.reason) for name, s in sorted(self._states.items())}

@@ -37,7 +37,7 @@ def entry(**changed: Any) -> dict[str, Any]:
                              models={"chat": ["gpt-small", "always"], "code": ["c", "always"]})},
                  {"a": entry()},
                  [("change", "a", ("url https://a.example.com → https://b.example.com",
-                                   "no key is sent any more", "max_in_flight None → 8",
+                                   "no key is sent any more", "max_in_flight no cap → 8",
                                    "chat: gpt-small (fallback) → gpt-small (always)",
                                    "+ code → c (always)"))], id="changed"),
 ])

@@ -173,6 +173,7 @@ def test_an_upstream_that_is_down_is_not_routed(
     with pytest.raises(openai.APIStatusError) as refused:
         ask(c)
     assert refused.value.status_code == 503  # no replica, no upstream: model_loading
+    assert "no upstream that is up (ext: GET /v1/models answered 503)" in str(refused.value)
     assert len(ext.received) == 1
 
     ext.health_status = 200
