@@ -38,13 +38,13 @@ def changes(declared: Summary, running: Summary | None) -> list[UpstreamChange]:
     for name in sorted(set(declared) | set(running)):
         new, old = declared.get(name), running.get(name)
         if new is None:
-            found.append(UpstreamChange("remove", name, (_describe(old or {}),)))
+            found.append(UpstreamChange("remove", name, (describe(old or {}),)))
         elif old is None:
-            found.append(UpstreamChange("add", name, (_describe(new),)))
+            found.append(UpstreamChange("add", name, (describe(new),)))
         elif _plain(old) != _plain(new):
             found.append(UpstreamChange("change", name, tuple(_differences(old, new))))
         else:
-            found.append(UpstreamChange("keep", name, (_describe(new),)))
+            found.append(UpstreamChange("keep", name, (describe(new),)))
     return found
 
 
@@ -66,7 +66,8 @@ def lines(found: list[UpstreamChange]) -> list[str]:
     return out
 
 
-def _describe(entry: Mapping[str, Any]) -> str:
+def describe(entry: Mapping[str, Any]) -> str:
+    """One upstream's summary in a line: its URL, key, cap and models."""
     models = ", ".join(f"{served} → {model} ({use})" for served, (model, use)
                        in sorted(dict(entry.get("models") or {}).items()))
     key = "with a key" if entry.get("key") else "no key"

@@ -132,3 +132,17 @@ def test_two_files_cannot_both_declare_one_upstream(tmp_path: Path) -> None:
 def test_a_project_may_allow_a_name_only_upstreams_serve(tmp_path: Path) -> None:
     assert load(tmp_path, entry(models="{gpt-4o: {use: always}}")
                 + "projects:\n  research: {models: [gpt-4o]}\n") is None
+
+
+def test_validate_lists_upstreams_without_the_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from llmgw.cli.main import main
+
+    (tmp_path / "up.key").write_text("sk-KEYMARK-9\n")
+    (tmp_path / "cluster.yaml").write_text(HEAD + entry(
+        models="{Chat-1: {model: gpt-4o-mini}}", extra="    max_in_flight: 8\n"))
+    assert main(["validate", "--cluster", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("Upstreams\n  burst: https://api.example.com (with a key, at most 8 in "
+                        "flight): Chat-1 → gpt-4o-mini (fallback)\n")
+    assert "KEYMARK" not in out and "up.key" not in out
