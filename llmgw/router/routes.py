@@ -213,9 +213,10 @@ class Routes:
         return [u for u in upstreams if u not in fallbacks] or upstreams
 
     def in_flight(self) -> dict[str, int]:
-        """Model → this router's requests in flight on its replicas."""
+        """Model → this router's requests in flight on its replicas (not on upstreams: the
+        autoscaler divides this by ready replicas)."""
         return {model: n for model, upstreams in self._table.items()
-                if (n := sum(u.outstanding for u in upstreams))}
+                if (n := sum(u.outstanding for u in upstreams if not u.endpoint.upstream))}
 
     def replica_in_flight(self) -> dict[str, int]:
         """Replica URL → this router's requests in flight there (none left out)."""

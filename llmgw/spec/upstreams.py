@@ -130,7 +130,14 @@ def problems(cluster: Cluster) -> Iterator[tuple[PathT, str]]:
     """References between upstreams and models. A purely computational function."""
     declared = {model.served_name or key for key, model in cluster.models.items()}
     adapters = {a.name for model in cluster.models.values() for a in model.adapters}
+    urls: dict[str, str] = {}
     for name, upstream in sorted(cluster.upstreams.items()):
+        first = urls.setdefault(upstream.url, name)
+        if first != name:
+            # The router knows an endpoint by its URL: two would share one key and cap.
+            yield ("upstreams", name, "url"), (
+                f"upstreams.{name}.url: {upstream.url} is upstream {first}'s too; one "
+                "upstream per URL (list every model it serves under one name)")
         for served, entry in upstream.models.items():
             base: PathT = ("upstreams", name, "models", served)
             where = f"upstreams.{name}.models.{served}"

@@ -146,3 +146,12 @@ def test_validate_lists_upstreams_without_the_key(
     assert out.endswith("Upstreams\n  burst: https://api.example.com (with a key, at most 8 in "
                         "flight): Chat-1 → gpt-4o-mini (fallback)\n")
     assert "KEYMARK" not in out and "up.key" not in out
+
+
+def test_two_upstreams_cannot_share_a_url(tmp_path: Path) -> None:
+    found = load(tmp_path, entry() + entry(name="again").removeprefix("upstreams:\n"))
+    assert found is not None
+    (error,) = found.errors
+    assert error.message == ("upstreams.burst.url: https://api.example.com is upstream "
+                             "again's too; one upstream per URL (list every model it serves "
+                             "under one name)")
