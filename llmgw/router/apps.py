@@ -365,6 +365,8 @@ class Router:
 
     async def _wait_for_replica(self, name: str, key: str, entry: ModelEntry | None) -> None:
         if self.routes.has(key):
+            if entry is not None and entry.on_demand and not self.routes.has_replica(key):
+                self.demands.served_elsewhere(key, time.time())  # an upstream serves it
             return
         self.demands.wait_started(key)
         self.metrics.waiting.labels(key).inc()

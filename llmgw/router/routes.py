@@ -176,6 +176,10 @@ class Routes:
     def endpoints(self, model: str) -> list[Endpoint]:
         return [u.endpoint for u in self._table.get(model, ())]
 
+    def has_replica(self, model: str) -> bool:
+        """Whether ``model`` has an endpoint that is a replica, not an upstream."""
+        return any(not u.endpoint.upstream for u in self._table.get(model, ()))
+
     def upstreams_of(self, model: str) -> list[Upstream]:
         """The model's endpoints that are upstreams (``upstreams:``), not replicas."""
         return [u for u in self._table.get(model, ()) if u.endpoint.upstream]

@@ -27,7 +27,8 @@ KEY = "sk-upstream-KEYMARK-41c9"
 FAST = {"interval": 0.1, "timeout": 1, "max_backoff": 0.2}
 
 
-def spec(url: str, key_file: Path | None, use: str = "fallback", **extra: Any) -> Cluster:
+def spec(url: str, key_file: Path | None, use: str = "fallback", min_replicas: int = 1,
+         **extra: Any) -> Cluster:
     upstream: dict[str, Any] = {
         "url": url, "health": FAST,
         "models": {"chat": {"model": "provider/chat-large", "use": use},
@@ -39,8 +40,8 @@ def spec(url: str, key_file: Path | None, use: str = "fallback", **extra: Any) -
         upstream["api_key_file"] = str(key_file)
     return Cluster.model_validate({
         "cluster": {"name": "lab"},
-        "models": {"chat": {"profiles": CPU, "pricing": {"input_per_mtok": 1.0,
-                                                          "output_per_mtok": 2.0}}},
+        "models": {"chat": {"profiles": CPU, "scaling": {"min": min_replicas},
+                            "pricing": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}},
         "projects": {"research": {}},
         "upstreams": {"ext": upstream},
     })
@@ -288,3 +289,18 @@ def test_an_adapter_is_never_sent_to_an_upstream(
     ask(c, "chat-sql")
     ask(c, "chat-sql")
     assert len(replica.received) == 2 and not ext.received
+
+
+def test_an_on_demand_model_served_by_its_fallback_is_still_started(
+        make_stack: StackFactory, tmp_path: Path) -> None:
+    stack = make_stack(replicas=0, wait_timeout=0.5)
+    ext = stack.run(Upstream("ext").start())
+    stack.upstreams.append(ext)
+    cluster = spec(ext.url, key_file(tmp_path), min_replicas=0)
+    stack.call(stack.router.configure, catalogs.from_cluster(cluster))
+    until(lambda: stack.router.externals.status()["ext"][0])
+    assert stack.router.demand().waiting == {}
+    assert ask(client(stack, stack.key())) == "Hello from the engine."  # no wait
+    demand = stack.router.demand()
+    assert demand.waiting == {"chat": 1} and demand.wanted == {"chat": 1}
+    assert not stack.router.demands.snapshot(now=time.time() + 11).waiting  # a while only
