@@ -16,10 +16,10 @@ from typing import Any
 
 import openai
 import pytest
-from support.stacks import CPU, Stack, StackFactory
+from support.stacks import CPU, Stack, StackFactory, cluster
 from support.upstream import Upstream
 
-from llmgw.router import catalogs
+from llmgw.router import Settings, catalogs
 from llmgw.spec.loras import LoraAdapter
 from llmgw.spec.models import Cluster
 
@@ -304,3 +304,33 @@ def test_an_on_demand_model_served_by_its_fallback_is_still_started(
     demand = stack.router.demand()
     assert demand.waiting == {"chat": 1} and demand.wanted == {"chat": 1}
     assert not stack.router.demands.snapshot(now=time.time() + 11).waiting  # a while only
+
+
+def test_another_llmgw_as_the_upstream(make_stack: StackFactory, tmp_path: Path) -> None:
+    """Router A in front of router B (its own store and keys): A sends B's key, B bills it."""
+    (tmp_path / "b").mkdir()
+    b = Stack(tmp_path / "b", cluster(), Settings(), 1)
+    try:
+        b.route({"chat": b.upstreams})
+        b_key = tmp_path / "b.key"
+        b_key.write_text(b.key() + "\n")
+        a = make_stack(replicas=0, wait_timeout=0.5)
+        a.call(a.router.configure, catalogs.from_cluster(Cluster.model_validate({
+            "cluster": {"name": "edge"}, "projects": {"research": {}},
+            "upstreams": {"b": {"url": b.url, "api_key_file": str(b_key), "health": FAST,
+                                "models": {"chat": {"use": "always"}}}}})))
+        until(lambda: a.router.externals.status()["b"][0])
+        c = client(a, a.key())
+        assert ask(c) == "Hello from the engine."
+        pieces = c.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}], stream=True)
+        assert "".join(ch.choices[0].delta.content or "" for ch in pieces) == "Hello from the"
+        assert sorted((r.upstream or "", r.status, r.stream) for r in a.rows()) == [
+            ("b", 200, False), ("b", 200, True)]
+        billed = b.rows()  # B's own rows: its project, the key A holds
+        assert len(billed) == 2 and all(r.project == "research" and r.upstream is None
+                                        for r in billed)
+        with pytest.raises(openai.AuthenticationError):  # A's key means nothing to B
+            ask(openai.OpenAI(base_url=b.url + "/v1", api_key=a.key(), max_retries=0))
+    finally:
+        b.close()
