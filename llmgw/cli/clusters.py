@@ -22,8 +22,13 @@ def add_cluster_flag(parser: argparse.ArgumentParser) -> None:
 
 def load(directory: Path) -> Cluster:
     """The validated cluster, or a UserError listing every located problem."""
+    return load_with_sources(directory)[0]
+
+
+def load_with_sources(directory: Path) -> tuple[Cluster, loading.Sources]:
+    """:func:`load`, with where each value came from (to locate warnings)."""
     try:
-        return loading.load(directory, extra_checks=[profiles.check, fits.check])
+        return loading.load_with_sources(directory, extra_checks=[profiles.check, fits.check])
     except loading.SpecErrors as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)

@@ -16,15 +16,14 @@ import argparse
 import asyncio
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from llmgw.cli import clusters, inventories, inventory_cmd, plan_cmd
-from llmgw.daemon import admin
 from llmgw.daemon.leaders import LEASE
 from llmgw.planning import plans
+from llmgw.spec import statedirs
 from llmgw.spec.models import Cluster
 from llmgw.store import migrations, stores
 from llmgw.store.stores import StoreError
@@ -64,7 +63,7 @@ def daemon_waits(cluster: Cluster, timeout: float = 2.0) -> list[dict[str, Any]]
     host = host.strip("[]")
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
-    token_file = Path(cluster.cluster.store.path).expanduser().parent / admin.TOKEN_FILE
+    token_file = statedirs.admin_token(cluster.cluster)
     try:
         token = token_file.read_text().strip()
         reply = httpx.get(f"http://{host if ':' not in host else f'[{host}]'}:{port}"

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from collections import Counter, defaultdict
+from pathlib import Path
 
 from llmgw.cli import clusters, engine_cmd
 from llmgw.planning import fits
 from llmgw.planning import upstreams as planned_upstreams
-from llmgw.spec import checks, gpus, upstreams
+from llmgw.spec import checks, gpus, loading, secretfiles, upstreams
 from llmgw.spec.models import Cluster, Model, Profile
 from llmgw.spec.quantities import count, format_duration, format_size
 
@@ -18,7 +20,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "validate", help="check cluster files and summarise the cluster",
         description="Check every *.yaml in the cluster directory: syntax, schema and meaning. "
-        "Prints every problem as file:line:col: message and exits 1, or a summary and exits 0.",
+        "Prints every problem as file:line:col: message and exits 1, or a summary and exits 0. "
+        "Warnings (a secret file git tracks, or that lies in the cluster directory or in a "
+        "working tree no .gitignore covers) are printed as file:line:col: warning: message "
+        "and leave the exit status 0.",
     )
     clusters.add_cluster_flag(parser)
     parser.add_argument("--classes", action="store_true",
@@ -30,13 +35,42 @@ def run(args: argparse.Namespace) -> int:
     if args.classes:
         print(classes_table())
         return 0
-    cluster = clusters.load(args.cluster)
+    cluster, sources = clusters.load_with_sources(args.cluster)
     errors = engine_cmd.requirement_file_errors(args.cluster)
     if errors:
         print("\n".join(errors), file=sys.stderr)
         return 1
+    for warning in warnings(cluster, sources):
+        print(warning, file=sys.stderr)
     print(summary(cluster))
     return 0
+
+
+def warnings(cluster: Cluster, sources: loading.Sources) -> list[loading.SpecError]:
+    """What is valid but unwise, located like errors: a secret file that git has or would
+    take (:mod:`llmgw.spec.secretfiles`). They do not change the exit status."""
+    return sorted((loading.SpecError(sources.locate(p.path, prefer_key=p.at_key),
+                                     f"warning: {p.message}")
+                   for p in secretfiles.problems(cluster, sources.directory, git_state)),
+                  key=lambda e: (e.location or loading.Location("", 0, 0), e.message))
+
+
+def git_state(path: Path) -> secretfiles.GitState:
+    """What git says of ``path``: ``tracked``, ``exposed`` (in a working tree, not
+    ignored) or None (ignored, in no repository, or no git here: never an error)."""
+    where = path.parent
+    if not where.is_dir():
+        return None
+    def git(*argv: str) -> int | None:
+        try:
+            return subprocess.run(["git", "-C", str(where), *argv, "--", path.name],
+                                  stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=10).returncode
+        except (OSError, subprocess.SubprocessError):
+            return None
+    if git("ls-files", "--error-unmatch") == 0:
+        return "tracked"
+    return "exposed" if git("check-ignore", "-q") == 1 else None  # 0 ignored, 128 no repo
 
 
 def classes_table() -> str:

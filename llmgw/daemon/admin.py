@@ -2,8 +2,9 @@
 
 Every path but ``/health`` and ``/ready`` (what load balancers probe) needs
 an admin: ``Authorization: Bearer <token>`` with the daemon's admin token (the
-file ``admin.token`` next to the store, owner-only, created at the first
-start; see :func:`ensure_token`), or the session cookie of an admin logged in
+file ``admin.token`` in the control host's state directory,
+:mod:`llmgw.spec.statedirs`, owner-only, created at the first start; see
+:func:`ensure_token`), or the session cookie of an admin logged in
 on the pages.
 
 ``GET /api/v1/status``  what the daemon knows: revisions, last plan and apply,
@@ -42,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import os
 import re
 import secrets as tokens
@@ -59,14 +61,15 @@ from llmgw.daemon.reconcilers import Daemon
 from llmgw.fleet import redactions
 from llmgw.fleet.types import Fleet
 from llmgw.planning import outputs, summaries
-from llmgw.spec import secrets
+from llmgw.spec import secrets, statedirs
 from llmgw.spec.models import NAME_PATTERN
 from llmgw.store import audits, exports, journals
 from llmgw.store.stores import Store, StoreError
 from llmgw.web import PAGE_PREFIXES, AdminView, Progress
 from llmgw.web.logins import Gate
 
-TOKEN_FILE = "admin.token"
+TOKEN_FILE = statedirs.ADMIN_TOKEN
+log = logging.getLogger("llmgw.serve")
 PAGES_ELSEWHERE = (
     "This is llmgw's admin API, not its pages. The pages (/admin, /chat, /account) are "
     "served by routers, on the router listener (this cluster's listeners.router is "
@@ -78,15 +81,31 @@ FORMATS = {"json": outputs.json_text, "markdown": outputs.markdown, "text": outp
 CONTENT_TYPES = {"json": "application/json", "markdown": "text/markdown", "text": "text/plain"}
 
 
-def ensure_token(directory: Path) -> str:
-    """The admin token in ``directory/admin.token``, created (mode 0600) when absent."""
-    path = directory / TOKEN_FILE
+def ensure_token(path: Path, old: Path | None = None) -> str:
+    """The admin token in ``path``, created (mode 0600, its directory 0700) when absent.
+
+    ``old`` is where an earlier llmgw kept it (next to the store: with PostgreSQL, the
+    cluster directory, a git working tree). A token found there and not at ``path`` is
+    moved, keeping its value, so that scripts reading it need only the new path; the
+    move is logged once, since the next start finds the token in place."""
+    if not path.exists() and old is not None and old.is_file() and old != path:
+        _create(path, old.read_text())
+        old.unlink()
+        log.warning("moved the admin token from %s to %s: a secret has no place next to "
+                    "the store or in the cluster directory", old, path)
     if not path.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(tokens.token_urlsafe(32) + "\n")
+        _create(path, tokens.token_urlsafe(32) + "\n")
     return path.read_text().strip()
+
+
+def _create(path: Path, text: str) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return  # another daemon of this host made it first: read theirs
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -119,7 +138,7 @@ def _guard(token: str, gate: Gate | None, router: Callable[[], str],
             return await audited(request, handler, visitor.user.name)
         raise web.HTTPUnauthorized(
             text=json.dumps({"error": "the admin API needs `Authorization: Bearer <token>` "
-                             f"(the file {TOKEN_FILE} next to the store) or an admin's "
+                             f"(the file {TOKEN_FILE} in the state directory) or an admin's "
                              "session"}),
             content_type="application/json", headers={"WWW-Authenticate": "Bearer"})
     return guard

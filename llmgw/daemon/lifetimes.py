@@ -61,7 +61,7 @@ from llmgw.metrics import servers
 from llmgw.metrics.collectors import FleetCollector, LeaseCollector, RolloutCollector
 from llmgw.router import catalogs, connections
 from llmgw.router.apps import Router, Settings
-from llmgw.spec import loading
+from llmgw.spec import loading, statedirs
 from llmgw.spec.models import Cluster, Listeners
 from llmgw.spec.quantities import count
 from llmgw.store import migrations, stores
@@ -294,7 +294,10 @@ class _Process:
             running: Daemon = daemon
             registry.register(RolloutCollector(
                 lambda: ([h.model for h in running.state.held], dict(running.state.gates))))
-            token = admin.ensure_token(Path(cluster.cluster.store.path).parent)
+            token = admin.ensure_token(statedirs.admin_token(cluster.cluster),
+                                       old=Path(cluster.cluster.store.path).parent
+                                       / admin.TOKEN_FILE)
+            log.info("admin token in %s", statedirs.admin_token(cluster.cluster))
             admin_runner = web.AppRunner(
                 admin.create_app(daemon, token, pages.gate if pages else None),
                 access_log=None)

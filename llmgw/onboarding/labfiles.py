@@ -73,6 +73,7 @@ cluster:
   listeners:
 {listener_lines}  store:
     path: state/llmgw.db       # API keys (hashed) and usage rows; kept out of git
+  state_dir: ../.llmgw-lab     # the daemon's admin.token: outside the cluster directory
   auth: keys                   # every request needs a key from `llmgw keys create`
 {chr(10) + "fabrics:" + chr(10) + fabric_lines if fabric_lines else ""}
 projects:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 import jinja2
 
 from llmgw.rendering import quoting
+from llmgw.spec import statedirs
 
 UNIT_PATH = Path("/etc/systemd/system/llmgw.service")
 _UNIT_SAFE = re.compile(r"[A-Za-z0-9._/-]+")
@@ -49,8 +49,7 @@ def this_host(directory: Path, name: str | None = None) -> Host:
     home = Path.home()
     identity = next((str(p) for p in (home / ".ssh" / "id_ed25519", home / ".ssh" / "id_rsa")
                      if p.exists()), None)
-    state = (Path("/var/lib/llmgw") if os.geteuid() == 0
-             else home / ".local" / "state" / "llmgw")
+    state = statedirs.default()
     site = name or _name_of(directory)
     return Host(site, "llmgw", identity, str(state / f"{site}.db"))
 

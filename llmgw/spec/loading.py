@@ -33,7 +33,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError, YAMLWarning
 
-from llmgw.spec import bounds, checks, identifiers, partials, secrets, upstreams
+from llmgw.spec import bounds, checks, identifiers, partials, secrets, statedirs, upstreams
 from llmgw.spec.models import SECTIONS, Cluster
 
 DataPath = tuple[str | int, ...]
@@ -189,12 +189,15 @@ def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
     def anchored(text: str) -> str:
         return text if text.startswith("/") else str((root / text).resolve())
 
+    state_dir = (anchored(str(Path(settings.state_dir).expanduser()))
+                 if settings.state_dir else None)
+    state = statedirs.of(settings.model_copy(update={"state_dir": state_dir}))
     settings = settings.model_copy(update={
         "ssh": settings.ssh.model_copy(update={"known_hosts": anchored(settings.ssh.known_hosts)}),
+        "state_dir": state_dir,
         "store": settings.store.model_copy(update={
             "path": anchored(settings.store.path),
-            "password_file": (anchored(settings.store.password_file)
-                              if settings.store.password_file else None),
+            "password_file": _secret_path(settings.store.password_file, root, state),
         }),
         "agent_socket": resolve(settings.agent_socket),
     })
@@ -203,12 +206,28 @@ def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
         for name, node in nodes.items()
     }
     remotes = {
-        name: upstream.model_copy(update={"api_key_file": anchored(upstream.api_key_file)})
+        name: upstream.model_copy(update={
+            "api_key_file": _secret_path(upstream.api_key_file, root, state)})
         if upstream.api_key_file else upstream
         for name, upstream in cluster.upstreams.items()
     }
     return cluster.model_copy(update={"cluster": settings, "nodes": nodes, "models": models,
                                       "upstreams": remotes})
+
+
+def _secret_path(text: str | None, root: Path, state: Path) -> str | None:
+    """A secret file's absolute path: a relative one is in the state directory
+    (:mod:`llmgw.spec.statedirs`), or, when only there, in the cluster directory, where
+    older llmgw looked (``llmgw validate`` warns that it lies there)."""
+    if text is None:
+        return None
+    path = Path(text).expanduser()
+    if path.is_absolute():
+        return str(path)
+    old = (root / path).resolve()
+    if not (state / path).exists() and old.exists():
+        return str(old)
+    return str(state / path)
 
 
 def _meaning_errors(

@@ -98,7 +98,9 @@ class StoreSettings(Strict):
     password_file: str | None = Field(
         None,
         description="File holding the PostgreSQL password (mode 0600, kept out of git), "
-        "relative to the cluster directory unless absolute.",
+        "relative to the state directory (`cluster.state_dir`) unless absolute; a relative "
+        "name found only in the cluster directory, where older llmgw read it, is still read "
+        "there, and `llmgw validate` warns.",
     )
 
     @model_validator(mode="after")
@@ -180,6 +182,14 @@ class ClusterSettings(Strict):
     store: StoreSettings = Field(
         default_factory=StoreSettings,
         description="Keys, usage and the leader lease: SQLite (default) or PostgreSQL.",
+    )
+    state_dir: str | None = Field(
+        None, max_length=4096,
+        description="This control host's directory for secrets, never the cluster "
+        "directory (a git working tree): the daemon's `admin.token`, and "
+        "`store.password_file` when relative. Relative to the cluster directory unless "
+        "absolute. Default: `$LLMGW_STATE_DIR`, else `/var/lib/llmgw` for root and "
+        "`~/.local/state/llmgw` for anyone else.",
     )
     lease_ttl: Duration = Field(
         15.0, ge=1.0, le=600.0,

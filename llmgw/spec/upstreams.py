@@ -7,8 +7,8 @@ how it is used: ``always`` (a replica like the others) or ``fallback``
 first byte). A served name no model declares is a model of its own, served
 by upstreams alone (``always``), priced by the upstream's entry.
 
-The key lives in a file (``api_key_file``, relative to the cluster
-directory unless absolute), read by the router; it is never in the cluster
+The key lives in a file (``api_key_file``; a relative name is in the state
+directory, :mod:`llmgw.spec.statedirs`), read by the router; it is never in the cluster
 files, the plan, the published routes, the pages or the metrics.
 
 ``problems(cluster)`` is a purely computational check of references;
@@ -77,8 +77,9 @@ class Upstream(Strict):
     )
     api_key_file: str | None = Field(
         None, description="File holding the key sent as `Authorization: Bearer …` (mode 0600,"
-        " kept out of git), relative to the cluster directory unless absolute. Absent: no "
-        "key is sent. The client's own key is never forwarded.",
+        " kept out of git): a relative name is in the control host's state directory "
+        "(`cluster.state_dir`), or, when only there, the cluster directory, which `validate` "
+        "warns about. Absent: no key is sent. The client's own key is never forwarded.",
     )
     models: dict[ServedName, UpstreamModel] = Field(
         min_length=1, description="Served name → how this upstream serves it.",

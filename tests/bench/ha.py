@@ -50,6 +50,7 @@ _spec.loader.exec_module(bench)
 from support import postgres  # noqa: E402
 
 from llmgw.daemon.leaders import LEASE  # noqa: E402
+from llmgw.spec import statedirs  # noqa: E402
 from llmgw.spec.models import StoreSettings  # noqa: E402
 from llmgw.store import keys, stores  # noqa: E402
 
@@ -147,11 +148,12 @@ def failovers(args: argparse.Namespace, tmp: Path, pg: postgres.PgServer) -> lis
             [sys.executable, "-m", "llmgw", "serve", "--cluster", str(directory), "--role",
              "reconciler", "--admin-listen", admin, "--metrics-listen",
              f"127.0.0.1:{bench.free_port()}", "--log-level", "info"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT)
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT,
+            env={**os.environ, statedirs.ENV: str(tmp)})  # the admin token: in tmp
         return proc, admin
 
     def status(admin: str) -> dict[str, Any]:
-        token = (directory / "admin.token").read_text().strip()
+        token = (tmp / statedirs.ADMIN_TOKEN).read_text().strip()
         return httpx.get(f"http://{admin}/api/v1/status", timeout=5,  # type: ignore[no-any-return]
                          headers={"Authorization": f"Bearer {token}"}).json()
 

@@ -156,7 +156,7 @@ def build_wheels() -> None:
 def environment(extra_path: list[Path]) -> dict[str, str]:
     # The test run's identity stays: the leak check finds what the session leaves by it.
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST", "LLMGW")) or k == "LLMGW_TEST_RUN"}
+           if not k.startswith(("PYTEST", "LLMGW")) or k in ("LLMGW_TEST_RUN", "LLMGW_STATE_DIR")}
     env["PATH"] = os.pathsep.join([*map(str, extra_path), env.get("PATH", "")])
     env["GIT_AUTHOR_NAME"] = env["GIT_COMMITTER_NAME"] = "Docs"
     env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = "docs@example.com"

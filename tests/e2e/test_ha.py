@@ -38,7 +38,7 @@ class Proc(daemons.Daemon):
     """
 
     def __init__(self, directory: Path, role: str, log: Path, *extra: str) -> None:
-        super().__init__(directory, log, token=directory / "admin.token")
+        super().__init__(directory, log)
         self.role = role
         listen = self.listeners()
         self.router, self.admin, self.metrics = listen["router"], listen["admin"], listen["metrics"]

@@ -72,8 +72,7 @@ def daemon(local_cluster: Path, tmp_path: Path) -> Iterator[dict[str, Any]]:
     text = (local_cluster / "cluster.yaml").read_text()
     ports = {name: int(text.split(f"{name}: 127.0.0.1:")[1].split()[0])
              for name in daemons.LISTENERS}
-    served = daemons.Daemon(local_cluster, tmp_path / "serve.log", env=env, ports=ports,
-                            token=tmp_path / "state" / "admin.token")
+    served = daemons.Daemon(local_cluster, tmp_path / "serve.log", env=env, ports=ports)
     process = served.start()
     info = {"daemon": served, "process": process, "router": served.router,
             "admin": served.admin, "dir": local_cluster, "log": served.log, "env": env}

@@ -24,6 +24,8 @@ import openai
 import pytest
 from support import daemons, llamaservers, nodes
 
+from llmgw.spec import statedirs
+
 ROOT = Path(__file__).parents[2]
 KEY = "sk-backup-0c5e7f"
 
@@ -55,19 +57,18 @@ def daemon(tmp_path: Path, backup: str) -> Iterator[daemons.Daemon]:
 upstreams:
   backup:
     url: {backup}
-    api_key_file: backup.key        # relative: to this directory
+    api_key_file: backup.key        # relative: in the state directory
     health: {{interval: 1s, timeout: 2s, max_backoff: 2s}}
     models:
       gemma3-270m: {{model: gemma, use: fallback}}
 """
     (directory / "cluster.yaml").write_text(text)
-    key = directory / "backup.key"
+    key = Path(os.environ[statedirs.ENV]) / "backup.key"  # this test's state directory
     key.write_text(KEY + "\n")
     key.chmod(0o600)
     env = {**os.environ,
            "PATH": f"{llamaservers.ENGINE.parent}{os.pathsep}{os.environ['PATH']}"}
-    served = daemons.Daemon(directory, tmp_path / "serve.log", env=env, ports=ports,
-                            token=tmp_path / "state" / "admin.token")
+    served = daemons.Daemon(directory, tmp_path / "serve.log", env=env, ports=ports)
     served.engine_ports = range(engine_ports, engine_ports + 32)  # type: ignore[attr-defined]
     served.start()
     try:

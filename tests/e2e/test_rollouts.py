@@ -153,8 +153,7 @@ def served(tmp_path: Path) -> Iterator[dict[str, Any]]:
     directory.mkdir()
     state.mkdir()
     env = {**os.environ, "PATH": f"{ENGINE.parent}{os.pathsep}{os.environ['PATH']}"}
-    daemon = daemons.Daemon(directory, tmp_path / "serve.log", token=state / "admin.token",
-                            env=env)
+    daemon = daemons.Daemon(directory, tmp_path / "serve.log", env=env)
     text = CLUSTER.format(**daemon.ports, state=state, models=MODEL.parent, model=MODEL,
                           engines=nodes.free_ports(32))
     revision = commit(directory, text, "gemma3-270m behind a rollout gate")

@@ -56,7 +56,7 @@ class Local(daemons.Daemon):
     def __init__(self, tmp: Path, records: Path) -> None:
         directory, self.state = tmp / "cluster", tmp / "state"
         directory.mkdir()
-        super().__init__(directory, tmp / "serve.log", token=self.state / "admin.token")
+        super().__init__(directory, tmp / "serve.log")
         (self.directory / "cluster.yaml").write_text(
             CLUSTER.format(state=self.state, records=records, engines=nodes.free_ports(32),
                            **self.ports))

@@ -33,7 +33,7 @@ from support import nodes
 from llmgw.fleet.types import NodeReport, Unit
 from llmgw.onboarding import simnodes
 from llmgw.onboarding.processes import descendants
-from llmgw.spec import loading
+from llmgw.spec import loading, statedirs
 from llmgw.transport import pools
 
 ROOT = Path(__file__).parents[2]
@@ -124,7 +124,7 @@ class Served:
         self.process = None
 
     def status(self) -> dict[str, Any]:
-        token = (self.directory.parent / "admin.token").read_text().strip()
+        token = statedirs.admin_token(loading.load(self.directory).cluster).read_text().strip()
         return httpx.get(f"{self.admin}/api/v1/status",  # type: ignore[no-any-return]
                          headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
 

@@ -201,7 +201,7 @@ def test_up_with_the_default_ports_held_takes_free_ones(
         listen = {name: int(getattr(cluster.cluster.listeners, name).rsplit(":", 1)[1])
                   for name in daemons.LISTENERS}
         served = daemons.Daemon(tmp_path / "cluster", tmp_path / "serve.log", ports=listen,
-                                token=tmp_path / "cluster" / "state" / "admin.token")
+                                token=tmp_path / labs.RUNTIME / "admin.token")
         served.start()
         try:
             reply = served.until(lambda: completed(served.router, key.stdout.split()[0]),

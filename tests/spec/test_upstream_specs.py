@@ -155,3 +155,26 @@ def test_two_upstreams_cannot_share_a_url(tmp_path: Path) -> None:
     assert error.message == ("upstreams.burst.url: https://api.example.com is upstream "
                              "again's too; one upstream per URL (list every model it serves "
                              "under one name)")
+
+
+def test_a_relative_key_file_is_read_from_the_state_directory(
+        tmp_path: Path, state_dir: Path) -> None:
+    (state_dir / "up.key").write_text("sk-state\n")
+    (tmp_path / "up.key").write_text("sk-old-place\n")  # an older site's: not read
+    (tmp_path / "cluster.yaml").write_text(HEAD + entry())
+    cluster = loading.load(tmp_path)
+    assert cluster.upstreams["burst"].api_key_file == str(state_dir / "up.key")
+
+
+def test_validate_warns_about_a_key_in_the_cluster_directory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from llmgw.cli.main import main
+
+    (tmp_path / "up.key").write_text("sk-KEYMARK-3\n")
+    (tmp_path / "cluster.yaml").write_text(HEAD + entry())
+    assert main(["validate", "--cluster", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert (f"cluster.yaml:11:5: warning: upstreams.burst.api_key_file {tmp_path}/up.key lies "
+            "inside the cluster directory") in text
+    assert "KEYMARK" not in text

@@ -8,8 +8,7 @@ is not answering yet (connection refused, no admin token yet) as "not yet".
 
 Usage::
 
-    daemon = daemons.Daemon(cluster_dir, tmp_path / "serve.log",
-                            token=state / "admin.token")
+    daemon = daemons.Daemon(cluster_dir, tmp_path / "serve.log")
     daemon.start("--ready-timeout", "60s")
     status = daemon.wait(lambda s: s["observed_at"] is not None, "the first observation")
     daemon.stop()
@@ -29,6 +28,8 @@ from typing import Any, TypeVar
 import httpx
 from support import nodes
 
+from llmgw.spec import statedirs
+
 T = TypeVar("T")
 Status = dict[str, Any]
 LISTENERS = ("router", "admin", "metrics")
@@ -44,9 +45,13 @@ class Daemon:
                  ports: Mapping[str, int] | None = None) -> None:
         self.directory = directory
         self.log = log
-        # The admin API's bearer token, which the daemon writes next to its store.
-        self.token = token if token is not None else directory.parent / "admin.token"
         self.env = dict(env if env is not None else os.environ)
+        # The admin API's bearer token, which the daemon writes to its state directory
+        # (the test's, from support.plugin; beside the log for a process of no test),
+        # unless the cluster names one with cluster.state_dir: then the test says where.
+        self.env.setdefault(statedirs.ENV, str(log.parent / "llmgw-state"))
+        self.token = (token if token is not None
+                      else Path(self.env[statedirs.ENV]) / statedirs.ADMIN_TOKEN)
         self.ports = dict(ports) if ports else {name: nodes.free_port() for name in LISTENERS}
         self.router = f"http://127.0.0.1:{self.ports['router']}"
         self.admin = f"http://127.0.0.1:{self.ports['admin']}"

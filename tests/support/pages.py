@@ -43,7 +43,7 @@ class Server(daemons.Daemon):
 
     def __init__(self, directory: Path, store_dir: Path, log: Path,
                  env: dict[str, str] | None = None) -> None:
-        super().__init__(directory, log, token=store_dir / "admin.token", env=env)
+        super().__init__(directory, log, env=env)
         self.store_dir = store_dir
         self.url = self.router
 

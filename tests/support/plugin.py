@@ -19,8 +19,21 @@ import pytest
 from support import nodes, postgres
 
 from llmgw.onboarding import enrolments, simenrolments
+from llmgw.spec import statedirs
 
 SimClusterFactory = Callable[..., nodes.SimCluster]
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path_factory: pytest.TempPathFactory,
+              monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test's own control-host state directory (``$LLMGW_STATE_DIR``, inherited by
+    the processes it starts): ``llmgw serve`` writes its admin token there, never into
+    the tester's ``~/.local/state/llmgw`` or ``/var/lib/llmgw``. Outside ``tmp_path``, so
+    a test that makes ``tmp_path`` a git repository does not hold it."""
+    path = tmp_path_factory.mktemp("llmgw-state")
+    monkeypatch.setenv(statedirs.ENV, str(path))
+    return path
 # The wheels `node add` ships, built once (the dependencies need the package index once).
 WHEELS = Path(__file__).resolve().parents[2] / ".cache" / "wheels"
 # Fixture hardware (tests/fixtures/nodes/) the nodes get in turn, unless a test says.

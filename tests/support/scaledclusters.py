@@ -76,7 +76,7 @@ def start(tmp_path: Path, **settings: Any) -> daemons.Daemon:
     ports = write(tmp_path / "cluster", state, **settings)
     env = {**os.environ, "PATH": f"{ENGINE.parent}{os.pathsep}{os.environ['PATH']}"}
     daemon = daemons.Daemon(tmp_path / "cluster", tmp_path / "serve.log", env=env,
-                            ports=ports, token=state / "admin.token")
+                            ports=ports)
     daemon.start()
     return daemon
 

@@ -131,10 +131,11 @@ def test_control_characters_in_a_page_path_get_a_safe_login_redirect(stack: Stac
 
 
 def test_the_admin_token_file_is_owner_only(tmp_path: Path) -> None:
-    token = admin.ensure_token(tmp_path)
-    path = tmp_path / admin.TOKEN_FILE
+    path = tmp_path / "state" / admin.TOKEN_FILE
+    token = admin.ensure_token(path)
     assert len(token) >= 43 and stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert admin.ensure_token(tmp_path) == token
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert admin.ensure_token(path) == token
 
 
 CLUSTER_YAML = """
