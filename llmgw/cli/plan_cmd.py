@@ -23,16 +23,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pydantic
 
 from llmgw.cli import clusters, inventories
 from llmgw.cli.errors import UserError
+from llmgw.daemon import routetables
+from llmgw.daemon.leaders import LEASE
 from llmgw.fleet.types import FORMAT_VERSION, Fleet
 from llmgw.planning import holds, outputs, plans
+from llmgw.planning import upstreams as planned_upstreams
 from llmgw.planning.scaling import Policy
 from llmgw.planning.types import Plan
 from llmgw.spec import bounds
+from llmgw.spec import upstreams as spec_upstreams
 from llmgw.spec.models import Cluster
 from llmgw.spec.rollouts import Hold
 from llmgw.store import migrations, stores
@@ -89,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
     result, _ = holds.apply(result, dict(cluster.models), read_holds(cluster))
     rendered = (outputs.markdown(result, engine_output=args.engine_output)
                 if args.format == "markdown" else FORMATS[args.format](result))
+    if cluster.upstreams and args.format != "json":
+        found = planned_upstreams.changes(spec_upstreams.summary(cluster),
+                                          read_upstreams(cluster))
+        section = "\n".join(planned_upstreams.lines(found)) + "\n"
+        rendered += section if args.format == "text" else f"\n```\n{section.lstrip()}```\n"
     if args.out is not None:
         try:
             args.out.write_text(rendered)
@@ -102,6 +112,31 @@ def run(args: argparse.Namespace) -> int:
     if args.detailed_exitcode:
         return detailed_exitcode(result)
     return 0
+
+
+def read_upstreams(cluster: Cluster) -> dict[str, Any] | None:
+    """The upstreams the leader last published with the routes (what the routers use);
+    None when there is no store, no table, or it cannot be read (said on standard error)."""
+    settings = cluster.cluster.store
+    try:
+        target = stores.target_of(settings.url, settings.path, settings.password_file)
+    except ValueError:
+        return None
+    if target.kind == "sqlite" and (target.path is None or not target.path.exists()):
+        return None
+
+    async def read() -> dict[str, Any] | None:
+        store = await stores.open_target(target)
+        try:
+            published = await store.published_routes(LEASE)
+        finally:
+            await store.close()
+        return None if published is None else routetables.upstreams_of(published.doc)
+    try:
+        return asyncio.run(read())
+    except (StoreError, migrations.SchemaTooNew) as exc:
+        print(f"! the upstreams the routers use are unknown: {exc}", file=sys.stderr)
+        return None
 
 
 def read_holds(cluster: Cluster) -> list[Hold]:

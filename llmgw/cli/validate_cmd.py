@@ -10,7 +10,8 @@ from pathlib import Path
 
 from llmgw.cli import clusters, engine_cmd
 from llmgw.planning import fits
-from llmgw.spec import checks, gpus, loading, secretfiles
+from llmgw.planning import upstreams as planned_upstreams
+from llmgw.spec import checks, gpus, loading, secretfiles, upstreams
 from llmgw.spec.models import Cluster, Model, Profile
 from llmgw.spec.quantities import count, format_duration, format_size
 
@@ -170,6 +171,10 @@ def summary(cluster: Cluster) -> str:
             if project.budget_usd is not None:
                 budget = f"${project.budget_usd:,.2f}"
             lines.append(f"  {name:<12} {budget}")
+    if cluster.upstreams:
+        lines += ["", "Upstreams"]
+        for name, entry in upstreams.summary(cluster).items():
+            lines.append(f"  {name}: {planned_upstreams.describe(entry)}")
     memory = [n for n in cluster.nodes.values() if n.memory]
     if memory:
         lines += ["", f"Declared memory: {format_size(sum(n.memory or 0 for n in memory))} "

@@ -54,7 +54,7 @@ from llmgw.planning.types import Plan
 from llmgw.router import catalogs
 from llmgw.router.apps import Router
 from llmgw.router.routes import Endpoint
-from llmgw.spec import loading
+from llmgw.spec import loading, upstreams
 from llmgw.spec.models import Cluster
 from llmgw.spec.quantities import count
 from llmgw.spec.rollouts import Hold
@@ -365,7 +365,8 @@ class Daemon:
         try:
             done = await self.store.publish_routes(LEASE, self.leadership.holder,
                                                    self.leadership.epoch,
-                                                   routetables.encode(table))
+                                                   routetables.encode(
+                                                       table, upstreams.summary(self.cluster)))
         except StoreError as exc:
             log.warning("cannot publish routes (routers keep their last ones): %s", exc)
             return

@@ -15,6 +15,10 @@ leader is gone: nothing here ever empties a router's table on an error.
   ``"load": {url: [load, scraped_at]}`` carries each replica's engine-reported
   load (requests running + waiting) where its agent scraped one; a reader
   that does not know the key ignores it.
+* A top-level ``"upstreams"`` holds each upstream's summary (its URL, whether a
+  key is sent, its models; never the key): ``llmgw plan`` compares the files
+  with it. Routers do not route by it: each adds the upstreams of its own
+  cluster files, with keys it reads itself (:mod:`llmgw.router.externals`).
 * Each router polls it every ``interval`` (0.5 s) and applies a table with a
   newer sequence number, and writes its own demand (requests waiting, last
   use per model) under its id; the leader merges every router's demand heard
@@ -56,7 +60,10 @@ SIGNAL_MAX_AGE = 30.0  # a router not heard from for this long has stopped
 IN_FLIGHT_MAX_AGE = 5.0
 
 
-def encode(table: Mapping[str, Sequence[Endpoint]]) -> str:
+def encode(table: Mapping[str, Sequence[Endpoint]],
+           upstreams: Mapping[str, Any] | None = None) -> str:
+    """The table as published; ``upstreams``: their summaries (no key:
+    :func:`llmgw.spec.upstreams.summary`), for ``llmgw plan`` to compare, not to route."""
     doc: dict[str, Any] = {"routes": {
         model: [[e.base_url, e.node, e.replica] + ([e.share] if e.share else [])
                 for e in endpoints]
@@ -66,7 +73,20 @@ def encode(table: Mapping[str, Sequence[Endpoint]]) -> str:
             for e in endpoints if e.load is not None}
     if load:
         doc["load"] = dict(sorted(load.items()))
+    if upstreams:
+        doc["upstreams"] = dict(upstreams)
     return json.dumps(doc, separators=(",", ":"))
+
+
+def upstreams_of(doc: str) -> dict[str, Any] | None:
+    """The upstreams' summaries in a published table (None: it has none, or it is not one)."""
+    try:
+        found = json.loads(doc).get("upstreams")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(found, dict):
+        return None
+    return {str(name): entry for name, entry in found.items() if isinstance(entry, dict)}
 
 
 def decode(doc: str) -> dict[str, list[Endpoint]]:

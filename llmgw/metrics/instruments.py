@@ -14,6 +14,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -92,6 +93,26 @@ class RouterMetrics:
             "(requests: rpm, tokens: tpm), a project's own or one of its keys'.",
             ["project", "kind"], registry=registry,
         )
+        # Upstreams (``upstreams:``): label values are names from the cluster files only.
+        self.upstream_up = Gauge(
+            "llmgw_upstream_up", "1 while the upstream answers its health probe, else 0 "
+            "(down, not probed yet, or its key file unreadable).",
+            ["upstream"], registry=registry, multiprocess_mode="livemax",
+        )
+        self.upstream_requests = Counter(
+            "llmgw_upstream_requests", "Attempts sent to an upstream (a retry is an attempt).",
+            ["upstream"], registry=registry,
+        )
+        self.upstream_failures = Counter(
+            "llmgw_upstream_failures", "Attempts on an upstream that failed: a 5xx, a failed "
+            "connection, no first byte in time, a stream cut short.",
+            ["upstream"], registry=registry,
+        )
+        self.upstream_duration = Histogram(
+            "llmgw_upstream_request_duration_seconds",
+            "Time from sending an attempt to an upstream to its end.",
+            ["upstream"], buckets=LATENCY_BUCKETS, registry=registry,
+        )
         self._multiprocess = "PROMETHEUS_MULTIPROC_DIR" in os.environ
         self._endpoint_models: set[str] = set()
         self._requests: dict[tuple[str, int], Counter] = {}
@@ -147,6 +168,24 @@ class RouterMetrics:
             children[0].inc(prompt)
         if completion:
             children[1].inc(completion)
+
+    def upstream_state(self, name: str, up: bool) -> None:
+        self.upstream_up.labels(name).set(1 if up else 0)
+        self.upstream_requests.labels(name)  # 0 from the start: a rate needs a first sample
+        self.upstream_failures.labels(name)
+
+    def upstream_request(self, name: str, failed: bool, seconds: float) -> None:
+        self.upstream_requests.labels(name).inc()
+        if failed:
+            self.upstream_failures.labels(name).inc()
+        self.upstream_duration.labels(name).observe(seconds)
+
+    def drop_upstream(self, name: str) -> None:
+        """An upstream gone from the cluster files: its series go (where they can)."""
+        for metric in (self.upstream_up, self.upstream_requests, self.upstream_failures,
+                       self.upstream_duration):
+            with contextlib.suppress(KeyError):
+                metric.remove(name)
 
     def set_endpoints(self, counts: dict[str, int]) -> None:
         """Replace the per-model endpoint gauge; models gone from the table disappear

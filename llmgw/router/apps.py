@@ -47,6 +47,7 @@ from llmgw.router.admissions import Admissions
 from llmgw.router.catalogs import Catalog, ModelEntry
 from llmgw.router.demands import Demands
 from llmgw.router.errors import ApiError
+from llmgw.router.externals import Externals
 from llmgw.router.proxies import Outcome, Proxy
 from llmgw.router.routes import Endpoint, Routes
 from llmgw.store import usages
@@ -104,8 +105,13 @@ class Router:
         self.admissions = Admissions(self.routes.free)
         self.limits = ratelimits.RateLimiter(store, clock=clock,
                                              refused=self.metrics.rate_limited)
+        # Upstreams llmgw did not place: merged into the replicas' table here, never
+        # published (their keys stay in this process).
+        self._replicas: Mapping[str, Sequence[Endpoint]] = {}
+        self.externals = Externals(self.metrics, changed=self._reroute)
+        self.externals.configure(catalog.upstreams)
         self.proxy = Proxy(self.routes, self.settings.connect_timeout,
-                           freed=self._freed)
+                           freed=self._freed, externals=self.externals)
         self.store = store
         self.started_at = int(time.time())
         # Who is asking when a request has no Authorization header: the pages' session
@@ -118,13 +124,23 @@ class Router:
         self.catalog = catalog
         self.accounts.catalog = catalog
         self.admissions.configure({e.key: e.max_in_flight for e in catalog.models.values()})
+        self.externals.configure(catalog.upstreams)
 
     def update_routes(self, model_to_endpoints: Mapping[str, Sequence[Endpoint]]) -> None:
-        """``routes.update`` plus the endpoint gauge; what the daemon should call.
+        """The replicas' table (``routes.update``, with the upstreams that are up merged
+        in) plus the endpoint gauge; what the daemon should call.
 
         Call it on the router's event loop (the daemon's loop): the table is not locked.
         """
-        self.routes.update(model_to_endpoints)
+        self._replicas = model_to_endpoints
+        self._reroute()
+
+    def _reroute(self) -> None:
+        """The table again: the replicas' and the upstreams' that are up."""
+        table = {model: list(endpoints) for model, endpoints in self._replicas.items()}
+        for model, endpoints in self.externals.endpoints().items():
+            table.setdefault(model, []).extend(endpoints)
+        self.routes.update(table)
         self.metrics.set_endpoints(self.routes.counts())
         self.admissions.pump_all()  # a new replica, or one gone: queues may move
 
@@ -195,10 +211,12 @@ class Router:
         if runner is not None:
             await runner.cleanup()
         await self.proxy.close()
+        await self.externals.close()
         await self.accounts.close()
 
     async def _on_startup(self, _: web.Application) -> None:
         await self.accounts.start()
+        await self.externals.start()
         if self.store is not None:
             # Last use survives a restart: an idle decision must not start from nothing.
             try:
@@ -209,6 +227,7 @@ class Router:
 
     async def _on_cleanup(self, _: web.Application) -> None:
         await self.proxy.close()
+        await self.externals.close()
         await self.accounts.close()
 
     # -- handlers ---------------------------------------------------------------------
@@ -268,6 +287,7 @@ class Router:
                     first_byte_timeout=(entry.first_byte_timeout if entry
                                         else self.settings.first_byte_timeout),
                     cap=entry.max_in_flight if entry else None,
+                    replicas_only=entry is not None and entry.adapter is not None,
                 )
                 outcome.status = outcome.status or response.status
                 return response
@@ -345,6 +365,8 @@ class Router:
 
     async def _wait_for_replica(self, name: str, key: str, entry: ModelEntry | None) -> None:
         if self.routes.has(key):
+            if entry is not None and entry.on_demand and not self.routes.has_replica(key):
+                self.demands.served_elsewhere(key, time.time())  # an upstream serves it
             return
         self.demands.wait_started(key)
         self.metrics.waiting.labels(key).inc()
@@ -362,6 +384,10 @@ class Router:
         else:
             message = (f"model {name!r} has no ready replica (starting, or failed: see "
                        f"`llmgw status`); retry in {after} s")
+        down = self.externals.down(key)
+        if down:
+            message = (f"model {name!r} has no ready replica and no upstream that is up "
+                       f"({'; '.join(down)}); retry in {after} s")
         raise ApiError(503, message, code="model_loading", type="server_error",
                        headers={"Retry-After": str(after)})
 
@@ -412,7 +438,7 @@ class Router:
             project=principal.project, key_id=principal.key_id, model=key,
             endpoint=path, status=status, prompt_tokens=prompt, completion_tokens=completion,
             latency_ms=round((ended - started) * 1000, 3), cost_usd=cost, stream=stream,
-            user_name=principal.user,
+            user_name=principal.user, upstream=outcome.upstream,
         ), reservation)
         return cost
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from llmgw.router.loras import AdapterRoute
+from llmgw.spec import upstreams
 from llmgw.spec.budgets import LIFETIME, Period
 from llmgw.spec.models import Cluster, Model
+from llmgw.spec.servings import Pricing
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,23 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class UpstreamEntry:
+    """An upstream (``upstreams:``) as the router needs it: plain data, no key (the key
+    file is read by :mod:`llmgw.router.externals`)."""
+
+    name: str
+    url: str  # the base the /v1/... paths are appended to, no trailing slash
+    key_file: str | None
+    # model key → (the upstream's name for it, "always" | "fallback")
+    models: dict[str, tuple[str, str]] = field(default_factory=dict)
+    max_in_flight: int | None = None
+    health_path: str = "/v1/models"
+    interval: float = 10.0
+    timeout: float = 5.0
+    max_backoff: float = 60.0
+
+
+@dataclass(frozen=True)
 class Catalog:
     models: dict[str, ModelEntry] = field(default_factory=dict)  # by served name
     budgets: dict[str, float | None] = field(default_factory=dict)  # project → USD or None
@@ -61,6 +80,7 @@ class Catalog:
     auth: str = "keys"  # "keys" | "none"
     # project → its `models:` allow-list (None: every model); see llmgw.router.permissions.
     access: dict[str, tuple[str, ...] | None] = field(default_factory=dict)
+    upstreams: dict[str, UpstreamEntry] = field(default_factory=dict)  # by name
 
     _by_key: dict[str, ModelEntry] = field(init=False, repr=False, compare=False)
 
@@ -118,6 +138,24 @@ def from_cluster(cluster: Cluster) -> Catalog:
                                      len(model.adapters)),
                 listed_adapters=0,
             )
+    served_keys = {model.served_name or key: key for key, model in cluster.models.items()}
+    for served in upstreams.served_by_upstreams(cluster):
+        # A name only upstreams serve: its own entry, its key the served name itself.
+        prices = _upstream_pricing(cluster, served)
+        models[served] = ModelEntry(key=served, served_name=served, on_demand=False,
+                                    input_per_mtok=prices.input_per_mtok,
+                                    output_per_mtok=prices.output_per_mtok)
+        served_keys[served] = served
+    remotes = {
+        name: UpstreamEntry(
+            name=name, url=upstream.url, key_file=upstream.api_key_file,
+            models={served_keys[served]: (entry.model or served, entry.use)
+                    for served, entry in upstream.models.items() if served in served_keys},
+            max_in_flight=upstream.max_in_flight, health_path=upstream.health.path,
+            interval=upstream.health.interval, timeout=upstream.health.timeout,
+            max_backoff=upstream.health.max_backoff)
+        for name, upstream in cluster.upstreams.items()
+    }
     limits = {name: project.limit() for name, project in cluster.projects.items()}
     budgets = {name: usd for name, (usd, _) in limits.items()}
     periods = {name: period for name, (_, period) in limits.items() if period.kind != "none"}
@@ -127,7 +165,17 @@ def from_cluster(cluster: Cluster) -> Catalog:
               for name, project in cluster.projects.items()}
     return Catalog(models=models, budgets=budgets, periods=periods, request_caps=caps,
                    rates=rates,
-                   auth=cluster.cluster.auth, access=access)
+                   auth=cluster.cluster.auth, access=access, upstreams=remotes)
+
+
+def _upstream_pricing(cluster: Cluster, served: str) -> Pricing:
+    """The prices of a name only upstreams serve: the first (by name) upstream's that sets
+    them; none: free."""
+    for _, upstream in sorted(cluster.upstreams.items()):
+        entry = upstream.models.get(served)
+        if entry is not None and entry.pricing is not None:
+            return entry.pricing
+    return Pricing()
 
 
 def engine(model: Model) -> str:

@@ -22,6 +22,9 @@ from collections.abc import Mapping
 from llmgw.fleet.types import Demand
 
 FIRST_TOKEN_WINDOW = 60.0  # seconds of first tokens the median is taken over
+# A request an upstream served for an on-demand model with no replica counts as one
+# waiting this long: the daemon starts a replica although no request had to wait.
+FALLBACK_WINDOW = 10.0
 _FIRST_TOKENS_KEPT = 256  # per model: a median of the latest ones is as good as of all
 
 
@@ -31,10 +34,17 @@ class Demands:
         self._waiting: dict[str, int] = {}
         self._last_used: dict[str, float] = {}
         self._first_tokens: dict[str, deque[tuple[float, float]]] = {}  # (unix time, s)
+        self._served_elsewhere: dict[str, float] = {}  # model → unix time of the last one
 
     def touch(self, model: str, now: float) -> None:
         """A request for ``model`` arrived at unix time ``now``."""
         self._last_used[model] = now
+
+    def served_elsewhere(self, model: str, now: float) -> None:
+        """A request for ``model``, which has no replica, goes to an upstream instead of
+        waiting: for :data:`FALLBACK_WINDOW` seconds it counts as one waiting (a model
+        started on demand must still be started)."""
+        self._served_elsewhere[model] = now
 
     def wait_started(self, model: str) -> None:
         self._waiting[model] = self._waiting.get(model, 0) + 1
@@ -74,10 +84,16 @@ class Demands:
                 first_token[model] = statistics.median(seconds for _, seconds in kept)
             else:
                 del self._first_tokens[model]
+        waiting = dict(self._waiting)
+        for model, at in list(self._served_elsewhere.items()):
+            if now - at < FALLBACK_WINDOW:
+                waiting[model] = waiting.get(model, 0) + 1
+            else:
+                del self._served_elsewhere[model]
         return Demand(
-            waiting=dict(self._waiting),
+            waiting=waiting,
             last_used=dict(self._last_used),
-            wanted={model: 1 for model in self._waiting},
+            wanted={model: 1 for model in waiting},
             watched_since=self.watched_since,
             queued=dict(queued or {}),
             in_flight=dict(in_flight or {}),

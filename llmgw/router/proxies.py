@@ -51,6 +51,7 @@ from yarl import URL
 
 from llmgw.router import faults, framings, streams, upstreams, usages
 from llmgw.router.errors import ApiError
+from llmgw.router.externals import Externals
 from llmgw.router.routes import Routes, Upstream
 
 _UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
@@ -74,6 +75,7 @@ class Outcome:
     # client that hangs up after that (the openai SDK closes on [DONE]) left nothing.
     complete: bool = False
     engine_errors: list[faults.Fault] = field(default_factory=list)  # 5xx, per attempt
+    upstream: str | None = None  # the upstream (``upstreams:``) of the last attempt, if one
 
 
 class _Retry(Exception):
@@ -86,8 +88,10 @@ class _Retry(Exception):
 
 class Proxy:
     def __init__(self, routes: Routes, connect_timeout: float = 5.0,
-                 freed: Callable[[str], None] = lambda _model: None) -> None:
+                 freed: Callable[[str], None] = lambda _model: None,
+                 externals: Externals | None = None) -> None:
         self.routes = routes
+        self.externals = externals  # the upstreams' keys, names for models, metrics
         self.freed = freed  # a request on the model ended: its admission queue may move
         self.connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
@@ -131,8 +135,12 @@ class Proxy:
         load_factor: float = 1.25,
         first_byte_timeout: float = 600.0,
         cap: int | None = None,
+        replicas_only: bool = False,
     ) -> web.StreamResponse:
         """Send ``body`` to a ready replica of ``model`` and answer ``request`` with its reply.
+
+        ``replicas_only``: never to an upstream (a LoRA adapter's request: only the
+        model's replicas loaded it).
 
         ``affinity`` (a prompt-prefix digest) picks by prefix with bounded loads
         instead of least outstanding; a retry goes to the next replica on the ring.
@@ -140,9 +148,10 @@ class Proxy:
         every other replica full answers the first failure).
         """
         tried: list[Upstream] = []
+        skipped = self.routes.upstreams_of(model) if replicas_only else []
         last_error: ApiError | None = None
         for _ in range(2):
-            upstream = self.routes.pick(model, exclude=tried, affinity=affinity,
+            upstream = self.routes.pick(model, exclude=[*tried, *skipped], affinity=affinity,
                                         load_factor=load_factor, cap=cap)
             if upstream is None:
                 break
@@ -152,12 +161,18 @@ class Proxy:
             tried.append(upstream)
             # Tallied per replica for rollout gates; None: the client left, no verdict.
             url, failed, began = upstream.endpoint.base_url, None, time.monotonic()
+            external = upstream.endpoint.upstream or None
+            outcome.upstream = external
+            sent, authorization = body, None
+            if external is not None and self.externals is not None:
+                sent = _renamed(body, self.externals.model_name(external, model))
+                authorization = self.externals.authorization(external)
             self.routes.tallies.begin(url)
             try:
                 response = await self._attempt(
-                    request, upstream, body, stream, strip_usage_chunk, outcome,
-                    can_retry=len(self.routes.endpoints(model)) > len(tried),
-                    first_byte_timeout=first_byte_timeout,
+                    request, upstream, sent, stream, strip_usage_chunk, outcome,
+                    can_retry=len(self.routes.endpoints(model)) > len(tried) + len(skipped),
+                    first_byte_timeout=first_byte_timeout, authorization=authorization,
                 )
                 failed = outcome.status >= 500
                 return response
@@ -172,6 +187,8 @@ class Proxy:
                     failed = False  # served whole; the client left afterwards
                 self.routes.tallies.end(url, failed=failed,
                                         ttft=(outcome.first_byte_at or time.monotonic()) - began)
+                if external is not None and self.externals is not None:
+                    self.externals.observed(external, bool(failed), time.monotonic() - began)
                 self.freed(model)
         if last_error is not None:
             raise last_error
@@ -188,11 +205,15 @@ class Proxy:
         outcome: Outcome,
         can_retry: bool,
         first_byte_timeout: float,
+        authorization: str | None = None,
     ) -> web.StreamResponse:
         if stream:
             return await self._attempt_stream(request, upstream, body, strip_usage_chunk,
-                                              outcome, can_retry, first_byte_timeout)
+                                              outcome, can_retry, first_byte_timeout,
+                                              authorization)
         url = upstream.url(request.path)
+        headers = _UPSTREAM_HEADERS if authorization is None else {
+            **_UPSTREAM_HEADERS, "Authorization": authorization}
         upstream.begin()
         reply: aiohttp.ClientResponse | None = None
         done = False
@@ -201,7 +222,7 @@ class Proxy:
             outcome.sent = True
             try:
                 async with asyncio.timeout_at(deadline):
-                    reply = await self._client().post(url, data=body, headers=_UPSTREAM_HEADERS)
+                    reply = await self._client().post(url, data=body, headers=headers)
             except TimeoutError as exc:
                 if asyncio.get_running_loop().time() >= deadline:
                     raise _too_slow(upstream, first_byte_timeout) from exc
@@ -249,10 +270,11 @@ class Proxy:
         outcome: Outcome,
         can_retry: bool,
         first_byte_timeout: float,
+        authorization: str | None = None,
     ) -> web.StreamResponse:
         """A streaming request, on a connection the router reads itself (:mod:`upstreams`)."""
         base = upstream.endpoint.base_url
-        message = _request_bytes(upstream.url(request.path), body)
+        message = _request_bytes(upstream.url(request.path), body, authorization)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + first_byte_timeout
         conn: upstreams.Connection | None = None
@@ -498,17 +520,32 @@ def _judge(upstream: Upstream, status: int, body: bytes, outcome: Outcome,
         raise _Retry(ApiError(status, f"replica {_name(upstream)} answered {status}"))
 
 
-def _request_bytes(url: URL, body: bytes) -> bytes:
+def _request_bytes(url: URL, body: bytes, authorization: str | None = None) -> bytes:
     target = url.raw_path_qs
     if not target.isprintable() or " " in target or not target.isascii():
         raise ApiError(400, "the request path cannot be forwarded", code="invalid_request")
-    return (f"POST {target} HTTP/1.1\r\nHost: {url.raw_authority}\r\n"
+    # The key was checked when it was read (no space, line break or control character).
+    auth = f"Authorization: {authorization}\r\n" if authorization else ""
+    return (f"POST {target} HTTP/1.1\r\nHost: {url.raw_authority}\r\n{auth}"
             f"Content-Type: application/json\r\nAccept-Encoding: identity\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
+def _renamed(body: bytes, name: str | None) -> bytes:
+    """The request for an upstream: its ``model`` is the upstream's name for the model."""
+    if name is None:
+        return body
+    payload = json.loads(body)  # parsed once already by the router: valid JSON
+    if payload.get("model") == name:
+        return body
+    payload["model"] = name
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
 def _name(upstream: Upstream) -> str:
     endpoint = upstream.endpoint
+    if endpoint.upstream:
+        return f"of upstream {endpoint.upstream} ({endpoint.base_url})"
     where = endpoint.base_url
     if endpoint.node:
         where = f"{endpoint.node} ({endpoint.base_url})"

@@ -37,6 +37,13 @@ rollout gate) gets that share of the model's requests, counted, not drawn at
 random: with share 0.1, every tenth. Every other request, and a retry after a
 canary failed, goes to the other replicas; the canary takes one only when no
 other replica is left. Per-replica tallies for the gate are in ``tallies``.
+
+An **upstream** (an endpoint with ``upstream`` set: one llmgw did not place) is
+capped by its own ``cap``, not the model's. One that is a **fallback** of a
+model is picked only when none of the model's other endpoints is left to try:
+none is in the table, or each was tried for this request (a replica that failed
+before its first byte). A replica at its cap is not "left out": the request
+queues for it, as before, rather than spilling to the fallback.
 """
 
 from __future__ import annotations
@@ -63,6 +70,12 @@ class Endpoint:
     # scrape's unix time; None: not reported. Not part of the endpoint's identity.
     load: int | None = field(default=None, compare=False)
     load_at: float | None = field(default=None, compare=False)
+    # An upstream (``upstreams:``, llmgw.router.externals): its name, and its own cap
+    # (None: none; a model's cap is about its engines). ``fallback``: for this model it
+    # takes requests only while no replica is left to try (per model, so not identity).
+    upstream: str = ""
+    cap: int | None = field(default=None, compare=False)
+    fallback: bool = field(default=False, compare=False)
 
 
 @dataclass(eq=False)
@@ -115,6 +128,7 @@ class Routes:
         self._rings: dict[str, affinities.Ring[Upstream]] = {}
         self._canaries: dict[str, list[Upstream]] = {}
         self._counted: dict[str, int] = {}  # requests per model while it has a canary
+        self._fallbacks: dict[str, list[Upstream]] = {}  # per model: picked last
         self.tallies = Tallies()
 
     def update(self, model_to_endpoints: Mapping[str, Sequence[Endpoint]]) -> None:
@@ -143,6 +157,9 @@ class Routes:
             if upstreams:
                 table[model] = upstreams
         self._table, self._by_url = table, by_url
+        self._fallbacks = {
+            model: fallbacks for model, endpoints in model_to_endpoints.items()
+            if (fallbacks := [by_url[e.base_url.rstrip("/")] for e in endpoints if e.fallback])}
         self._canaries = {model: canaries for model, upstreams in table.items()
                           if (canaries := [u for u in upstreams if u.endpoint.share])}
         self._counted = {m: n for m, n in self._counted.items() if m in self._canaries}
@@ -158,6 +175,14 @@ class Routes:
 
     def endpoints(self, model: str) -> list[Endpoint]:
         return [u.endpoint for u in self._table.get(model, ())]
+
+    def has_replica(self, model: str) -> bool:
+        """Whether ``model`` has an endpoint that is a replica, not an upstream."""
+        return any(not u.endpoint.upstream for u in self._table.get(model, ()))
+
+    def upstreams_of(self, model: str) -> list[Upstream]:
+        """The model's endpoints that are upstreams (``upstreams:``), not replicas."""
+        return [u for u in self._table.get(model, ()) if u.endpoint.upstream]
 
     def models(self) -> list[str]:
         """Models with at least one ready endpoint."""
@@ -176,14 +201,26 @@ class Routes:
 
     def free(self, model: str, cap: int | None) -> int | None:
         """How many more requests ``model``'s replicas take under ``cap`` each; None: no cap."""
-        if cap is None:
+        upstreams = self._primaries(model)
+        limits = [_limit(u, cap) for u in upstreams]
+        if not upstreams or any(limit is None for limit in limits):
             return None
-        return sum(max(0, cap - u.in_flight()) for u in self._table.get(model, ()))
+        return sum(max(0, (limit or 0) - u.in_flight()) for u, limit in zip(
+            upstreams, limits, strict=True))
+
+    def _primaries(self, model: str) -> list[Upstream]:
+        """The model's endpoints but its fallbacks, unless only fallbacks are there."""
+        upstreams = self._table.get(model, [])
+        fallbacks = self._fallbacks.get(model)
+        if not fallbacks:
+            return upstreams
+        return [u for u in upstreams if u not in fallbacks] or upstreams
 
     def in_flight(self) -> dict[str, int]:
-        """Model → this router's requests in flight on its replicas."""
+        """Model → this router's requests in flight on its replicas (not on upstreams: the
+        autoscaler divides this by ready replicas)."""
         return {model: n for model, upstreams in self._table.items()
-                if (n := sum(u.outstanding for u in upstreams))}
+                if (n := sum(u.outstanding for u in upstreams if not u.endpoint.upstream))}
 
     def replica_in_flight(self) -> dict[str, int]:
         """Replica URL → this router's requests in flight there (none left out)."""
@@ -203,16 +240,21 @@ class Routes:
         A canary gets its share first (see the module's docstring). With ``cap``,
         a replica with that many requests in flight is not picked (None when all are).
         """
+        tried = exclude
+        fallbacks = self._fallbacks.get(model)
+        if fallbacks and any(u not in exclude and u not in fallbacks
+                             for u in self._table.get(model, ())):
+            exclude = [*exclude, *fallbacks]  # a replica is left: not yet
         canaries = self._canaries.get(model)
         if canaries:
-            chosen = self._canary(model, canaries, exclude)
+            chosen = self._canary(model, canaries, tried)
             if chosen is not None and (cap is None or chosen.in_flight() < cap):
                 chosen.picked += 1
                 return chosen
-        if cap is not None:
-            full = [u for u in self._table.get(model, ()) if u.in_flight() >= cap]
-            if full:
-                exclude = [*exclude, *full]
+        full = [u for u in self._table.get(model, ())
+                if (limit := _limit(u, cap)) is not None and u.in_flight() >= limit]
+        if full:
+            exclude = [*exclude, *full]
         if affinity is not None and model in self._rings:
             chosen = self._rings[model].pick(
                 affinity, load=Upstream.load, load_factor=load_factor,
@@ -261,3 +303,9 @@ class Routes:
         except TimeoutError:
             pass
         return model in self._table
+
+
+def _limit(upstream: Upstream, cap: int | None) -> int | None:
+    """The most requests in flight ``upstream`` takes: an upstream's own cap, a replica's
+    the model's (None: no cap)."""
+    return upstream.endpoint.cap if upstream.endpoint.upstream else cap

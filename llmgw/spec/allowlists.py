@@ -45,6 +45,10 @@ def served_names(cluster: Cluster) -> list[str]:
     for key, model in cluster.models.items():
         names.append(model.served_name or key)
         names.extend(adapter.name for adapter in model.adapters)
+    declared = set(names)
+    # Names no model declares that upstreams serve (llmgw.spec.upstreams).
+    names.extend({served for upstream in cluster.upstreams.values()
+                  for served in upstream.models if served not in declared})
     return sorted(names)
 
 

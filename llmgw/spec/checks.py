@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from llmgw.spec import allowlists, gpus, hosts, loras, secrets, sources
+from llmgw.spec import allowlists, gpus, hosts, loras, secrets, sources, upstreams
 from llmgw.spec.models import Cluster, Profile
 from llmgw.spec.quantities import count
 from llmgw.spec.servings import Pricing
@@ -68,6 +68,7 @@ def check(cluster: Cluster, dropped: set[tuple[str, str]] | None = None) -> list
     ]
     if not any(section == "models" for section, _ in dropped):  # a dropped model may match
         problems += [Problem(path, message) for path, message in allowlists.problems(cluster)]
+        problems += [Problem(path, message) for path, message in upstreams.problems(cluster)]
     if partial:
         problems = [p for p in problems if not p.fleet_wide]
     return problems

@@ -33,13 +33,13 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError, YAMLWarning
 
-from llmgw.spec import bounds, checks, identifiers, partials, secrets, statedirs
+from llmgw.spec import bounds, checks, identifiers, partials, secrets, statedirs, upstreams
 from llmgw.spec.models import SECTIONS, Cluster
 
 DataPath = tuple[str | int, ...]
-COLLECTIONS = ("fabrics", "nodes", "models", "projects", "engines")
+COLLECTIONS = ("fabrics", "nodes", "models", "projects", "engines", "upstreams")
 _SINGULAR = {"fabrics": "fabric", "nodes": "node", "models": "model", "projects": "project",
-             "engines": "engine"}
+             "engines": "engine", "upstreams": "upstream"}
 
 
 @dataclass(frozen=True, order=True)
@@ -155,7 +155,12 @@ def load_with_sources(
     if errors:
         raise SpecErrors(errors)
     assert cluster is not None
-    return _resolve_relative(cluster, root), sources
+    resolved = _resolve_relative(cluster, root)
+    errors = [SpecError(sources.locate(path), message)
+              for path, message in upstreams.file_problems(resolved)]
+    if errors:
+        raise SpecErrors(errors)
+    return resolved, sources
 
 
 def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
@@ -186,14 +191,13 @@ def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
 
     state_dir = (anchored(str(Path(settings.state_dir).expanduser()))
                  if settings.state_dir else None)
+    state = statedirs.of(settings.model_copy(update={"state_dir": state_dir}))
     settings = settings.model_copy(update={
         "ssh": settings.ssh.model_copy(update={"known_hosts": anchored(settings.ssh.known_hosts)}),
         "state_dir": state_dir,
         "store": settings.store.model_copy(update={
             "path": anchored(settings.store.path),
-            "password_file": _secret_path(settings.store.password_file, root,
-                                          statedirs.of(settings.model_copy(
-                                              update={"state_dir": state_dir}))),
+            "password_file": _secret_path(settings.store.password_file, root, state),
         }),
         "agent_socket": resolve(settings.agent_socket),
     })
@@ -201,7 +205,14 @@ def _resolve_relative(cluster: Cluster, root: Path) -> Cluster:
         name: node.model_copy(update={"agent_socket": resolve(node.agent_socket)})
         for name, node in nodes.items()
     }
-    return cluster.model_copy(update={"cluster": settings, "nodes": nodes, "models": models})
+    remotes = {
+        name: upstream.model_copy(update={
+            "api_key_file": _secret_path(upstream.api_key_file, root, state)})
+        if upstream.api_key_file else upstream
+        for name, upstream in cluster.upstreams.items()
+    }
+    return cluster.model_copy(update={"cluster": settings, "nodes": nodes, "models": models,
+                                      "upstreams": remotes})
 
 
 def _secret_path(text: str | None, root: Path, state: Path) -> str | None:

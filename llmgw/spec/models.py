@@ -38,6 +38,7 @@ from llmgw.spec.tenancy import OidcGroup as OidcGroup
 from llmgw.spec.tenancy import OidcSettings as OidcSettings
 from llmgw.spec.tenancy import Project as Project
 from llmgw.spec.tenancy import WebSettings as WebSettings
+from llmgw.spec.upstreams import Upstream
 
 NAME_PATTERN = identifiers.PATTERNS["name"][0]
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -593,6 +594,12 @@ class Cluster(Strict):
     engines: Engines = Field(
         default_factory=Engines,
         description="Engine versions the nodes get, and whether the daemon installs them.")
+    upstreams: dict[Name, Upstream] = Field(
+        default_factory=dict,
+        description="OpenAI-compatible endpoints llmgw did not place (another llmgw, a vLLM "
+        "run by hand, a provider), routed beside the replicas or as their fallback "
+        "(docs/upstreams.md).",
+    )
 
 
 ClusterSettings.model_rebuild()

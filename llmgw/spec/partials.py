@@ -23,7 +23,7 @@ from llmgw.spec import checks
 from llmgw.spec.models import Cluster
 
 DataPath = tuple[str | int, ...]
-COLLECTIONS = ("fabrics", "nodes", "models", "projects", "engines")
+COLLECTIONS = ("fabrics", "nodes", "models", "projects", "engines", "upstreams")
 # Valid anywhere, needs nothing from the fleet: meaning checks find nothing to say about it.
 PLACEHOLDER: dict[str, Any] = {"engine": "llama.cpp", "cpu": True,
                                "source": checks.PLACEHOLDER_SOURCE}

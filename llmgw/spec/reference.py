@@ -14,7 +14,17 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from llmgw.spec import budgets, loras, models, repairs, rollouts, servings, shapes, tenancy
+from llmgw.spec import (
+    budgets,
+    loras,
+    models,
+    repairs,
+    rollouts,
+    servings,
+    shapes,
+    tenancy,
+    upstreams,
+)
 from llmgw.spec.quantities import format_duration, format_size
 
 # (heading, model, where it appears in a file)
@@ -61,6 +71,10 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("projects.NAME.budget", budgets.Budget, "projects: {NAME: {budget: ...}}"),
     ("projects.NAME.conversations", tenancy.Conversations,
      "projects: {NAME: {conversations: ...}}"),
+    ("upstreams.NAME", upstreams.Upstream, "upstreams: {NAME: ...}"),
+    ("upstreams.NAME.models.SERVED", upstreams.UpstreamModel,
+     "upstreams: {NAME: {models: {SERVED: ...}}}"),
+    ("upstreams.NAME.health", upstreams.HealthCheck, "upstreams: {NAME: {health: ...}}"),
 )
 
 _INTRO = """\

@@ -7,6 +7,7 @@ cluster is valid, and the file may be moved at leisure) about each such file:
 
 * ``cluster.store.password_file`` — the PostgreSQL password;
 * ``cluster.web.oidc.client_secret_file`` — the single sign-on client secret;
+* each ``upstreams.NAME.api_key_file`` — an upstream's key;
 * the daemon's admin token, in the state directory (:mod:`llmgw.spec.statedirs`).
 
 ``cluster.weights.token_file`` is a path on each *node*, never read on the
@@ -55,6 +56,11 @@ def named(cluster: Cluster) -> list[SecretFile]:
     if oidc is not None and oidc.client_secret_file:
         found.append(SecretFile(("cluster", "web", "oidc", "client_secret_file"),
                                 "web.oidc.client_secret_file", Path(oidc.client_secret_file)))
+    for name, upstream in sorted(cluster.upstreams.items()):
+        if upstream.api_key_file:
+            found.append(SecretFile(("upstreams", name, "api_key_file"),
+                                    f"upstreams.{name}.api_key_file",
+                                    Path(upstream.api_key_file)))
     return found
 
 
@@ -72,7 +78,7 @@ def problems(cluster: Cluster, directory: Path, git: GitProbe) -> list[Problem]:
             why = ("lies inside the cluster directory, a git working tree: `git add -A` "
                    f"would commit it. Move it to {_outside(cluster, directory)}"
                    + (" (a relative name is read from there)"
-                      if secret.setting[-1] == "password_file" else ""))
+                      if secret.setting[-1] in ("password_file", "api_key_file") else ""))
         elif state == "exposed":
             why = ("lies in a git working tree that no .gitignore covers: `git add -A` "
                    "would commit it. Move it out, or ignore it")

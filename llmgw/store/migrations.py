@@ -722,6 +722,15 @@ ALTER TABLE store_copies ADD COLUMN marks TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE store_copies ADD COLUMN marks TEXT NOT NULL DEFAULT '{}';
 """,
     ),
+    Migration(
+        18, "usage rows say which upstream served them (upstreams:, issue 29); NULL: a replica",
+        sqlite="""
+ALTER TABLE usage ADD COLUMN upstream TEXT;
+""",
+        postgres="""
+ALTER TABLE usage ADD COLUMN upstream TEXT;
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

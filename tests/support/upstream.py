@@ -51,6 +51,8 @@ class Upstream:
     linger: float = 0.0  # stream: pause after the last event before ending the body
     error_body: bytes | None = None  # with ``status``: answer this body (a recorded one)
     received: list[Received] = field(default_factory=list)
+    health_status: int = 200  # what GET /health and /v1/models answer
+    probes: list[dict[str, str]] = field(default_factory=list)  # their headers
     sent_at: list[float] = field(default_factory=list)  # time.time() of each stream chunk
     cancelled: int = 0  # requests whose client went away before the answer ended
     runner: web.AppRunner | None = None
@@ -78,10 +80,14 @@ class Upstream:
         if self.runner is not None:
             await self.runner.cleanup()
 
-    async def _health(self, _: web.Request) -> web.Response:
-        return web.json_response({})
+    async def _health(self, request: web.Request) -> web.Response:
+        self.probes.append(dict(request.headers))
+        return web.json_response({}, status=self.health_status)
 
-    async def _models(self, _: web.Request) -> web.Response:
+    async def _models(self, request: web.Request) -> web.Response:
+        self.probes.append(dict(request.headers))
+        if self.health_status != 200:
+            return web.json_response({"error": {"message": "down"}}, status=self.health_status)
         return web.json_response({"object": "list", "data": [
             {"id": self.name, "object": "model", "created": 0, "owned_by": "test"}]})
 
