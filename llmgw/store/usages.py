@@ -37,19 +37,22 @@ class UsageRow:
     cost_usd: float = 0.0
     stream: bool = False
     user_name: str | None = None  # the logged-in person, for requests from /chat
+    # The router's id of the request (migration 17): a row buffered on a router's disk
+    # during a store outage and written again on recovery is written once.
+    request_id: str | None = None
 
 
 COLUMNS: tuple[str, ...] = tuple(UsageRow.__dataclass_fields__)
 
 Record = tuple[float, str | None, str | None, str, str, int, int | None, int | None, float,
-               float, bool, str | None]
+               float, bool, str | None, str | None]
 
 
 def to_record(r: UsageRow) -> Record:
     # Field by field, not dataclasses.astuple: that deep-copies every value, which
     # costs more than the insert itself.
     return (r.ts, r.project, r.key_id, r.model, r.endpoint, r.status, r.prompt_tokens,
-            r.completion_tokens, r.latency_ms, r.cost_usd, r.stream, r.user_name)
+            r.completion_tokens, r.latency_ms, r.cost_usd, r.stream, r.user_name, r.request_id)
 
 
 def from_record(values: Sequence[Any]) -> UsageRow:
