@@ -33,6 +33,13 @@ refuses the next request of that counter itself, without a store round trip,
 until the minute ends (requests; a request count never falls within its
 minute) or for one second (tokens, which corrections give back).
 
+**Store outages.** While the store cannot be reached, each router counts in
+its own window (:meth:`RateLimiter._take_locally`): a counter starts from
+what the store last answered for this minute and the same limit applies, so
+with N routers a project may pass up to N × its limit in a minute of outage
+(one router: none beyond it). One line is logged when the store goes, none
+per request.
+
 **Budgets.** Limits are checked before the budget is reserved
 (:meth:`accounts.Accounts.reserve`), so a request refused for its rate
 reserves nothing; they never admit what the reservation would refuse.
@@ -55,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from llmgw.router.errors import ApiError
-from llmgw.store.ratelimits import Count
+from llmgw.store.ratelimits import Count, Taken
 from llmgw.store.stores import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -152,6 +159,8 @@ class RateLimiter:
         # of a refusal answered locally)
         self._seen: dict[str, int] = {}
         self._slot: int | None = None
+        self._local: dict[str, int] = {}  # counter → its count this minute, while the store is away
+        self._away = False
 
     async def admit(self, limits: Sequence[Limit], tokens: int,
                     now: float | None = None) -> Ticket | None:
@@ -181,10 +190,13 @@ class RateLimiter:
         try:
             taken = await self.store.take_rate(slot, counts)
         except StoreError as exc:
-            log.error("cannot count a request against its rate limits: %s", exc)
-            raise ApiError(503, "the rate-limit store is unreachable; retry shortly",
-                           code="store_unavailable", type="server_error",
-                           headers={"Retry-After": "2"}) from None
+            if not self._away:
+                log.error("cannot count requests against their rate limits in the store; "
+                          "counting on this router until it returns: %s", exc)
+            self._away = True
+            taken = self._take_locally(counts)
+        else:
+            self._away = False
         self._seen.update((lim.name, u) for lim, u in zip(limits, taken.used, strict=True))
         if not taken.admitted:
             over = next(i for i, (c, u) in enumerate(zip(counts, taken.used, strict=True))
@@ -198,6 +210,15 @@ class RateLimiter:
         return Ticket(slot, tuple(lim.name for lim in limits if lim.kind == "tokens"), tokens,
                       headers(limits, taken.used, now))
 
+    def _take_locally(self, counts: Sequence[Count]) -> Taken:
+        """As the store's take_rate, on this router's own counts of the minute."""
+        used = tuple(self._local.get(c.name, self._seen.get(c.name, 0)) for c in counts)
+        if any(u + c.amount > c.limit for c, u in zip(counts, used, strict=True)):
+            return Taken(False, used)
+        after = tuple(u + c.amount for c, u in zip(counts, used, strict=True))
+        self._local.update((c.name, a) for c, a in zip(counts, after, strict=True))
+        return Taken(True, after)
+
     async def settle(self, ticket: Ticket | None, tokens: int) -> None:
         """The request of ``ticket`` used ``tokens``: correct its minute's token counters
         from its estimate to that. A store error keeps the estimate (the safe side)."""
@@ -206,16 +227,22 @@ class RateLimiter:
         delta = tokens - ticket.estimate
         if delta == 0:
             return
+        if self._away:
+            for name in ticket.tokens:
+                if name in self._local and ticket.slot == self._slot:
+                    self._local[name] = max(self._local[name] + delta, 0)
+            return
         try:
             for name in ticket.tokens:
                 await self.store.adjust_rate(ticket.slot, name, delta)
-        except StoreError as exc:
-            log.warning("could not correct a request's tokens per minute: %s", exc)
+        except StoreError:
+            self._away = True  # the estimate holds: the safe side
 
     def _forget(self, slot: int, now: float) -> None:
         if slot != self._slot:  # a new minute: what was seen is of the last one
             self._slot = slot
             self._seen.clear()
+            self._local.clear()
         for name in [n for n, (s, until) in self._full.items() if s != slot or until <= now]:
             del self._full[name]
 
