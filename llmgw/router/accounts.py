@@ -64,10 +64,10 @@ from pathlib import Path
 from typing import Any
 
 from llmgw.router import heartbeats
-from llmgw.router.keycaches import KeyCache, StoreHealth
-from llmgw.router.usagebuffers import UsageBuffer
 from llmgw.router.catalogs import Catalog
 from llmgw.router.errors import ApiError
+from llmgw.router.keycaches import KeyCache, StoreHealth
+from llmgw.router.usagebuffers import UsageBuffer
 from llmgw.store import keys
 from llmgw.store.reservations import Owner, Progress
 from llmgw.store.stores import Admission, Store, StoreError
