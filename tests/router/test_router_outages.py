@@ -80,6 +80,9 @@ def test_a_store_outage_of_10s_under_load_fails_no_known_key_and_loses_no_row(
         assert "llmgw_router_store_up 0.0" in metrics
         assert during > 20, "too little load during the outage to prove anything"
         assert [s for s in answers if s != 200] == []
+        print(f"{len(answers)} requests, {during} during the outage, none failed")
+        print("\n".join(line for line in metrics.splitlines() if line.startswith(
+            ("llmgw_router_store_up", "llmgw_router_usage_buffered", "llmgw_router_key_cache"))))
         wait_until(lambda: stack.router.accounts.health.up
                    and stack.router.accounts.buffer is not None
                    and stack.router.accounts.buffer.count == 0, timeout=15)
