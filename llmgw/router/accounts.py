@@ -45,7 +45,8 @@ pays its whole estimate.
 Store outages (docs/ha.md): keys are checked against a cache
 (:mod:`llmgw.router.keycaches`) and a project's budget, while the store cannot
 be reached, against this router's local ledger: the spend it last loaded, plus
-what it recorded since, plus what its requests in flight reserved locally.
+what it recorded since, plus what its requests in flight reserved (in the store
+before the outage, or locally since).
 Rows that cannot be written go to a file (:mod:`llmgw.router.usagebuffers`)
 and are written on recovery, once each.
 """
@@ -175,7 +176,9 @@ class Accounts:
                      if store is not None else None)
         self.buffer = (UsageBuffer(state_dir, self.router_id)
                        if store is not None and state_dir is not None else None)
-        self._local: dict[str, float] = {}  # project → USD reserved on the local ledger
+        # project → USD this router's requests in flight reserved, in the store or on the
+        # local ledger: what the local ledger holds while the store is away
+        self._in_flight: dict[str, float] = {}
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The caller's project and key, or ApiError 401/403."""
@@ -245,6 +248,7 @@ class Accounts:
         if admission is None:
             admission = self._reserve_locally(project, budget, cost)
             if admission.id is not None:
+                self._hold(project, cost)
                 return Reservation(project, cost, None, local=True)
         if admission.id is None:
             in_flight = (f" (requests in flight hold {_usd(admission.reserved)} more)"
@@ -267,16 +271,20 @@ class Accounts:
                 f"of {_usd(budget)}{in_flight}; {then}",
                 code="insufficient_quota", type="insufficient_quota", headers=retry,
             )
+        self._hold(project, cost)
         return Reservation(project, cost, admission.id)
 
     def _reserve_locally(self, project: str, budget: float, cost: float) -> Admission:
-        """The store is away: admit against the spend last loaded plus what this router
-        recorded and reserved since (the bound is in docs/ha.md)."""
-        spent, held = self.spent_now(project), self._local.get(project, 0.0)
+        """The store is away: admit against the spend last loaded, plus what this router
+        recorded since, plus what its requests in flight reserved (in the store before the
+        outage, or here since), as the store would (the bound is in docs/ha.md)."""
+        spent, held = self.spent_now(project), self._in_flight.get(project, 0.0)
         if spent + held >= budget:
             return Admission(None, spent, held)
-        self._local[project] = held + cost
         return Admission("local", spent, held)
+
+    def _hold(self, project: str, cost: float) -> None:
+        self._in_flight[project] = self._in_flight.get(project, 0.0) + cost
 
     def track(self, reservation: Reservation,
               produced: Callable[[], tuple[int, int, float]]) -> None:
@@ -305,10 +313,11 @@ class Accounts:
     async def settle(self, reservation: Reservation, cost: float) -> None:
         """Shrink ``reservation`` to what its request cost, at once: the next request of
         the project is admitted against the real figure, not the estimate."""
-        if reservation.local and reservation.project is not None:
+        if reservation.project is not None and reservation.amount:
             # record() counted its cost into spent already
-            left = self._local.get(reservation.project, 0.0) - reservation.amount
-            self._local[reservation.project] = max(left, 0.0)
+            left = self._in_flight.get(reservation.project, 0.0) - reservation.amount
+            self._in_flight[reservation.project] = max(left, 0.0)
+        if reservation.local:
             return
         if reservation.id is None or self.store is None or not self.health.up:
             return  # the estimate holds until the row is written: the safe side

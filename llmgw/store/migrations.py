@@ -733,7 +733,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS usage_request ON usage (request_id)
 ALTER TABLE usage ADD COLUMN request_id TEXT;
 CREATE UNIQUE INDEX usage_request ON usage (request_id) WHERE request_id IS NOT NULL;
 -- Every change to a key (created, revoked, deleted) tells the routers listening on
--- llmgw_keys which key id to read again (llmgw.store.keywatches), at commit.
+-- llmgw_keys which key id to read again (llmgw.store.outages), at commit.
 CREATE FUNCTION llmgw_key_changed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('llmgw_keys', CASE TG_OP WHEN 'DELETE' THEN OLD.id ELSE NEW.id END);

@@ -1,7 +1,7 @@
 """What lets routers ride out a store outage: key change notices, key re-reads, and
 usage rows written once however often they are sent.
 
-* **Key change notices.** On PostgreSQL a trigger on ``keys`` (migration 16)
+* **Key change notices.** On PostgreSQL a trigger on ``keys`` (migration 18)
   sends ``NOTIFY llmgw_keys, '<key id>'`` when a key is created, revoked or
   deleted, at commit. :class:`PostgresKeyWatch` listens on a connection of its
   own (asyncpg ``add_listener``), outside the pool, and calls ``changed(id)``

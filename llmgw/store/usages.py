@@ -37,7 +37,7 @@ class UsageRow:
     cost_usd: float = 0.0
     stream: bool = False
     user_name: str | None = None  # the logged-in person, for requests from /chat
-    # The router's id of the request (migration 17): a row buffered on a router's disk
+    # The router's id of the request (migration 18): a row buffered on a router's disk
     # during a store outage and written again on recovery is written once.
     request_id: str | None = None
 

@@ -102,8 +102,7 @@ def test_a_revoked_key_is_refused_within_the_stated_bound(make_stack: StackFacto
     key = stack.key()
     assert ask(stack.url, key).status_code == 200
     assert ask(stack.url, key).status_code == 200  # served from the cache
-    bound = (keycaches.NOTIFY_BOUND if stack.db.kind == "postgresql"
-             else keycaches.POLL_INTERVAL + 1.0)
+    bound = keycaches.REVOCATION_BOUND
     key_id = keys.key_id_of(key)
     assert key_id is not None
     stack.run(keys.revoke(stack.db, key_id))
