@@ -8,6 +8,7 @@ docs/ha.md states, by waiting on the refusal with that bound as deadline.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -44,7 +45,9 @@ def own_postgres() -> Iterator[postgres.PgServer]:
 
 
 def test_a_store_outage_of_10s_under_load_fails_no_known_key_and_loses_no_row(
-        own_postgres: postgres.PgServer, tmp_path: Path) -> None:
+        own_postgres: postgres.PgServer, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="llmgw.router")
     db = own_postgres.database()
     stack = Stack(tmp_path, cluster(research=100.0), Settings(state_dir=tmp_path), 2,
                   db.settings)
@@ -82,7 +85,8 @@ def test_a_store_outage_of_10s_under_load_fails_no_known_key_and_loses_no_row(
         assert [s for s in answers if s != 200] == []
         print(f"{len(answers)} requests, {during} during the outage, none failed")
         print("\n".join(line for line in metrics.splitlines() if line.startswith(
-            ("llmgw_router_store_up", "llmgw_router_usage_buffered", "llmgw_router_key_cache"))))
+            ("llmgw_router_store_up", "llmgw_router_usage_buffered", "llmgw_router_key_cache"))
+            and "_created" not in line))
         wait_until(lambda: stack.router.accounts.health.up
                    and stack.router.accounts.buffer is not None
                    and stack.router.accounts.buffer.count == 0, timeout=15)
@@ -91,6 +95,15 @@ def test_a_store_outage_of_10s_under_load_fails_no_known_key_and_loses_no_row(
         assert len(rows) == len(answers) + 1  # the first request too
         assert len(set(ids)) == len(ids)
         assert not list(tmp_path.glob("usage-*.buffer"))
+        print(f"{len(rows)} usage rows stored, {len(set(ids))} request ids")
+        said = [r.getMessage() for r in caplog.records
+                if r.name in ("llmgw.router.keycaches", "llmgw.router.usagebuffers")]
+        print("\n".join(said))
+        # one line when the store goes, one when it is back: not one per request
+        assert [m.split(";")[0] for m in said if "unreachable" in m] == [
+            "the store is unreachable"]
+        assert len([m for m in said if m.startswith("the store is back after")]) == 1
+        assert len([m for m in said if m.startswith("wrote ")]) >= 1
     finally:
         stack.close()
 
