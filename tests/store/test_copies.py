@@ -9,6 +9,7 @@ then copied both ways and compared table by table, row by row, on both sides.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -283,7 +284,9 @@ def test_a_top_up_appends_what_both_sides_wrote_since(
     async def meanwhile(settings: StoreSettings, who: str) -> int:
         store = await stores.open_store(settings)
         try:
-            await usages.insert(store, [usage(i, None) for i in range(3)])
+            await usages.insert(store, [dataclasses.replace(usage(i, None),
+                                                            request_id=f"{who}-{i}")
+                                        for i in range(3)])  # new requests: new ids
             assert await conversations.append(store, made["conversation"], "alice",
                                               [("user", f"from {who}")], NOW + 50)
             await audits.record_cli(store, "user.create", user=who)
