@@ -128,8 +128,11 @@ class KeyCache:
 
     async def _forever(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+            # meets the event, and close() would wait for ever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._everything.wait(), self.poll)
+                async with asyncio.timeout(self.poll):
+                    await self._everything.wait()
             self._everything.clear()
             try:
                 await self.refresh()

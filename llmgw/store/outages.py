@@ -101,8 +101,9 @@ class PostgresKeyWatch(KeyWatch):
             self.connected = True
             self._changed(None)  # what changed while nobody listened is read again
             while not lost.is_set():
-                try:
-                    await asyncio.wait_for(lost.wait(), self._check)
+                try:  # asyncio.timeout: a cancel is never swallowed (wait_for on 3.11 can)
+                    async with asyncio.timeout(self._check):
+                        await lost.wait()
                 except TimeoutError:
                     await conn.fetchval("SELECT 1", timeout=self._check)
         finally:
