@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
+from llmgw.router import keycaches
 from llmgw.spec.models import Cluster
 from llmgw.store import audits, keys, stores
 from llmgw.store.reservations import Held
@@ -188,7 +189,8 @@ def run_revoke(args: argparse.Namespace) -> int:
     if before.revoked_at is not None:
         print(f"key {key_id} ({info.project}) was already revoked at {_when(info.revoked_at)}")
     else:
-        print(f"revoked key {key_id} ({info.project}); the router refuses it from now on")
+        print(f"revoked key {key_id} ({info.project}); routers refuse it within "
+              f"{keycaches.REVOCATION_BOUND:g} s")
     return 0
 
 

@@ -254,7 +254,10 @@ class _Process:
             if reconciling else None
         if routing_here:
             settings = Settings(wait_timeout=options.wait_timeout,
-                                heartbeat_interval=cluster.cluster.router_heartbeat)
+                                heartbeat_interval=cluster.cluster.router_heartbeat,
+                                # next to the SQLite database (also where a PostgreSQL
+                                # cluster's file would be): usage rows of an outage
+                                state_dir=Path(cluster.cluster.store.path).parent)
             settings = dataclasses.replace(settings, max_connections=connections.connection_limit(
                 settings.max_connections, open_files))
             router = Router(catalogs.from_cluster(cluster), store=store, registry=registry,

@@ -113,6 +113,21 @@ class RouterMetrics:
             "Time from sending an attempt to an upstream to its end.",
             ["upstream"], buckets=LATENCY_BUCKETS, registry=registry,
         )
+        self.store_up = Gauge(
+            "llmgw_router_store_up", "1 while the router's last store call succeeded; 0 "
+            "during an outage (known keys keep working: docs/ha.md).",
+            registry=registry, multiprocess_mode="min",
+        )
+        self.store_up.set(1)
+        self.buffered_rows = Gauge(
+            "llmgw_router_usage_buffered_rows", "Usage rows not yet written to the store "
+            "(on the router's disk or in memory).", registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.key_lookups = Counter(
+            "llmgw_router_key_cache", "API key checks by whether the key was cached (hit) "
+            "or read from the store (miss).", ["result"], registry=registry,
+        )
         self._multiprocess = "PROMETHEUS_MULTIPROC_DIR" in os.environ
         self._endpoint_models: set[str] = set()
         self._requests: dict[tuple[str, int], Counter] = {}
@@ -152,6 +167,15 @@ class RouterMetrics:
 
     def rate_limited(self, project: str, kind: str) -> None:
         self.rate_limited_total.labels(project, kind).inc()
+
+    def signal(self, name: str, value: float) -> None:
+        """The accounts' outage figures (llmgw.router.accounts)."""
+        if name == "store_up":
+            self.store_up.set(value)
+        elif name == "buffered_rows":
+            self.buffered_rows.set(value)
+        elif name in ("key_hit", "key_miss"):
+            self.key_lookups.labels("hit" if name == "key_hit" else "miss").inc(value)
 
     def queue_depth(self, model: str, depth: int) -> None:
         self.queue_depth_gauge.labels(model).set(depth)

@@ -41,6 +41,14 @@ What an answer without the engine's usage costs is decided by the router
 (:meth:`llmgw.router.apps.Router`): a client that hung up mid-stream pays what
 was served (:func:`unreported`); a successful answer whose usage cannot be read
 pays its whole estimate.
+
+Store outages (docs/ha.md): keys are checked against a cache
+(:mod:`llmgw.router.keycaches`) and a project's budget, while the store cannot
+be reached, against this router's local ledger: the spend it last loaded, plus
+what it recorded since, plus what its requests in flight reserved (in the store
+before the outage, or locally since).
+Rows that cannot be written go to a file (:mod:`llmgw.router.usagebuffers`)
+and are written on recovery, once each.
 """
 
 from __future__ import annotations
@@ -53,14 +61,17 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from llmgw.router import heartbeats
 from llmgw.router.catalogs import Catalog
 from llmgw.router.errors import ApiError
+from llmgw.router.keycaches import KeyCache, StoreHealth
+from llmgw.router.usagebuffers import UsageBuffer
 from llmgw.store import keys
 from llmgw.store.reservations import Owner, Progress
-from llmgw.store.stores import Store, StoreError
+from llmgw.store.stores import Admission, Store, StoreError
 from llmgw.store.usages import UsageRow
 
 log = logging.getLogger(__name__)
@@ -83,6 +94,7 @@ class Reservation:
     project: str | None  # None: nothing was reserved (no budget, or auth: none)
     amount: float = 0.0
     id: str | None = None  # the store's reservation
+    local: bool = False  # taken on this router's ledger while the store was away
 
 
 NOTHING = Reservation(None)
@@ -132,6 +144,8 @@ class Accounts:
         router_id: str | None = None,
         heartbeat_interval: float = heartbeats.DEFAULT_INTERVAL,
         clock: Callable[[], float] = time.time,
+        state_dir: Path | None = None,
+        signals: Callable[[str, float], None] | None = None,
     ) -> None:
         if store is None and catalog.auth != "none":
             raise ValueError("auth: keys needs a store to check keys against")
@@ -153,6 +167,18 @@ class Accounts:
         self.heartbeat = (heartbeats.Heartbeat(store, self.router_id, heartbeat_interval,
                                                self.progress)
                           if store is not None else None)
+        # signals(name, value): store_up, buffered_rows, key_hit, key_miss (the metrics)
+        self._signal = signals or (lambda name, value: None)
+        self.health = StoreHealth(lambda up: self._signal("store_up", float(up)))
+        self.keys = (KeyCache(store, self.health,
+                              hit=lambda found: self._signal("key_hit" if found else "key_miss",
+                                                             1.0))
+                     if store is not None else None)
+        self.buffer = (UsageBuffer(state_dir, self.router_id)
+                       if store is not None and state_dir is not None else None)
+        # project → USD this router's requests in flight reserved, in the store or on the
+        # local ledger: what the local ledger holds while the store is away
+        self._in_flight: dict[str, float] = {}
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The caller's project and key, or ApiError 401/403."""
@@ -166,14 +192,19 @@ class Accounts:
         if scheme.lower() != "bearer" or not token.strip():
             raise ApiError(401, f"malformed Authorization header: {_HOW_TO}",
                            code="invalid_api_key")
-        assert self.store is not None
+        assert self.keys is not None
+        presented = token.strip()
+        key_id = keys.key_id_of(presented)
         try:
-            info = await keys.verify(self.store, token.strip())
+            row = await self.keys.row(key_id) if key_id is not None else None
         except StoreError as exc:
-            log.error("cannot check an API key: %s", exc)
-            raise ApiError(503, "the key store is unreachable; retry shortly",
-                           code="store_unavailable", type="server_error",
-                           headers={"Retry-After": "2"}) from None
+            # Not a known key, and nothing to check it against: not a 401, since the
+            # key may well be good.
+            self.health.failed(exc)
+            raise ApiError(503, "the key store is unreachable and this key is not one this "
+                           "router knows; retry shortly", code="store_unavailable",
+                           type="server_error", headers={"Retry-After": "2"}) from None
+        info = keys.check(presented, row)
         if info is None:
             raise ApiError(401, "invalid API key (unknown, mistyped or revoked)",
                            code="invalid_api_key")
@@ -207,14 +238,18 @@ class Accounts:
         period = self.catalog.period(project)
         owner = Owner(self.router_id, principal.key_id, model, endpoint, stream, principal.user,
                       when)
-        try:
-            admission = await self.store.reserve(project, budget, cost, RESERVATION_HOLD,
-                                                 owner, period.start(when))
-        except StoreError as exc:
-            log.error("cannot reserve budget: %s", exc)
-            raise ApiError(503, "the budget store is unreachable; retry shortly",
-                           code="store_unavailable", type="server_error",
-                           headers={"Retry-After": "2"}) from None
+        admission = None
+        if self.health.up:
+            try:
+                admission = await self.store.reserve(project, budget, cost, RESERVATION_HOLD,
+                                                     owner, period.start(when))
+            except StoreError as exc:
+                self.health.failed(exc)
+        if admission is None:
+            admission = self._reserve_locally(project, budget, cost)
+            if admission.id is not None:
+                self._hold(project, cost)
+                return Reservation(project, cost, None, local=True)
         if admission.id is None:
             in_flight = (f" (requests in flight hold {_usd(admission.reserved)} more)"
                          if admission.reserved > 0 else "")
@@ -236,7 +271,20 @@ class Accounts:
                 f"of {_usd(budget)}{in_flight}; {then}",
                 code="insufficient_quota", type="insufficient_quota", headers=retry,
             )
+        self._hold(project, cost)
         return Reservation(project, cost, admission.id)
+
+    def _reserve_locally(self, project: str, budget: float, cost: float) -> Admission:
+        """The store is away: admit against the spend last loaded, plus what this router
+        recorded since, plus what its requests in flight reserved (in the store before the
+        outage, or here since), as the store would (the bound is in docs/ha.md)."""
+        spent, held = self.spent_now(project), self._in_flight.get(project, 0.0)
+        if spent + held >= budget:
+            return Admission(None, spent, held)
+        return Admission("local", spent, held)
+
+    def _hold(self, project: str, cost: float) -> None:
+        self._in_flight[project] = self._in_flight.get(project, 0.0) + cost
 
     def track(self, reservation: Reservation,
               produced: Callable[[], tuple[int, int, float]]) -> None:
@@ -265,12 +313,18 @@ class Accounts:
     async def settle(self, reservation: Reservation, cost: float) -> None:
         """Shrink ``reservation`` to what its request cost, at once: the next request of
         the project is admitted against the real figure, not the estimate."""
-        if reservation.id is None or self.store is None:
+        if reservation.project is not None and reservation.amount:
+            # record() counted its cost into spent already
+            left = self._in_flight.get(reservation.project, 0.0) - reservation.amount
+            self._in_flight[reservation.project] = max(left, 0.0)
+        if reservation.local:
             return
+        if reservation.id is None or self.store is None or not self.health.up:
+            return  # the estimate holds until the row is written: the safe side
         try:
             await self.store.settle_reservation(reservation.id, cost)
-        except StoreError as exc:  # the estimate holds until the row is written: safe side
-            log.warning("could not settle a reservation: %s", exc)
+        except StoreError as exc:
+            self.health.failed(exc)
 
     async def flush(self) -> None:
         """Write buffered rows (one transaction), then reload spend from the store. One
@@ -286,25 +340,35 @@ class Accounts:
         rows, self._rows = self._rows, []
         settled, self._settled = self._settled, []
         try:
+            if self.buffer is not None:
+                await self.buffer.drain(self.store)
             if rows or settled:
                 await self.store.insert_usage(rows, settled)
             starts = self._starts()
             stored = await self.store.spend_by_project(starts)
         except StoreError as exc:
-            # Keep them for the next flush: a locked disk or a lost database must not lose
-            # spend (their reservations keep holding the budget meanwhile).
-            self._rows[:0] = rows
-            self._settled[:0] = settled
-            log.error("could not write %d usage rows (will retry): %s", len(rows), exc)
+            # To disk, or kept for the next flush: a locked disk or a lost database must
+            # not lose spend (their reservations keep holding the budget meanwhile).
+            self.health.failed(exc)
+            if not (rows or settled) or self.buffer is None or not self.buffer.append(
+                    rows, settled):
+                self._rows[:0] = rows
+                self._settled[:0] = settled
+            self._signal("buffered_rows", float(self._buffered()))
             return
+        self.health.ok()
+        self._signal("buffered_rows", float(self._buffered()))
         # Rows recorded while this flush awaited are in memory only: keep them on top.
         self._counted_from = {p: s for p, s in starts.items() if s is not None}
         pending: dict[str, float] = {}
-        for row in self._rows:
+        for row in [*self._rows, *(self.buffer.rows if self.buffer is not None else ())]:
             if row.project is not None and row.cost_usd and self._counts(row):
                 pending[row.project] = pending.get(row.project, 0.0) + row.cost_usd
         for project in set(stored) | set(pending) | set(self._counted_from):
             self.spent[project] = stored.get(project, 0.0) + pending.get(project, 0.0)
+
+    def _buffered(self) -> int:
+        return len(self._rows) + (self.buffer.count if self.buffer is not None else 0)
 
     def _starts(self) -> dict[str, float | None]:
         """The current period's start of every project whose budget has one."""
@@ -330,6 +394,8 @@ class Accounts:
         if self._flusher is None and self.store is not None:
             if self.heartbeat is not None:
                 await self.heartbeat.start()
+            if self.keys is not None:
+                await self.keys.start()
             try:
                 starts = self._starts()
                 self.spent = await self.store.spend_by_project(starts)
@@ -344,6 +410,8 @@ class Accounts:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
+        if self.keys is not None:
+            await self.keys.close()
         await self.flush()
         if self.heartbeat is not None:
             await self.heartbeat.close()

@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -80,6 +82,9 @@ class Settings:
     # Seconds between heartbeats: this router's reservations are released, and what its
     # requests recorded billed, (3 + 1) intervals after it stops beating (llmgw.router.heartbeats).
     heartbeat_interval: float = 5.0
+    # Where usage rows wait for a store that cannot be reached (llmgw.router.usagebuffers);
+    # None: in memory only.
+    state_dir: Path | None = None
 
 
 class Router:
@@ -99,9 +104,10 @@ class Router:
         self.demands = Demands(watched_since=time.time())
         # ``clock``: Unix time stamping usage rows, starting budget periods and rate windows
         # (tests move it).
-        self.accounts = Accounts(store, catalog, self.settings.flush_interval, router_id,
-                                 self.settings.heartbeat_interval, clock)
         self.metrics = RouterMetrics(registry if registry is not None else CollectorRegistry())
+        self.accounts = Accounts(store, catalog, self.settings.flush_interval, router_id,
+                                 self.settings.heartbeat_interval, clock,
+                                 self.settings.state_dir, self.metrics.signal)
         self.admissions = Admissions(self.routes.free)
         self.limits = ratelimits.RateLimiter(store, clock=clock,
                                              refused=self.metrics.rate_limited)
@@ -439,6 +445,7 @@ class Router:
             endpoint=path, status=status, prompt_tokens=prompt, completion_tokens=completion,
             latency_ms=round((ended - started) * 1000, 3), cost_usd=cost, stream=stream,
             user_name=principal.user, upstream=outcome.upstream,
+            request_id=secrets.token_hex(12),
         ), reservation)
         return cost
 

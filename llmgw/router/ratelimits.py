@@ -33,6 +33,16 @@ refuses the next request of that counter itself, without a store round trip,
 until the minute ends (requests; a request count never falls within its
 minute) or for one second (tokens, which corrections give back).
 
+**Store outages.** While the store cannot be reached, each router counts in
+its own window (:meth:`RateLimiter._take_locally`): a counter starts from
+what the store last answered for this minute and the same limit applies. The
+store is asked again at most every :data:`RETRY` seconds (not once per
+request), and the first call that reaches it first adds what was admitted
+locally this minute to the store's counters (:meth:`RateLimiter._send`), so
+the rest of the minute counts them. So one router passes no limit; with N
+routers a project may pass up to N × its limit in a minute of outage. One
+line is logged when the store goes, none per request.
+
 **Budgets.** Limits are checked before the budget is reserved
 (:meth:`accounts.Accounts.reserve`), so a request refused for its rate
 reserves nothing; they never admit what the reservation would refuse.
@@ -55,13 +65,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from llmgw.router.errors import ApiError
-from llmgw.store.ratelimits import Count
+from llmgw.store.ratelimits import Count, Taken
 from llmgw.store.stores import Store, StoreError
 
 log = logging.getLogger(__name__)
 
 WINDOW = 60.0  # seconds: a minute
 TOKENS_FULL_FOR = 1.0  # seconds a router believes a full token counter without asking
+RETRY = 1.0  # seconds between tries of a store that could not be reached
+_NO_LIMIT = 2**62  # a counter's limit when what is added was admitted already
 Kind = Literal["requests", "tokens"]
 _ABBREVIATIONS = {"requests": "RPM", "tokens": "TPM"}
 
@@ -152,6 +164,12 @@ class RateLimiter:
         # of a refusal answered locally)
         self._seen: dict[str, int] = {}
         self._slot: int | None = None
+        # While the store is away: counter → its count this minute on this router, and
+        # what this router admitted that the store has not counted yet (sent on recovery)
+        self._local: dict[str, int] = {}
+        self._unsent: dict[str, int] = {}
+        self._away = False
+        self._retry_at = 0.0  # clock time of the next try of a store that is away
 
     async def admit(self, limits: Sequence[Limit], tokens: int,
                     now: float | None = None) -> Ticket | None:
@@ -178,13 +196,20 @@ class RateLimiter:
                 raise self._refusal(limits, used, i, tokens, now)
         counts = [Count(lim.name, lim.limit, 1 if lim.kind == "requests" else tokens)
                   for lim in limits]
-        try:
-            taken = await self.store.take_rate(slot, counts)
-        except StoreError as exc:
-            log.error("cannot count a request against its rate limits: %s", exc)
-            raise ApiError(503, "the rate-limit store is unreachable; retry shortly",
-                           code="store_unavailable", type="server_error",
-                           headers={"Retry-After": "2"}) from None
+        if self._away and now < self._retry_at:
+            taken = self._take_locally(counts)
+        else:
+            try:
+                await self._send(slot)
+                taken = await self.store.take_rate(slot, counts)
+            except StoreError as exc:
+                if not self._away:
+                    log.error("cannot count requests against their rate limits in the "
+                              "store; counting on this router until it returns: %s", exc)
+                self._away, self._retry_at = True, now + RETRY
+                taken = self._take_locally(counts)
+            else:
+                self._away = False
         self._seen.update((lim.name, u) for lim, u in zip(limits, taken.used, strict=True))
         if not taken.admitted:
             over = next(i for i, (c, u) in enumerate(zip(counts, taken.used, strict=True))
@@ -198,6 +223,38 @@ class RateLimiter:
         return Ticket(slot, tuple(lim.name for lim in limits if lim.kind == "tokens"), tokens,
                       headers(limits, taken.used, now))
 
+    def _take_locally(self, counts: Sequence[Count]) -> Taken:
+        """As the store's take_rate, on this router's own counts of the minute: from what
+        the store last answered, plus what this router admitted since."""
+        used = tuple(max(self._local.get(c.name, 0), self._seen.get(c.name, 0))
+                     for c in counts)
+        if any(u + c.amount > c.limit for c, u in zip(counts, used, strict=True)):
+            return Taken(False, used)
+        after = tuple(u + c.amount for c, u in zip(counts, used, strict=True))
+        self._local.update((c.name, a) for c, a in zip(counts, after, strict=True))
+        for c in counts:
+            self._unsent[c.name] = self._unsent.get(c.name, 0) + c.amount
+        return Taken(True, after)
+
+    async def _send(self, slot: int) -> None:
+        """Add to the store's counters of minute ``slot`` what this router admitted while
+        it was away (StoreError: what is left stays unsent)."""
+        assert self.store is not None
+        if not self._unsent:
+            return
+        # take_rate, not adjust_rate: it creates a minute's row the store lacks; what was
+        # admitted is counted whatever the limit (it was admitted already).
+        added = [Count(name, _NO_LIMIT, amount) for name, amount in self._unsent.items()
+                 if amount > 0]
+        if added:
+            await self.store.take_rate(slot, added)
+            for c in added:
+                del self._unsent[c.name]
+        for name, amount in list(self._unsent.items()):
+            if amount:
+                await self.store.adjust_rate(slot, name, amount)
+            del self._unsent[name]
+
     async def settle(self, ticket: Ticket | None, tokens: int) -> None:
         """The request of ``ticket`` used ``tokens``: correct its minute's token counters
         from its estimate to that. A store error keeps the estimate (the safe side)."""
@@ -206,16 +263,25 @@ class RateLimiter:
         delta = tokens - ticket.estimate
         if delta == 0:
             return
+        if self._away:
+            if ticket.slot == self._slot:
+                for name in ticket.tokens:
+                    if name in self._local:
+                        self._local[name] = max(self._local[name] + delta, 0)
+                        self._unsent[name] = self._unsent.get(name, 0) + delta
+            return
         try:
             for name in ticket.tokens:
                 await self.store.adjust_rate(ticket.slot, name, delta)
-        except StoreError as exc:
-            log.warning("could not correct a request's tokens per minute: %s", exc)
+        except StoreError:
+            self._away = True  # the estimate holds: the safe side
 
     def _forget(self, slot: int, now: float) -> None:
         if slot != self._slot:  # a new minute: what was seen is of the last one
             self._slot = slot
             self._seen.clear()
+            self._local.clear()
+            self._unsent.clear()  # an old minute's counters no longer limit anything
         for name in [n for n, (s, until) in self._full.items() if s != slot or until <= now]:
             del self._full[name]
 

@@ -731,6 +731,28 @@ ALTER TABLE usage ADD COLUMN upstream TEXT;
 ALTER TABLE usage ADD COLUMN upstream TEXT;
 """,
     ),
+    Migration(
+        19, "routers through a store outage: usage rows' request ids, keys' change notices",
+        sqlite="""
+ALTER TABLE usage ADD COLUMN request_id TEXT;
+CREATE UNIQUE INDEX IF NOT EXISTS usage_request ON usage (request_id)
+    WHERE request_id IS NOT NULL;
+""",
+        postgres="""
+ALTER TABLE usage ADD COLUMN request_id TEXT;
+CREATE UNIQUE INDEX usage_request ON usage (request_id) WHERE request_id IS NOT NULL;
+-- Every change to a key (created, revoked, deleted) tells the routers listening on
+-- llmgw_keys which key id to read again (llmgw.store.outages), at commit.
+CREATE FUNCTION llmgw_key_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('llmgw_keys', CASE TG_OP WHEN 'DELETE' THEN OLD.id ELSE NEW.id END);
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER keys_changed AFTER INSERT OR UPDATE OR DELETE ON keys
+    FOR EACH ROW EXECUTE FUNCTION llmgw_key_changed();
+""",
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Literal
 
 import asyncpg
@@ -36,6 +36,7 @@ from llmgw.store import (
     holds,
     journals,
     migrations,
+    outages,
     ratelimits,
     reservations,
     spends,
@@ -71,9 +72,10 @@ RETURNING epoch, EXTRACT(EPOCH FROM expires_at - now())::float8
 class PostgresStore(PostgresPages, Store):
     kind: Literal["sqlite", "postgresql"] = "postgresql"
 
-    def __init__(self, pool: asyncpg.Pool, where: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, where: str, dsn: str | None = None) -> None:
         self._pool = pool
         self.where = where
+        self._dsn = dsn  # for the key watch's own connection (LISTEN is outside the pool)
 
     @classmethod
     async def open(cls, dsn: str, where: str) -> PostgresStore:
@@ -83,7 +85,7 @@ class PostgresStore(PostgresPages, Store):
                                              reset=_no_session_state)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot connect to the store {where}: {exc}") from None
-        store = cls(pool, where)
+        store = cls(pool, where, dsn)
         try:
             await store._migrate()
         except BaseException:
@@ -176,6 +178,17 @@ class PostgresStore(PostgresPages, Store):
             found = await conn.fetchrow(f"SELECT {_KEY_COLUMNS} FROM keys WHERE id = $1", key_id)
         return KeyRow(*found) if found else None
 
+    async def key_rows(self, ids: Sequence[str]) -> list[KeyRow]:
+        async with self._conn() as conn:
+            return [KeyRow(*r) for r in await outages.postgres_key_rows(conn, ids, _KEY_COLUMNS)]
+
+    async def watch_keys(self, changed: Callable[[str | None], None]) -> outages.KeyWatch | None:
+        if self._dsn is None:
+            return None
+        watch = outages.PostgresKeyWatch(self._dsn, changed)
+        watch.start()
+        return watch
+
     async def list_keys(self) -> list[KeyListing]:
         async with self._conn() as conn:
             rows = await conn.fetch(
@@ -199,6 +212,7 @@ class PostgresStore(PostgresPages, Store):
         async with self._conn() as conn, conn.transaction():
             released = await reservations.postgres_settle(conn, ids) if ids else {}
             billed = reservations.deduct(rows, settled, released) if released else rows
+            billed = await outages.postgres_unseen(conn, billed)
             await _append_usage(conn, [to_record(r) for r in billed])
 
     async def spend_by_project(

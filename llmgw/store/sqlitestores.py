@@ -37,6 +37,7 @@ from llmgw.store import (
     exports,
     holds,
     journals,
+    outages,
     ratelimits,
     reservations,
     spends,
@@ -159,6 +160,10 @@ class SQLiteStore(SQLitePages, Store):
             return KeyRow(*found) if found else None
         return await self._run(select)
 
+    async def key_rows(self, ids: Sequence[str]) -> list[KeyRow]:
+        return await self._run(lambda conn: [
+            KeyRow(*r) for r in outages.sqlite_key_rows(conn, ids, _KEY_COLUMNS)])
+
     async def list_keys(self) -> list[KeyListing]:
         def select(conn: sqlite3.Connection) -> list[KeyListing]:
             rows = conn.execute(
@@ -188,6 +193,7 @@ class SQLiteStore(SQLitePages, Store):
                 conn.execute("BEGIN")
                 released = reservations.sqlite_settle(conn, ids) if ids else {}
                 billed = reservations.deduct(rows, settled, released) if released else rows
+                billed = outages.sqlite_unseen(conn, billed)
                 _append_usage(conn, [to_record(r) for r in billed])
         await self._run(insert)
 

@@ -38,6 +38,7 @@ from llmgw.store.exports import ExportMethods
 from llmgw.store.holds import HoldMethods
 from llmgw.store.journals import JournalMethods
 from llmgw.store.notes import NoteMethods
+from llmgw.store.outages import OutageMethods
 from llmgw.store.ratelimits import RateLimitMethods
 from llmgw.store.reservations import Owner, ReservationMethods
 from llmgw.store.tableio import TableMethods
@@ -110,14 +111,15 @@ class Published:
 
 class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods,
             RateLimitMethods, AuditMethods, ExportMethods, NoteMethods, TableMethods,
-            abc.ABC):
+            OutageMethods, abc.ABC):
     """The storage interface; the apply journal's methods are in :class:`JournalMethods`,
     held revisions' in :class:`HoldMethods`, reservations' owners in
     :class:`ReservationMethods`, the leader's published admin summary in
     :class:`AdminSummaryMethods`, rate-limit counters in :class:`RateLimitMethods`, the
     audit log's in :class:`AuditMethods`, the usage export's in :class:`ExportMethods`,
     people's notes in :class:`NoteMethods`, whole tables for ``llmgw store migrate`` in
-    :class:`TableMethods`."""
+    :class:`TableMethods`, key re-reads and change notices (store outages) in
+    :class:`OutageMethods`."""
 
     kind: Literal["sqlite", "postgresql"]
     where: str  # for messages: a path, or the URL without a password

@@ -38,19 +38,23 @@ class UsageRow:
     stream: bool = False
     user_name: str | None = None  # the logged-in person, for requests from /chat
     upstream: str | None = None  # the upstream (``upstreams:``) that served it; None: a replica
+    # The router's id of the request (migration 19): a row buffered on a router's disk
+    # during a store outage and written again on recovery is written once.
+    request_id: str | None = None
 
 
 COLUMNS: tuple[str, ...] = tuple(UsageRow.__dataclass_fields__)
 
 Record = tuple[float, str | None, str | None, str, str, int, int | None, int | None, float,
-               float, bool, str | None, str | None]
+               float, bool, str | None, str | None, str | None]
 
 
 def to_record(r: UsageRow) -> Record:
     # Field by field, not dataclasses.astuple: that deep-copies every value, which
     # costs more than the insert itself.
     return (r.ts, r.project, r.key_id, r.model, r.endpoint, r.status, r.prompt_tokens,
-            r.completion_tokens, r.latency_ms, r.cost_usd, r.stream, r.user_name, r.upstream)
+            r.completion_tokens, r.latency_ms, r.cost_usd, r.stream, r.user_name, r.upstream,
+            r.request_id)
 
 
 def from_record(values: Sequence[Any]) -> UsageRow:

@@ -59,7 +59,14 @@ def table_gone(store: SQLiteStore, table: str) -> Iterator[None]:
 
 
 def logged(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "llmgw.router.accounts"]
+    return [r.getMessage() for r in caplog.records
+            if r.name in ("llmgw.router.accounts", "llmgw.router.keycaches")]
+
+
+def unreachable(store: SQLiteStore, table: str) -> str:
+    """The one line logged when the store goes away (llmgw.router.keycaches)."""
+    return ("the store is unreachable; known keys keep working on this router's cache and "
+            f"local ledger, usage rows are buffered: {store.where}: no such table: {table}")
 
 
 def row(project: str | None, cost: float, status: int = 200) -> UsageRow:
@@ -139,10 +146,25 @@ async def test_an_unreachable_key_store_is_503(
     created = await keys.create(store, "research")
     with table_gone(store, "keys"):
         error = await refused(accounts.authenticate(f"Bearer {created.secret}"))
+    # not a key this router knows (never used here): 503, not 401; one line logged
     assert shape(error) == (503, "store_unavailable", "server_error",
-                            "the key store is unreachable; retry shortly", {"Retry-After": "2"})
-    assert logged(caplog) == [f"cannot check an API key: {store.where}: no such table: keys"]
+                            "the key store is unreachable and this key is not one this router "
+                            "knows; retry shortly", {"Retry-After": "2"})
+    assert logged(caplog) == [unreachable(store, "keys")]
     assert created.secret not in caplog.text
+
+
+async def test_a_known_key_works_while_the_key_store_is_away(
+        accounts: Accounts, store: SQLiteStore, caplog: pytest.LogCaptureFixture) -> None:
+    created = await keys.create(store, "research")
+    expected = Principal("research", created.info.id)
+    assert await accounts.authenticate(f"Bearer {created.secret}") == expected  # cached now
+    with table_gone(store, "keys"):
+        assert await accounts.authenticate(f"Bearer {created.secret}") == expected
+        # the cache holds the digest, not the key: a wrong secret of the same id is a 401
+        wrong = created.secret[:-4] + ("AAAA" if not created.secret.endswith("AAAA") else "BBBB")
+        assert (await refused(accounts.authenticate(f"Bearer {wrong}"))).status == 401
+    assert logged(caplog) == []  # nothing asked the store
 
 
 # -- budgets --------------------------------------------------------------------------------
@@ -200,15 +222,27 @@ async def test_spend_at_or_over_the_budget_is_refused(
         project, spent, budget)
 
 
-async def test_an_unreachable_budget_store_is_503(
+async def test_an_unreachable_budget_store_admits_on_the_local_ledger(
         accounts: Accounts, store: SQLiteStore, caplog: pytest.LogCaptureFixture) -> None:
+    caller = Principal("capped", "k")
+    before = await accounts.reserve(caller, 0.3)  # in the store, before the outage
+    assert before.id is not None and not before.local
     with table_gone(store, "reservations"):
-        error = await refused(accounts.reserve(Principal("capped", "k"), 0.1))
-    assert shape(error) == (503, "store_unavailable", "server_error",
-                            "the budget store is unreachable; retry shortly",
-                            {"Retry-After": "2"})
-    assert logged(caplog) == [
-        f"cannot reserve budget: {store.where}: no such table: reservations"]
+        held = [await accounts.reserve(caller, 0.3) for _ in range(3)]  # 0.3, 0.6, 0.9 < 1
+        assert [(r.project, r.amount, r.id, r.local) for r in held] == [
+            ("capped", 0.3, None, True)] * 3
+        # As the store would: what this router holds in flight, in the store or here.
+        assert shape(await refused(accounts.reserve(caller, 0.3))) == over(
+            "capped", "$0.00", "$1.00", "$1.20")
+        for done in held[:2]:  # each cost 0.1: charged, and its estimate given back
+            accounts.record(row("capped", 0.1), done)
+            await accounts.settle(done, 0.1)
+        assert (await accounts.reserve(caller, 0.3)).local  # 0.2 spent + 0.6 held < 1
+        assert shape(await refused(accounts.reserve(caller, 0.3))) == over(
+            "capped", "$0.20", "$1.00", "$0.90")
+    assert logged(caplog) == [unreachable(store, "reservations")]  # one line, not six
+    await accounts.flush()  # the store is back: reservations are the store's again
+    assert (await accounts.reserve(caller, 0.05)).id is not None
 
 
 async def test_settling_shrinks_a_reservation_to_its_cost(
@@ -222,8 +256,7 @@ async def test_settling_shrinks_a_reservation_to_its_cost(
     await Accounts(None, Catalog(auth="none")).settle(first, 0.0)  # no store, nothing held
     with table_gone(store, "reservations"):
         await accounts.settle(first, 0.0)  # the estimate holds: the safe side
-    assert logged(caplog) == [
-        f"could not settle a reservation: {store.where}: no such table: reservations"]
+    assert logged(caplog) == [unreachable(store, "reservations")]
     assert (await store.reserve("capped", 1.0, 0.0, 60)).reserved == pytest.approx(0.5)
 
 
@@ -280,8 +313,7 @@ async def test_a_failed_write_is_kept_and_written_once_later(
     accounts.record(row("capped", 0.25), held)
     with table_gone(store, "usage"):
         await accounts.flush()
-        assert logged(caplog) == [f"could not write 1 usage rows (will retry): {store.where}: "
-                                  "no such table: usage"]
+        assert logged(caplog) == [unreachable(store, "usage")]
         accounts.record(row("capped", 0.5))
     assert accounts.spent == {"capped": 0.75}  # still charged while unwritten
     # The failed row's reservation still holds the budget meanwhile.

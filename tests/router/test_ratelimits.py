@@ -105,10 +105,40 @@ async def test_a_router_that_saw_the_minute_full_refuses_without_the_store(
     assert "Used 1" in local.message
     assert gone.calls == 0
     clock.now = MINUTE + 60  # a new minute: the store is asked again, and it is gone
-    error = await refused(limiter, limits)
-    assert (error.status, error.code, error.headers["Retry-After"]) == (
-        503, "store_unavailable", "2")
+    assert await limiter.admit(limits, 1) is not None  # counted on this router instead
     assert gone.calls == 1
+
+
+async def test_a_store_outage_counts_in_a_local_window_and_sends_it_on_recovery(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock(MINUTE + 1)
+    limiter = RateLimiter(store, clock)
+    limits = limits_of("research", None, 3, None)
+    await limiter.admit(limits, 1)  # the store counts 1
+    gone = Unreachable()
+    limiter.store = gone  # type: ignore[assignment]
+    await limiter.admit(limits, 1)  # from the store's last answer: 2 of 3
+    assert gone.calls == 1
+    await limiter.admit(limits, 1)  # 3 of 3; the store not asked again within RETRY
+    assert gone.calls == 1
+    clock.now += ratelimits.RETRY  # asked again, still gone: refused on the local count
+    error = await refused(limiter, limits)
+    assert (error.status, error.headers["x-ratelimit-remaining-requests"]) == (429, "0")
+    assert "Used 3" in error.message
+    assert gone.calls == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot count requests against their rate limits in the store; counting on this "
+        "router until it returns: db:5432: connection refused"]  # one line, not one a request
+    # Back: the 2 admitted locally are added to the store's count first, so the minute's
+    # limit holds across the outage for every router (the store says 3 of 3, not 1).
+    limiter.store = store
+    other = limits_of("research", "k", None, None, 5, None)  # a counter not known full
+    clock.now += ratelimits.RETRY
+    assert await limiter.admit(other, 1) is not None
+    assert "Used 3" in (await refused(RateLimiter(store, clock), limits)).message
+    clock.now = MINUTE + 60  # a new minute: counted in the store again, from 0
+    ticket = await limiter.admit(limits, 1)
+    assert ticket is not None and ticket.headers["x-ratelimit-remaining-requests"] == "2"
 
 
 async def test_tokens_count_the_estimate_then_what_was_used(store: Store) -> None:

@@ -106,7 +106,7 @@ async def test_a_locked_store_stalls_nothing_and_loses_no_row(
 ) -> None:
     if stack.db.kind != "sqlite":
         pytest.skip("another process's write lock on the file is SQLite's failure mode")
-    caplog.set_level(logging.WARNING, logger="llmgw.router.accounts")
+    caplog.set_level(logging.WARNING, logger="llmgw.router.keycaches")
     key = stack.key()
     locker = sqlite3.connect(stack.db_path, isolation_level=None)
     locker.execute("BEGIN IMMEDIATE")  # another process's write transaction
@@ -114,9 +114,10 @@ async def test_a_locked_store_stalls_nothing_and_loses_no_row(
         c = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key=key, max_retries=0)
         assert (await c.chat.completions.create(**BODY)).choices  # type: ignore[call-overload]
         await c.close()
-        # The background flush tries, fails on the lock, keeps the row; meanwhile the
-        # loop answers.
-        await until(lambda: "could not write 1 usage rows" in caplog.text, timeout=30)
+        # The background flush tries, fails on the lock, keeps the row (one line says the
+        # store is away); meanwhile the loop answers.
+        await until(lambda: "the store is unreachable" in caplog.text, timeout=30)
+        assert "database is locked" in caplog.text
         assert await get(stack, "/health") == 200
         assert stack.run(usages.recent(stack.db)) == []
     finally:

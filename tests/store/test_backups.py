@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import postgres
+from support import keynotices, postgres
 from support.postgres import PgServer
 
 from llmgw.cli import main
@@ -73,6 +73,7 @@ def row(ts: float, key_id: str) -> UsageRow:
         completion_tokens=5,
         latency_ms=12.0,
         cost_usd=COST,
+        request_id=f"r{ts}",  # the column and its unique index travel too
     )
 
 
@@ -174,6 +175,14 @@ async def restored_rows(
         await store.close()
 
 
+async def notices_after_restore(settings: StoreSettings, key_id: str) -> bool:
+    store = await stores.open_store(settings)
+    try:
+        return await keynotices.revoke_is_noticed(store, key_id)
+    finally:
+        await store.close()
+
+
 def test_a_backup_under_load_restores_to_a_consistent_instant(
     kind: str,
     make_store: Callable[[str], dict[str, str]],
@@ -227,6 +236,9 @@ def test_a_backup_under_load_restores_to_a_consistent_instant(
     assert stamps[PREFILL[kind] :] == [WRITER_TS + i for i in range(n - PREFILL[kind])]
     assert spend == period == COST * n  # spend and usage of the same instant
     assert verifies  # keys travel hashed and keep working
+    # PostgreSQL: the keys' change notices (a trigger and its function) are restored too
+    assert asyncio.run(notices_after_restore(StoreSettings.model_validate(target_settings),
+                                             key_id)) == (kind == "postgresql")
 
 
 def test_restore_refuses_a_store_that_holds_rows_unless_forced(

@@ -9,11 +9,13 @@ then copied both ways and compared table by table, row by row, on both sides.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import keynotices
 from support.postgres import Database
 
 from llmgw.cli import main
@@ -46,7 +48,8 @@ def usage(i: int, key_id: str | None) -> UsageRow:
                     key_id=key_id, model="chat", endpoint="/v1/chat/completions",
                     status=200 if i % 50 else 429, prompt_tokens=i % 97 or None,
                     completion_tokens=i % 13, latency_ms=12.5 + i, cost_usd=0.001 * (i % 7),
-                    stream=bool(i % 2), user_name="alice" if i % 5 == 0 else None)
+                    stream=bool(i % 2), user_name="alice" if i % 5 == 0 else None,
+                    request_id=f"r{i}" if i % 2 else None)
 
 
 async def fill(store: Store) -> dict[str, Any]:
@@ -229,6 +232,14 @@ async def _still_works(settings: StoreSettings, made: dict[str, Any]) -> None:
         assert len(await store.audit_entries()) == 2
         cid = made["conversation"]
         assert await conversations.append(store, cid, "alice", [("user", "again")], NOW + 9)
+        # A copied request id still makes a replayed row a no-op (its unique index moved).
+        before = len(await store.usage_after(0, 10**6))
+        await store.insert_usage([usage(1, None)])
+        assert len(await store.usage_after(0, 10**6)) == before
+        # PostgreSQL tells routers of key changes: the trigger on keys works on the copy.
+        key_id = keys.key_id_of(made["secret"])
+        assert key_id is not None
+        assert await keynotices.revoke_is_noticed(store, key_id) == (store.kind == "postgresql")
     finally:
         await store.close()
 
@@ -273,7 +284,9 @@ def test_a_top_up_appends_what_both_sides_wrote_since(
     async def meanwhile(settings: StoreSettings, who: str) -> int:
         store = await stores.open_store(settings)
         try:
-            await usages.insert(store, [usage(i, None) for i in range(3)])
+            await usages.insert(store, [dataclasses.replace(usage(i, None),
+                                                            request_id=f"{who}-{i}")
+                                        for i in range(3)])  # new requests: new ids
             assert await conversations.append(store, made["conversation"], "alice",
                                               [("user", f"from {who}")], NOW + 50)
             await audits.record_cli(store, "user.create", user=who)

@@ -49,7 +49,9 @@ class Database:
 
 
 class PgServer:
-    def __init__(self) -> None:
+    def __init__(self, durable: bool = False) -> None:
+        """``durable``: commits survive a crash (fsync, synchronous_commit): a test that
+        kills the server counts on what it acknowledged."""
         binaries = bindir()
         if binaries is None:
             raise RuntimeError("PostgreSQL is not installed (make sysdeps)")
@@ -73,10 +75,11 @@ class PgServer:
                         "--auth-local=trust", "--auth-host=scram-sha-256",
                         f"--pwfile={superpw}", "-E", "UTF8", "--no-instructions"])
         options = (f"-k {self.sockets} -p {self.port} -c listen_addresses=127.0.0.1 "
-                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                   "-c max_connections=200")
-        self._as_owner([str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options,
-                        "-l", str(self.root / "log"), "-w", "-t", "60", "start"])
+                   + ("" if durable else
+                      "-c fsync=off -c synchronous_commit=off -c full_page_writes=off ")
+                   + "-c max_connections=200")
+        self._options = options
+        self.start()
         self.psql(f"CREATE ROLE llmgw LOGIN PASSWORD '{PASSWORD}'")
         self._counter = itertools.count(1)
 
@@ -101,6 +104,16 @@ class PgServer:
         self.psql(f"CREATE DATABASE {name} OWNER llmgw")
         return Database(f"postgresql://llmgw@127.0.0.1:{self.port}/{name}",
                         self.password_file, name)
+
+    def start(self) -> None:
+        self._as_owner([str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", self._options,
+                        "-l", str(self.root / "log"), "-w", "-t", "60", "start"])
+
+    def kill(self) -> None:
+        """Stop at once, as a crash would (``-m immediate``), keeping the data: start()
+        brings it back."""
+        self._as_owner([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
+                        "-w", "stop"])
 
     def stop(self) -> None:
         try:
