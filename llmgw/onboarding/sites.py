@@ -107,7 +107,10 @@ MODELS_YAML = """\
 models: {}
 """
 
-GITIGNORE = ["/cluster/state/", "*.db"]
+# Local state beside the cluster files, never for git: SQLite stores and their
+# journals, tokens and password files, the lab's and the local node's state.
+GITIGNORE = ["/cluster/state/", "*.db", "*.db-wal", "*.db-shm", "*.db-journal", "*.token",
+             "pgpass", "/.llmgw-lab/"]
 
 
 def files(host: Host) -> dict[str, str]:

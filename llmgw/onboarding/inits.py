@@ -1,0 +1,631 @@
+"""``llmgw init``: the seed server, step by step, each step looking before it acts.
+
+Steps, in order (each skipped by its flag where it has one)::
+
+    [1/7] cluster files   cluster/*.yaml, known_hosts, the CI workflow (sites.files)
+    [2/7] .gitignore      every file init and the daemon write beside the cluster files
+    [3/7] administrator   a user of the pages, admin, with a generated password shown once
+    [4/7] mirror          a hub mirror directory in the state directory, and
+                          cluster.weights.endpoint naming this host       (--no-mirror)
+    [5/7] node            this machine as a node (`address: local`), or one over SSH
+                          through `node add` (--node [USER@]HOST)           (--no-node)
+    [6/7] model           a starter that fits what was found               (--no-model)
+    [7/7] store           --postgres URL: the store copied there, and back on failure
+
+A step is ``(name, look, act)``: :meth:`Step.look` reads and changes nothing,
+returning whether the step is done and what it found or would do; ``act``
+does it. :func:`run` looks at every step and acts only where it is not done,
+so a rerun after an interruption finishes the job and a rerun after a whole
+run changes nothing (the files are byte for byte the same). Files are written
+whole (a scratch name, then a rename), so a run killed mid-step leaves either
+the old file or the new one.
+
+Secrets never go into the cluster directory: the store and the mirror live in
+the state directory (:mod:`llmgw.spec.statedirs`); the administrator's password
+is given once to ``secret`` (the terminal) and never to ``say`` (the log).
+
+Usage::
+
+    seed = inits.Seed(inits.Options(Path("acme-gpu")), say=print, secret=print)
+    inits.run(seed.steps(), say=print)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from llmgw.discovery import gpus as gpu_facts
+from llmgw.hub import caches
+from llmgw.onboarding import sites, yamledits
+from llmgw.planning import fits
+from llmgw.spec import checks, loading, statedirs
+from llmgw.spec.models import NAME_PATTERN, Cluster, StoreSettings
+from llmgw.spec.shapes import Shape
+from llmgw.store import audits, copies, migrations, stores, users
+
+# Set by tests (and by nobody else): stop with SIGINT, as Ctrl-C does, once this
+# many steps are done, so a test can show that a rerun finishes the job.
+STOP_AFTER_ENV = "LLMGW_INIT_STOP_AFTER"
+MIRROR_PORT = 8090
+STARTER_FILE = "gemma3-270m-q4_k_m.gguf"  # what `make model` assembles
+STARTER_REPO = "google/gemma-3-270m-it-GGUF"  # the same file on the hub (docs/weights.md)
+STARTER_REPO_FILE = "gemma-3-270m-it-Q4_K_M.gguf"
+MIRROR_YAML = """\
+# The site's hub mirror, written by `llmgw init`: nodes fetch hub repos from it
+# instead of the public hub. Serve it on this host with
+#   llmgw mirror serve {dir} --listen 0.0.0.0:{port}
+# and fill it with `llmgw mirror pull` or `llmgw mirror add` (docs/weights.md).
+cluster:
+  weights:
+    endpoint: {endpoint}
+"""
+PASSWORD_BYTES = 18  # 24 characters of URL-safe base64: 144 bits
+
+
+class InitError(Exception):
+    """A step that cannot be done as asked; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Look:
+    """What a step found: ``done``, and a sentence of what is there or what it would do."""
+
+    done: bool
+    what: str
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    look: Callable[[], Look]
+    act: Callable[[], str]  # returns what it did, one sentence
+    after: Callable[[], None] | None = None  # once its line is out (a password, shown once)
+
+
+@dataclass(frozen=True)
+class Options:
+    directory: Path
+    name: str | None = None
+    admin: str = "admin"
+    mirror: bool = True
+    node: str | None = "local"  # None: --no-node; "local"; else [USER@]HOST[:PORT]
+    node_name: str | None = None
+    model: bool = True
+    model_file: Path | None = None  # the starter GGUF (default: a checkout's .cache/models)
+    postgres: str | None = None
+    postgres_password_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A starter model for GPU nodes, with the figures the fit check reads."""
+
+    name: str
+    source: str
+    shape: Shape
+
+
+# Largest first: the first that fits one GPU of the node's class is the starter.
+# Figures from each repo's config.json (layers, KV heads, head dim, context).
+GPU_CANDIDATES = (
+    Candidate("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", Shape(
+        params_b=32.8, dtype="bfloat16", layers=64, kv_heads=8, head_dim=128,
+        context_length=32768)),
+    Candidate("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", Shape(
+        params_b=7.62, dtype="bfloat16", layers=28, kv_heads=4, head_dim=128,
+        context_length=32768)),
+    Candidate("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", Shape(
+        params_b=0.49, dtype="bfloat16", layers=24, kv_heads=2, head_dim=64,
+        context_length=32768)),
+)
+GPU_CONTEXT = 8192  # the starter's max-model-len: what the fit check is asked about
+
+
+def run(steps: Sequence[Step], say: Callable[[str], None],
+        environ: dict[str, str] | None = None) -> list[bool]:
+    """Look at each step and act where it is not done; ``[k/n] name: …`` for each.
+
+    Returns, per step, whether it acted. A step that fails raises InitError and
+    leaves the steps after it undone: the next run starts from there."""
+    environ = dict(os.environ) if environ is None else environ
+    stop = environ.get(STOP_AFTER_ENV, "")
+    acted = []
+    for index, step in enumerate(steps, 1):
+        prefix = f"[{index}/{len(steps)}] {step.name}:"
+        seen = step.look()
+        if seen.done:
+            say(f"{prefix} {seen.what}")
+            acted.append(False)
+        else:
+            say(f"{prefix} {step.act()}")
+            acted.append(True)
+            if step.after is not None:
+                step.after()
+        if stop.isdigit() and int(stop) == index:
+            raise KeyboardInterrupt  # as Ctrl-C arrives between two steps
+    return acted
+
+
+def write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` under a scratch name first: an interruption leaves one or
+    the other, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.init-part")
+    scratch.write_text(text)
+    os.replace(scratch, path)
+
+
+def gitignore_lines(directory: Path, state: Path) -> list[str]:
+    """What ``.gitignore`` must cover: SQLite files and their journals, tokens, the
+    lab's and the local state, and the state directory when it lies in the repository."""
+    lines = list(sites.GITIGNORE)
+    if statedirs.inside(state, directory):
+        relative = state.resolve().relative_to(directory.resolve()).as_posix()
+        lines.append(f"/{relative}/" if relative != "." else "/*")
+    return lines
+
+
+def this_host_name() -> str:
+    """This machine's node name: its hostname's first label, as ``node add`` names one."""
+    label = socket.gethostname().split(".", 1)[0].lower()
+    cleaned = re.sub(r"[^a-z0-9-]", "-", label).strip("-")[:63]
+    return cleaned if re.fullmatch(NAME_PATTERN, cleaned) else "seed"
+
+
+def local_gpus(run_command: Callable[[list[str]], str | None] | None = None) -> dict[str, int]:
+    """This machine's GPUs by class, from ``nvidia-smi`` (none where it is missing)."""
+    def default(argv: list[str]) -> str | None:
+        if shutil.which(argv[0]) is None:
+            return None
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    stdout = (run_command or default)(gpu_facts.query_command())
+    if not stdout:
+        return {}
+    counts: dict[str, int] = {}
+    for record in gpu_facts.parse_query(stdout).gpus:
+        name = gpu_facts.class_of(record)
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def starter_gguf(given: Path | None) -> Path | None:
+    """The starter's GGUF on this machine: ``given``, else ``make model``'s in the
+    working directory's or llmgw's own checkout, else None."""
+    if given is not None:
+        if not given.is_file():
+            raise InitError(f"--model-file {given}: no such file")
+        return given.resolve()
+    checkout = Path(__file__).resolve().parents[2]
+    for root in (Path.cwd(), checkout):
+        found = root / ".cache" / "models" / STARTER_FILE
+        if found.is_file():
+            return found.resolve()
+    return None
+
+
+def gpu_starter(classes: dict[str, int], known: dict[str, Any]) -> tuple[Candidate, str] | None:
+    """The largest candidate that fits one GPU of a class found, by the fit check."""
+    for candidate in GPU_CANDIDATES:
+        found = dataclasses.replace(fits.of_shape(candidate.shape, None), context=GPU_CONTEXT)
+        for name in sorted(classes):
+            gpu_class = known.get(name)
+            if gpu_class is None:
+                continue
+            figures = fits.estimate(found, gpu_class)
+            if figures.fits:
+                return candidate, name
+    return None
+
+
+@dataclass
+class Seed:
+    """The steps of one ``llmgw init``, over one directory and this host's state."""
+
+    options: Options
+    say: Callable[[str], None]
+    secret: Callable[[str], None]  # the terminal, once; never a log
+    add_node: Callable[[str, str | None], None] | None = None  # `node add TARGET [--name]`
+    detect_gpus: Callable[[], dict[str, int]] = local_gpus
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    def __post_init__(self) -> None:
+        self.directory = self.options.directory
+        self.cluster_dir = self.directory / "cluster"
+        self.state = statedirs.default(self.environ)
+        self._password: str | None = None
+        self._check_options()
+
+    # -- options, checked before any step runs ---------------------------------
+
+    def _check_options(self) -> None:
+        o = self.options
+        try:
+            users.check_name(o.admin)
+        except users.UserError as exc:
+            raise InitError(f"--admin: {exc}") from None
+        if o.name is not None and not re.fullmatch(NAME_PATTERN, o.name):
+            raise InitError(f"--name {o.name!r}: lower case letters, digits and -, "
+                            "starting with a letter")
+        if o.node_name is not None and not re.fullmatch(NAME_PATTERN, o.node_name):
+            raise InitError(f"--node-name {o.node_name!r}: lower case letters, digits and -")
+        if o.node not in (None, "local") and (
+                not re.fullmatch(r"([a-z_][a-z0-9_.-]{0,31}@)?[A-Za-z0-9.:\[\]-]{1,253}", o.node)):
+            raise InitError(f"--node {o.node!r}: expected local or [USER@]HOST[:PORT]")
+        if o.postgres is not None:
+            try:
+                settings = StoreSettings(url=o.postgres)
+                target = stores.target_of(settings.url, "", None)
+            except ValidationError as exc:
+                raise InitError(f"--postgres: {exc.errors()[0]['msg']}") from None
+            except ValueError as exc:
+                raise InitError(f"--postgres: {exc}") from None
+            if target.kind != "postgresql":
+                raise InitError(f"--postgres {o.postgres!r}: expected "
+                                "postgresql://USER@HOST:5432/DATABASE")
+        if o.postgres_password_file is not None and not o.postgres_password_file.is_file():
+            raise InitError(f"--postgres-password-file {o.postgres_password_file}: "
+                            "no such file")
+
+    def steps(self) -> list[Step]:
+        return [
+            Step("cluster files", self._look_files, self._write_files),
+            Step(".gitignore", self._look_gitignore, self._write_gitignore),
+            Step("administrator", self._look_admin, self._create_admin, self._tell_password),
+            Step("mirror", self._look_mirror, self._make_mirror),
+            Step("node", self._look_node, self._add_node),
+            Step("model", self._look_model, self._add_model),
+            Step("store", self._look_store, self._move_store),
+        ]
+
+    # -- 1. cluster files --------------------------------------------------------
+
+    def host(self) -> sites.Host:
+        return sites.this_host(self.directory, self.options.name)
+
+    def _files(self) -> dict[str, str]:
+        wanted = sites.files(self.host())
+        del wanted[".gitignore"]  # step 2's
+        pinned = statedirs.pinned(self.environ)
+        if pinned is not None:
+            text = wanted["cluster/cluster.yaml"]
+            wanted["cluster/cluster.yaml"] = text.replace(
+                "  auth: keys", f"  state_dir: {json.dumps(str(pinned))}   # this host's secrets: "
+                "the admin token, the store's password\n  auth: keys", 1)
+        return wanted
+
+    def _missing_files(self) -> list[str]:
+        return [p for p in self._files() if not (self.directory / p).exists()]
+
+    def _look_files(self) -> Look:
+        missing = self._missing_files()
+        if missing:
+            return Look(False, f"would write {', '.join(missing)}")
+        return Look(True, "already there (" + ", ".join(
+            Path(p).name for p in self._files()) + ")")
+
+    def _write_files(self) -> str:
+        missing = self._missing_files()
+        wanted = self._files()
+        for relative in missing:
+            write_whole(self.directory / relative, wanted[relative])
+        return f"wrote {', '.join(missing)}"
+
+    # -- 2. .gitignore ------------------------------------------------------------
+
+    def _gitignore_missing(self) -> list[str]:
+        path = self.directory / ".gitignore"
+        have = path.read_text().splitlines() if path.exists() else []
+        return [line for line in gitignore_lines(self.directory, self.state) if line not in have]
+
+    def _look_gitignore(self) -> Look:
+        missing = self._gitignore_missing()
+        if missing:
+            return Look(False, f"would add {' '.join(missing)}")
+        return Look(True, "already covers the store, tokens and state")
+
+    def _write_gitignore(self) -> str:
+        path = self.directory / ".gitignore"
+        missing = self._gitignore_missing()
+        text = path.read_text() if path.exists() else ""
+        if text and not text.endswith("\n"):
+            text += "\n"
+        write_whole(path, text + "".join(line + "\n" for line in missing))
+        return f"added {' '.join(missing)}"
+
+    # -- the cluster and its store -------------------------------------------------
+
+    def cluster(self) -> Cluster:
+        try:
+            return loading.load(self.cluster_dir)
+        except loading.SpecErrors as exc:
+            first = exc.errors[0]
+            more = f" (and {len(exc.errors) - 1} more: llmgw validate)" if len(exc.errors) > 1 \
+                else ""
+            raise InitError(f"{first}{more}") from None
+
+    def _on_store(self, action: Callable[[stores.Store], Any],
+                  settings: StoreSettings | None = None) -> Any:
+        async def go() -> Any:
+            store = await stores.open_store(settings or self.cluster().cluster.store)
+            try:
+                return await action(store)
+            finally:
+                await store.close()
+        try:
+            return asyncio.run(go())
+        except (stores.StoreError, migrations.SchemaTooNew) as exc:
+            raise InitError(str(exc)) from None
+
+    # -- 3. administrator ------------------------------------------------------------
+
+    def _look_admin(self) -> Look:
+        name = self.options.admin
+        found = self._on_store(lambda store: users.get(store, name))
+        if found is None:
+            return Look(False, f"would create {name!r} with a generated password")
+        if not found.admin:
+            raise InitError(f"user {name!r} exists and is no admin: pass --admin ANOTHER, or "
+                            f"`llmgw users delete {name}`")
+        return Look(True, f"{name!r} already there (a lost password: "
+                    f"`llmgw users passwd {name}`)")
+
+    def _create_admin(self) -> str:
+        name = self.options.admin
+        password = secrets.token_urlsafe(PASSWORD_BYTES)
+
+        async def create(store: stores.Store) -> None:
+            await users.create(store, name, password, admin=True)
+            await audits.record_cli(store, "user.create", user=name, role="admin",
+                                    projects=None, admin_of=None)
+        try:
+            self._on_store(create)
+        except users.UserError as exc:
+            raise InitError(str(exc)) from None
+        self._password = password
+        return f"created {name!r} (password printed once below)"
+
+    def _tell_password(self) -> None:
+        password, self._password = self._password, None
+        if password:
+            name = self.options.admin
+            self.secret(f"      password of {name}: {password}\n      shown this once: store "
+                        f"it now (`llmgw users passwd {name}` sets another)")
+
+    # -- 4. mirror ---------------------------------------------------------------------
+
+    @property
+    def mirror_dir(self) -> Path:
+        return self.state / "mirror"
+
+    def mirror_endpoint(self) -> str:
+        # The name nodes reach this host by: its FQDN where it has one, else its hostname.
+        name = socket.getfqdn()
+        if "." not in name or name.startswith("localhost"):
+            name = socket.gethostname() or "localhost"
+        return f"http://{name}:{MIRROR_PORT}"
+
+    def _look_mirror(self) -> Look:
+        if not self.options.mirror:
+            return Look(True, "skipped (--no-mirror)")
+        endpoint = self.cluster().cluster.weights.endpoint
+        hub = self.mirror_dir / "hub"
+        gguf = starter_gguf(self.options.model_file)
+        starter = gguf is None or caches.repo_dir(hub, STARTER_REPO).exists()
+        if endpoint and hub.is_dir() and starter:
+            return Look(True, f"already there: {self.mirror_dir}, cluster.weights.endpoint "
+                        f"{endpoint}")
+        return Look(False, f"would make {self.mirror_dir} and set cluster.weights.endpoint")
+
+    def _make_mirror(self) -> str:
+        hub = self.mirror_dir / "hub"
+        hub.mkdir(parents=True, exist_ok=True)
+        gguf = starter_gguf(self.options.model_file)
+        added = ""
+        if gguf is not None and not caches.repo_dir(hub, STARTER_REPO).exists():
+            caches.add(hub, STARTER_REPO, {STARTER_REPO_FILE: gguf})
+            added = f" with {STARTER_REPO}"
+        settings = self.cluster().cluster
+        endpoint = settings.weights.endpoint
+        if not endpoint:
+            if "weights" in settings.model_fields_set:
+                raise InitError(f"{self.cluster_dir}: cluster.weights is declared without an "
+                                f"endpoint: add `endpoint: {self.mirror_endpoint()}` to it, or "
+                                "pass --no-mirror")
+            endpoint = self.mirror_endpoint()
+            write_whole(self.cluster_dir / "mirror.yaml", MIRROR_YAML.format(
+                endpoint=json.dumps(endpoint), dir=self.mirror_dir, port=MIRROR_PORT))
+        return (f"made {self.mirror_dir}{added}; cluster.weights.endpoint {endpoint} "
+                f"(serve it: llmgw mirror serve {self.mirror_dir} --listen "
+                f"0.0.0.0:{MIRROR_PORT})")
+
+    # -- 5. node -----------------------------------------------------------------------
+
+    def _node_address(self) -> tuple[str, int | None]:
+        node = self.options.node or "local"
+        if node == "local":
+            return "local", None
+        host = node.rpartition("@")[2]
+        if re.fullmatch(r"[^:\[\]]+:\d+", host):
+            name, _, port = host.partition(":")
+            return name, int(port)
+        return host.strip("[]"), None
+
+    def _found_node(self) -> str | None:
+        address, port = self._node_address()
+        cluster = self.cluster()
+        for name, node in cluster.nodes.items():
+            if node.address == address and (port is None or
+                                            (node.ssh_port or cluster.cluster.ssh.port) == port):
+                return name
+        return None
+
+    def _look_node(self) -> Look:
+        if self.options.node is None:
+            return Look(True, "skipped (--no-node)")
+        found = self._found_node()
+        if found:
+            return Look(True, f"{found} already in nodes.yaml")
+        if self.options.node == "local":
+            return Look(False, "would add this machine (address: local)")
+        return Look(False, f"would run node add {self.options.node}")
+
+    def _add_node(self) -> str:
+        if self.options.node != "local":
+            assert self.options.node is not None
+            if self.add_node is None:
+                raise InitError("--node over SSH needs `llmgw init` itself")
+            self.add_node(self.options.node, self.options.node_name)
+            found = self._found_node()
+            if found is None:
+                raise InitError(f"node add {self.options.node} wrote no node into nodes.yaml")
+            return f"added {found} over SSH (node add {self.options.node})"
+        name = self.options.node_name or this_host_name()
+        if name in self.cluster().nodes:
+            raise InitError(f"nodes.yaml already has a node {name!r} at another address: "
+                            "pass --node-name")
+        entry: dict[str, object] = {"address": "local",
+                                    "weights_dirs": [str(self.state / "weights")]}
+        if os.geteuid() != 0:  # /run/llmgw is root's: the agent's socket goes with the state
+            entry["agent_socket"] = str(self.state / "agent.sock")
+        counts = self.detect_gpus()
+        if counts:
+            entry["gpus"] = [{"class": c, "count": n} for c, n in sorted(counts.items())]
+        path = self.cluster_dir / "nodes.yaml"
+        after, _ = yamledits.add_node(path.read_text() if path.exists() else "", name, entry)
+        (self.state / "weights").mkdir(parents=True, exist_ok=True)
+        write_whole(path, after)
+        gpus = ", ".join(f"{n}× {c}" for c, n in sorted(counts.items())) or "no GPU"
+        return f"added {name} (address: local, {gpus})"
+
+    # -- 6. model ----------------------------------------------------------------------
+
+    def _look_model(self) -> Look:
+        if not self.options.model:
+            return Look(True, "skipped (--no-model)")
+        cluster = self.cluster()
+        if cluster.models:
+            return Look(True, f"already there ({', '.join(sorted(cluster.models))})")
+        return Look(False, "would declare a starter that fits the nodes")
+
+    def _starter(self, cluster: Cluster) -> tuple[str, dict[str, Any], str]:
+        """The starter's name, its entry in models.yaml and why it was chosen."""
+        classes: dict[str, int] = {}
+        for node in cluster.nodes.values():
+            for gpu in node.gpus:
+                classes[gpu.gpu_class] = max(classes.get(gpu.gpu_class, 0), gpu.count)
+        if classes:
+            chosen = gpu_starter(classes, checks.known_classes(cluster))
+            if chosen is not None:
+                candidate, gpu_class = chosen
+                shape = candidate.shape.model_dump(exclude_none=True)
+                return candidate.name, {
+                    "source": candidate.source, "shape": shape,
+                    "scaling": {"min": 1, "max": 1},
+                    "pricing": {"input_per_mtok": 0.10, "output_per_mtok": 0.40},
+                    "profiles": [{"engine": "vllm", "gpu_class": gpu_class,
+                                  "args": {"max-model-len": GPU_CONTEXT}}],
+                }, f"fits 1× {gpu_class} at {GPU_CONTEXT // 1024}k context"
+        gguf = starter_gguf(self.options.model_file)
+        local = next((n for n in cluster.nodes.values() if n.is_local and n.weights_dirs), None)
+        if gguf is not None and local is not None:
+            placed = Path(local.weights_dirs[0]) / STARTER_FILE
+            if not placed.exists():
+                placed.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(gguf, placed)
+                except OSError:
+                    shutil.copyfile(gguf, placed)
+            source = str(placed)
+            why = "on CPU, from this machine's file"
+        else:
+            source = f"{STARTER_REPO}:Q4_K_M"
+            why = "on CPU, fetched from the hub" + (" mirror" if cluster.cluster.weights.endpoint
+                                                    else "")
+        return "gemma3-270m", {
+            "source": source, "scaling": {"min": 1, "max": 1},
+            "pricing": {"input_per_mtok": 0.10, "output_per_mtok": 0.40},
+            "profiles": [{"engine": "llama.cpp", "cpu": True, "min_memory_gb": 1,
+                          "args": {"ctx-size": 2048, "threads": 1, "parallel": 1,
+                                   "no-jinja": True, "chat-template": "gemma"}}],
+        }, why
+
+    def _add_model(self) -> str:
+        name, entry, why = self._starter(self.cluster())
+        path = self.cluster_dir / "models.yaml"
+        before = path.read_text() if path.exists() else sites.MODELS_YAML
+        write_whole(path, yamledits.add_model(before, name, entry))
+        return f"declared {name} ({why})"
+
+    # -- 7. store ----------------------------------------------------------------------
+
+    def _postgres_settings(self) -> StoreSettings:
+        o = self.options
+        assert o.postgres is not None
+        password = str(o.postgres_password_file.absolute()) if o.postgres_password_file \
+            else None
+        return StoreSettings(url=o.postgres, password_file=password)
+
+    def _look_store(self) -> Look:
+        settings = self.cluster().cluster.store
+        if self.options.postgres is None:
+            where = settings.url or f"SQLite at {settings.path}"
+            return Look(True, f"{where} (--postgres URL moves it)")
+        if settings.url == self.options.postgres:
+            return Look(True, f"already on {settings.url}")
+        return Look(False, f"would copy the store to {self.options.postgres} and switch")
+
+    def _move_store(self) -> str:
+        path = self.cluster_dir / "cluster.yaml"
+        before = path.read_text()
+        old = self.cluster().cluster.store
+        if old.url:
+            raise InitError(f"the store is on {old.url}, not SQLite: `llmgw store migrate "
+                            f"--to {self.options.postgres}` moves it")
+        new = self._postgres_settings()
+        source_name = f"sqlite:{Path(old.path).resolve()}"
+
+        async def copy(target: stores.Store) -> copies.CopyReport:
+            source = await stores.open_store(old)
+            try:
+                return await copies.copy(source, target, source_name)
+            finally:
+                await source.close()
+        try:
+            report = self._on_store(copy, new)
+        except stores.StoreError as exc:  # a mismatch, a target that is not empty
+            raise InitError(f"{exc}; the store stays SQLite at {old.path}") from None
+        except InitError as exc:
+            raise InitError(f"{exc}; the store stays SQLite at {old.path}") from None
+        settings: dict[str, Any] = {"url": new.url, "path": old.path}
+        if new.password_file:
+            settings["password_file"] = new.password_file
+        write_whole(path, yamledits.set_cluster_key(before, "store", settings))
+        try:  # what `llmgw serve` will open, read back through the file just written
+            found = self._on_store(lambda store: users.get(store, self.options.admin))
+            if found is None:
+                raise InitError(f"{self.options.admin!r} is not on {new.url}")
+        except InitError as exc:
+            write_whole(path, before)
+            raise InitError(f"{new.url} does not answer as the cluster file names it ({exc}): "
+                            f"moved back to SQLite at {old.path}") from None
+        return f"copied {report.copied('users')} users and {report.copied('keys')} keys to " \
+               f"{new.url}; cluster.yaml names it (SQLite kept at {old.path})"
