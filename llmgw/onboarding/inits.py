@@ -33,14 +33,12 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import re
 import secrets
 import shutil
 import socket
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,22 +46,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llmgw.discovery import gpus as gpu_facts
 from llmgw.hub import caches
-from llmgw.onboarding import sites, yamledits
-from llmgw.planning import fits
+from llmgw.onboarding import sites, starters, yamledits
 from llmgw.spec import checks, loading, statedirs
 from llmgw.spec.models import NAME_PATTERN, Cluster, StoreSettings
-from llmgw.spec.shapes import Shape
 from llmgw.store import audits, copies, migrations, stores, users
 
 # Set by tests (and by nobody else): stop with SIGINT, as Ctrl-C does, once this
 # many steps are done, so a test can show that a rerun finishes the job.
 STOP_AFTER_ENV = "LLMGW_INIT_STOP_AFTER"
 MIRROR_PORT = 8090
-STARTER_FILE = "gemma3-270m-q4_k_m.gguf"  # what `make model` assembles
-STARTER_REPO = "google/gemma-3-270m-it-GGUF"  # the same file on the hub (docs/weights.md)
-STARTER_REPO_FILE = "gemma-3-270m-it-Q4_K_M.gguf"
 MIRROR_YAML = """\
 # The site's hub mirror, written by `llmgw init`: nodes fetch hub repos from it
 # instead of the public hub. Serve it on this host with
@@ -109,30 +101,6 @@ class Options:
     postgres: str | None = None
     postgres_password_file: Path | None = None
 
-
-@dataclass(frozen=True)
-class Candidate:
-    """A starter model for GPU nodes, with the figures the fit check reads."""
-
-    name: str
-    source: str
-    shape: Shape
-
-
-# Largest first: the first that fits one GPU of the node's class is the starter.
-# Figures from each repo's config.json (layers, KV heads, head dim, context).
-GPU_CANDIDATES = (
-    Candidate("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", Shape(
-        params_b=32.8, dtype="bfloat16", layers=64, kv_heads=8, head_dim=128,
-        context_length=32768)),
-    Candidate("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", Shape(
-        params_b=7.62, dtype="bfloat16", layers=28, kv_heads=4, head_dim=128,
-        context_length=32768)),
-    Candidate("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", Shape(
-        params_b=0.49, dtype="bfloat16", layers=24, kv_heads=2, head_dim=64,
-        context_length=32768)),
-)
-GPU_CONTEXT = 8192  # the starter's max-model-len: what the fit check is asked about
 
 
 def run(steps: Sequence[Step], say: Callable[[str], None],
@@ -186,56 +154,6 @@ def this_host_name() -> str:
     return cleaned if re.fullmatch(NAME_PATTERN, cleaned) else "seed"
 
 
-def local_gpus(run_command: Callable[[list[str]], str | None] | None = None) -> dict[str, int]:
-    """This machine's GPUs by class, from ``nvidia-smi`` (none where it is missing)."""
-    def default(argv: list[str]) -> str | None:
-        if shutil.which(argv[0]) is None:
-            return None
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout if done.returncode == 0 else None
-
-    stdout = (run_command or default)(gpu_facts.query_command())
-    if not stdout:
-        return {}
-    counts: dict[str, int] = {}
-    for record in gpu_facts.parse_query(stdout).gpus:
-        name = gpu_facts.class_of(record)
-        counts[name] = counts.get(name, 0) + 1
-    return counts
-
-
-def starter_gguf(given: Path | None) -> Path | None:
-    """The starter's GGUF on this machine: ``given``, else ``make model``'s in the
-    working directory's or llmgw's own checkout, else None."""
-    if given is not None:
-        if not given.is_file():
-            raise InitError(f"--model-file {given}: no such file")
-        return given.resolve()
-    checkout = Path(__file__).resolve().parents[2]
-    for root in (Path.cwd(), checkout):
-        found = root / ".cache" / "models" / STARTER_FILE
-        if found.is_file():
-            return found.resolve()
-    return None
-
-
-def gpu_starter(classes: dict[str, int], known: dict[str, Any]) -> tuple[Candidate, str] | None:
-    """The largest candidate that fits one GPU of a class found, by the fit check."""
-    for candidate in GPU_CANDIDATES:
-        found = dataclasses.replace(fits.of_shape(candidate.shape, None), context=GPU_CONTEXT)
-        for name in sorted(classes):
-            gpu_class = known.get(name)
-            if gpu_class is None:
-                continue
-            figures = fits.estimate(found, gpu_class)
-            if figures.fits:
-                return candidate, name
-    return None
-
-
 @dataclass
 class Seed:
     """The steps of one ``llmgw init``, over one directory and this host's state."""
@@ -244,7 +162,7 @@ class Seed:
     say: Callable[[str], None]
     secret: Callable[[str], None]  # the terminal, once; never a log
     add_node: Callable[[str, str | None], None] | None = None  # `node add TARGET [--name]`
-    detect_gpus: Callable[[], dict[str, int]] = local_gpus
+    detect_gpus: Callable[[], dict[str, int]] = starters.local_gpus
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def __post_init__(self) -> None:
@@ -281,6 +199,8 @@ class Seed:
             if target.kind != "postgresql":
                 raise InitError(f"--postgres {o.postgres!r}: expected "
                                 "postgresql://USER@HOST:5432/DATABASE")
+        if o.model_file is not None and not o.model_file.is_file():
+            raise InitError(f"--model-file {o.model_file}: no such file")
         if o.postgres_password_file is not None and not o.postgres_password_file.is_file():
             raise InitError(f"--postgres-password-file {o.postgres_password_file}: "
                             "no such file")
@@ -428,8 +348,8 @@ class Seed:
             return Look(True, "skipped (--no-mirror)")
         endpoint = self.cluster().cluster.weights.endpoint
         hub = self.mirror_dir / "hub"
-        gguf = starter_gguf(self.options.model_file)
-        starter = gguf is None or caches.repo_dir(hub, STARTER_REPO).exists()
+        gguf = starters.gguf(self.options.model_file)
+        starter = gguf is None or caches.repo_dir(hub, starters.STARTER_REPO).exists()
         if endpoint and hub.is_dir() and starter:
             return Look(True, f"already there: {self.mirror_dir}, cluster.weights.endpoint "
                         f"{endpoint}")
@@ -438,11 +358,11 @@ class Seed:
     def _make_mirror(self) -> str:
         hub = self.mirror_dir / "hub"
         hub.mkdir(parents=True, exist_ok=True)
-        gguf = starter_gguf(self.options.model_file)
+        gguf = starters.gguf(self.options.model_file)
         added = ""
-        if gguf is not None and not caches.repo_dir(hub, STARTER_REPO).exists():
-            caches.add(hub, STARTER_REPO, {STARTER_REPO_FILE: gguf})
-            added = f" with {STARTER_REPO}"
+        if gguf is not None and not caches.repo_dir(hub, starters.STARTER_REPO).exists():
+            caches.add(hub, starters.STARTER_REPO, {starters.STARTER_REPO_FILE: gguf})
+            added = f" with {starters.STARTER_REPO}"
         settings = self.cluster().cluster
         endpoint = settings.weights.endpoint
         if not endpoint:
@@ -532,41 +452,26 @@ class Seed:
         for node in cluster.nodes.values():
             for gpu in node.gpus:
                 classes[gpu.gpu_class] = max(classes.get(gpu.gpu_class, 0), gpu.count)
-        if classes:
-            chosen = gpu_starter(classes, checks.known_classes(cluster))
-            if chosen is not None:
-                candidate, gpu_class = chosen
-                shape = candidate.shape.model_dump(exclude_none=True)
-                return candidate.name, {
-                    "source": candidate.source, "shape": shape,
-                    "scaling": {"min": 1, "max": 1},
-                    "pricing": {"input_per_mtok": 0.10, "output_per_mtok": 0.40},
-                    "profiles": [{"engine": "vllm", "gpu_class": gpu_class,
-                                  "args": {"max-model-len": GPU_CONTEXT}}],
-                }, f"fits 1× {gpu_class} at {GPU_CONTEXT // 1024}k context"
-        gguf = starter_gguf(self.options.model_file)
+        chosen = starters.for_gpus(classes, checks.known_classes(cluster)) if classes else None
+        if chosen is not None:
+            candidate, gpu_class = chosen
+            return candidate.name, starters.gpu_entry(candidate, gpu_class), (
+                f"fits 1× {gpu_class} at {starters.GPU_CONTEXT // 1024}k context")
+        gguf = starters.gguf(self.options.model_file)
         local = next((n for n in cluster.nodes.values() if n.is_local and n.weights_dirs), None)
         if gguf is not None and local is not None:
-            placed = Path(local.weights_dirs[0]) / STARTER_FILE
+            placed = Path(local.weights_dirs[0]) / starters.STARTER_FILE
             if not placed.exists():
                 placed.parent.mkdir(parents=True, exist_ok=True)
-                try:
+                try:  # a hard link where possible, else a copy: never a link out of the dir
                     os.link(gguf, placed)
                 except OSError:
                     shutil.copyfile(gguf, placed)
-            source = str(placed)
-            why = "on CPU, from this machine's file"
+            source, why = str(placed), "on CPU, from this machine's file"
         else:
-            source = f"{STARTER_REPO}:Q4_K_M"
-            why = "on CPU, fetched from the hub" + (" mirror" if cluster.cluster.weights.endpoint
-                                                    else "")
-        return "gemma3-270m", {
-            "source": source, "scaling": {"min": 1, "max": 1},
-            "pricing": {"input_per_mtok": 0.10, "output_per_mtok": 0.40},
-            "profiles": [{"engine": "llama.cpp", "cpu": True, "min_memory_gb": 1,
-                          "args": {"ctx-size": 2048, "threads": 1, "parallel": 1,
-                                   "no-jinja": True, "chat-template": "gemma"}}],
-        }, why
+            mirror = " mirror" if cluster.cluster.weights.endpoint else ""
+            source, why = f"{starters.STARTER_REPO}:Q4_K_M", f"on CPU, from the hub{mirror}"
+        return starters.NAME, starters.cpu_entry(source), why
 
     def _add_model(self) -> str:
         name, entry, why = self._starter(self.cluster())
