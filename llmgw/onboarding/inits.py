@@ -189,9 +189,9 @@ class Seed:
                 not re.fullmatch(r"([a-z_][a-z0-9_.-]{0,31}@)?[A-Za-z0-9.:\[\]-]{1,253}", o.node)):
             raise InitError(f"--node {o.node!r}: expected local or [USER@]HOST[:PORT]")
         if o.postgres is not None:
-            try:
-                settings = StoreSettings(url=o.postgres)
-                target = stores.target_of(settings.url, "", None)
+            try:  # target_of's sentences first, then every check of a cluster file
+                target = stores.target_of(o.postgres, "", None)
+                StoreSettings(url=o.postgres)
             except ValidationError as exc:
                 raise InitError(f"--postgres: {exc.errors()[0]['msg']}") from None
             except ValueError as exc:
@@ -482,55 +482,62 @@ class Seed:
 
     # -- 7. store ----------------------------------------------------------------------
 
-    def _postgres_settings(self) -> StoreSettings:
-        o = self.options
-        assert o.postgres is not None
-        password = str(o.postgres_password_file.absolute()) if o.postgres_password_file \
-            else None
-        return StoreSettings(url=o.postgres, password_file=password)
-
     def _look_store(self) -> Look:
         settings = self.cluster().cluster.store
-        if self.options.postgres is None:
+        wanted = self.options.postgres
+        if wanted is None:
             where = settings.url or f"SQLite at {settings.path}"
             return Look(True, f"{where} (--postgres URL moves it)")
-        if settings.url == self.options.postgres:
-            return Look(True, f"already on {settings.url}")
-        return Look(False, f"would copy the store to {self.options.postgres} and switch")
+        if settings.url == wanted:
+            if self._admin_on(settings) is not None:
+                return Look(True, f"already on {wanted}")
+            return Look(False, f"would finish copying the store to {wanted}")
+        return Look(False, f"would copy the store to {wanted} and switch")
+
+    def _admin_on(self, settings: StoreSettings) -> users.User | None:
+        return self._on_store(  # type: ignore[no-any-return]
+            lambda store: users.get(store, self.options.admin), settings)
 
     def _move_store(self) -> str:
+        """Name PostgreSQL in cluster.yaml, copy the SQLite store into it through what
+        the file names, read the administrator back; on any failure, move back.
+
+        The SQLite ``path`` stays in the store section (unused while ``url`` is set), so
+        a rerun after an interruption knows what to copy, and moving back is dropping
+        ``url``. The copy is one transaction: it is all there or none of it."""
         path = self.cluster_dir / "cluster.yaml"
-        before = path.read_text()
+        current = path.read_text()
         old = self.cluster().cluster.store
-        if old.url:
+        wanted = self.options.postgres
+        assert wanted is not None
+        if old.url and old.url != wanted:
             raise InitError(f"the store is on {old.url}, not SQLite: `llmgw store migrate "
-                            f"--to {self.options.postgres}` moves it")
-        new = self._postgres_settings()
+                            f"--to {wanted}` moves it")
+        sqlite = {"path": old.path}
+        back = current if not old.url else yamledits.set_cluster_key(current, "store", sqlite)
+        settings: dict[str, Any] = {"url": wanted, **sqlite}
+        if self.options.postgres_password_file is not None:
+            settings["password_file"] = str(self.options.postgres_password_file.absolute())
+        write_whole(path, yamledits.set_cluster_key(current, "store", settings))
         source_name = f"sqlite:{Path(old.path).resolve()}"
 
         async def copy(target: stores.Store) -> copies.CopyReport:
-            source = await stores.open_store(old)
+            source = await stores.open_store(StoreSettings(path=old.path))
             try:
                 return await copies.copy(source, target, source_name)
             finally:
                 await source.close()
         try:
-            report = self._on_store(copy, new)
-        except stores.StoreError as exc:  # a mismatch, a target that is not empty
-            raise InitError(f"{exc}; the store stays SQLite at {old.path}") from None
+            new = self.cluster().cluster.store  # as `llmgw serve` will read it
+            try:
+                report: copies.CopyReport = self._on_store(copy, new)
+            except stores.StoreError as exc:  # not empty, a mismatch: raised by the copy
+                raise InitError(str(exc)) from None
+            if self._admin_on(new) is None:
+                raise InitError(f"{self.options.admin!r} is not there after the copy")
         except InitError as exc:
-            raise InitError(f"{exc}; the store stays SQLite at {old.path}") from None
-        settings: dict[str, Any] = {"url": new.url, "path": old.path}
-        if new.password_file:
-            settings["password_file"] = new.password_file
-        write_whole(path, yamledits.set_cluster_key(before, "store", settings))
-        try:  # what `llmgw serve` will open, read back through the file just written
-            found = self._on_store(lambda store: users.get(store, self.options.admin))
-            if found is None:
-                raise InitError(f"{self.options.admin!r} is not on {new.url}")
-        except InitError as exc:
-            write_whole(path, before)
-            raise InitError(f"{new.url} does not answer as the cluster file names it ({exc}): "
-                            f"moved back to SQLite at {old.path}") from None
-        return f"copied {report.copied('users')} users and {report.copied('keys')} keys to " \
-               f"{new.url}; cluster.yaml names it (SQLite kept at {old.path})"
+            write_whole(path, back)
+            raise InitError(f"--postgres {wanted}: {exc}; moved back: the store stays SQLite "
+                            f"at {old.path}") from None
+        return (f"copied {report.copied('users')} users and {report.copied('keys')} keys to "
+                f"{wanted}; cluster.yaml names it (SQLite kept at {old.path})")
