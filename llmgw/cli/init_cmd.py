@@ -24,7 +24,7 @@ NEXT = """\
 Next:{cd}
   llmgw validate                  # what the cluster declares
   llmgw node add [USER@]HOST      # more nodes: pin the key, install the agent
-  llmgw init --install            # the daemon: it starts the local node's agent
+  {again}  # the daemon, which starts a local node's agent
   {git}git add -A && git commit -m "llmgw: {name}\""""
 
 
@@ -101,16 +101,21 @@ def run(args: argparse.Namespace) -> int:
     cluster = clusters.load(cluster_dir)
     if args.install:
         _install(cluster_dir, cluster.cluster.listeners.admin, args.health_timeout)
-    print(_next_steps(directory, cluster.cluster.name))
+    skipped = [f"--no-{what}" for what in ("mirror", "node", "model")
+               if getattr(args, f"no_{what}")]
+    print(_next_steps(directory, cluster.cluster.name,
+                      " ".join(["llmgw init", *skipped, "--install"])))
     return 0
 
 
-def _next_steps(directory: Path, name: str) -> str:
-    """What to type next, from where the command ran: into DIR first, and a git repository."""
+def _next_steps(directory: Path, name: str, again: str = "llmgw init --install") -> str:
+    """What to type next, from where the command ran: into DIR first, and a git repository;
+    ``again``: init with the same steps skipped, and the daemon."""
     here = directory.resolve() == Path.cwd().resolve()
     cd = "" if here else f"\n  cd {directory}"
     in_git = any((d / ".git").exists() for d in (directory.resolve(), *directory.resolve().parents))
-    return NEXT.format(cd=cd, git="" if in_git else "git init -q && ", name=name)
+    return NEXT.format(cd=cd, git="" if in_git else "git init -q && ", name=name,
+                       again=again.ljust(30))
 
 
 def _install(cluster_dir: Path, admin: str, timeout: float) -> None:
