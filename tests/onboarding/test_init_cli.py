@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -225,6 +226,44 @@ def test_a_postgres_database_of_another_cluster_is_refused_and_moved_back(
     assert refused.returncode == 1
     assert "moved back: the store stays SQLite at" in refused.stderr
     assert "url:" not in (tmp_path / "acme" / "cluster" / "cluster.yaml").read_text()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--node", "root@gpu;reboot"], "error: --node 'root@gpu;reboot': expected local or"),
+    (["--admin", "../x"], "error: --admin: invalid user name '../x'"),
+    (["--postgres", "postgresql://llmgw:hunter2@db/llmgw"],
+     "error: --postgres: store.url must not hold a password"),
+], ids=["node", "admin", "postgres"])
+def test_hostile_flags_are_refused_located_without_a_traceback(
+        tmp_path: Path, argv: list[str], message: str) -> None:
+    refused = llmgw("init", "acme", *argv, cwd=tmp_path, env=fresh_env(tmp_path, tmp_path / "s"))
+    assert refused.returncode == 1
+    assert refused.stderr.startswith(message), refused.stderr
+    assert "Traceback" not in refused.stderr and "hunter2" not in refused.stderr
+    assert not (tmp_path / "acme").exists() and not (tmp_path / "s").exists()
+
+
+def test_ctrl_c_in_the_middle_of_a_run_is_finished_by_a_rerun(tmp_path: Path,
+                                                             gguf: Path) -> None:
+    """SIGINT from outside, whenever it lands (here: once step 2's line is out)."""
+    env = fresh_env(tmp_path, tmp_path / "state")
+    argv = [sys.executable, "-m", "llmgw", "init", "acme", "--model-file", str(gguf)]
+    with subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as running:
+        assert running.stdout is not None
+        for line in running.stdout:
+            if line.startswith("[2/7]"):
+                running.send_signal(signal.SIGINT)
+                break
+        out, err = running.communicate(timeout=120)
+    assert running.returncode in (0, 130), err  # 0: it had finished before the signal
+    assert "Traceback" not in err
+    rerun = llmgw("init", "acme", "--model-file", str(gguf), cwd=tmp_path, env=env)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    site = tmp_path / "acme"
+    assert llmgw("validate", cwd=site, env=env).returncode == 0
+    assert user_names(site, env) == [("admin", True)]
+    assert not list(site.rglob(".*.init-part"))  # no half-written file left
 
 
 @pytest.mark.e2e
