@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print(text, flush=True)
 
     try:
-        seed = inits.Seed(options, say=lambda line: print(line, flush=True), secret=secret,
+        seed = inits.Seed(options, secret=secret,
                           add_node=add_node)
         directory.mkdir(parents=True, exist_ok=True)
         inits.run(seed.steps(), say=lambda line: print(line, flush=True))

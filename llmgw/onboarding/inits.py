@@ -26,20 +26,23 @@ is given once to ``secret`` (the terminal) and never to ``say`` (the log).
 
 Usage::
 
-    seed = inits.Seed(inits.Options(Path("acme-gpu")), say=print, secret=print)
+    seed = inits.Seed(inits.Options(Path("acme-gpu")), secret=print)
     inits.run(seed.steps(), say=print)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import secrets
 import shutil
+import signal
 import socket
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +89,7 @@ class Step:
     look: Callable[[], Look]
     act: Callable[[], str]  # returns what it did, one sentence
     after: Callable[[], None] | None = None  # once its line is out (a password, shown once)
+    atomic: bool = True  # Ctrl-C waits for act and after to finish (not for a long node add)
 
 
 @dataclass(frozen=True)
@@ -119,13 +123,34 @@ def run(steps: Sequence[Step], say: Callable[[str], None],
             say(f"{prefix} {seen.what}")
             acted.append(False)
         else:
-            say(f"{prefix} {step.act()}")
-            acted.append(True)
-            if step.after is not None:
-                step.after()
+            with interrupts_deferred() if step.atomic else contextlib.nullcontext():
+                say(f"{prefix} {step.act()}")
+                acted.append(True)
+                if step.after is not None:
+                    step.after()
         if stop.isdigit() and int(stop) == index:
             raise KeyboardInterrupt  # as Ctrl-C arrives between two steps
     return acted
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold a SIGINT until the block is done, then deliver it.
+
+    So a step is done whole or not at all (an administrator is never created without
+    its password shown), and Ctrl-C never lands inside ``asyncio.run``'s teardown,
+    which would print a traceback. Nested blocks pass the signal outwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, _frame: caught.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        signal.raise_signal(signal.SIGINT)
 
 
 def write_whole(path: Path, text: str) -> None:
@@ -159,7 +184,6 @@ class Seed:
     """The steps of one ``llmgw init``, over one directory and this host's state."""
 
     options: Options
-    say: Callable[[str], None]
     secret: Callable[[str], None]  # the terminal, once; never a log
     add_node: Callable[[str, str | None], None] | None = None  # `node add TARGET [--name]`
     detect_gpus: Callable[[], dict[str, int]] = starters.local_gpus
@@ -211,7 +235,8 @@ class Seed:
             Step(".gitignore", self._look_gitignore, self._write_gitignore),
             Step("administrator", self._look_admin, self._create_admin, self._tell_password),
             Step("mirror", self._look_mirror, self._make_mirror),
-            Step("node", self._look_node, self._add_node),
+            Step("node", self._look_node, self._add_node,
+                 atomic=self.options.node in (None, "local")),
             Step("model", self._look_model, self._add_model),
             Step("store", self._look_store, self._move_store),
         ]
@@ -291,7 +316,8 @@ class Seed:
             finally:
                 await store.close()
         try:
-            return asyncio.run(go())
+            with interrupts_deferred():
+                return asyncio.run(go())
         except (stores.StoreError, migrations.SchemaTooNew) as exc:
             raise InitError(str(exc)) from None
 

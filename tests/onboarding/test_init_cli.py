@@ -258,6 +258,8 @@ def test_ctrl_c_in_the_middle_of_a_run_is_finished_by_a_rerun(tmp_path: Path,
         out, err = running.communicate(timeout=120)
     assert running.returncode in (0, 130), err  # 0: it had finished before the signal
     assert "Traceback" not in err
+    if "created 'admin'" in out:  # a step is whole: no administrator without its password
+        assert "password of admin: " in out
     rerun = llmgw("init", "acme", "--model-file", str(gguf), cwd=tmp_path, env=env)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     site = tmp_path / "acme"

@@ -14,8 +14,7 @@ from llmgw.spec import checks, loading, statedirs
 from llmgw.store import stores, users
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nodes"
-NAMES = [s for s in ("cluster files", ".gitignore", "administrator", "mirror", "node",
-                     "model", "store")]
+NAMES = ["cluster files", ".gitignore", "administrator", "mirror", "node", "model", "store"]
 
 
 class Seen:
@@ -29,7 +28,7 @@ class Seen:
 def seed(tmp_path: Path, seen: Seen, gpus: dict[str, int] | None = None,
          **options: object) -> inits.Seed:
     return inits.Seed(inits.Options(tmp_path / "site", **options),  # type: ignore[arg-type]
-                      say=seen.said.append, secret=seen.told.append,
+                      secret=seen.told.append,
                       detect_gpus=lambda: dict(gpus or {}))
 
 
@@ -79,7 +78,7 @@ def test_no_state_dir_is_written_where_the_default_needs_no_environment(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(statedirs.ENV)
     assert statedirs.pinned() is None
-    s = inits.Seed(inits.Options(tmp_path / "site"), say=print, secret=print,
+    s = inits.Seed(inits.Options(tmp_path / "site"), secret=print,
                    environ={"HOME": str(tmp_path)})
     assert "state_dir" not in s._files()["cluster/cluster.yaml"]
 
@@ -99,7 +98,7 @@ def test_gitignore_keeps_what_is_there_and_adds_what_is_missing(tmp_path: Path) 
 
 def test_a_state_directory_inside_the_repository_is_ignored(tmp_path: Path) -> None:
     state = tmp_path / "site" / ".state"
-    s = inits.Seed(inits.Options(tmp_path / "site"), say=print, secret=print,
+    s = inits.Seed(inits.Options(tmp_path / "site"), secret=print,
                    environ={statedirs.ENV: str(state)})
     upto(s, ".gitignore").act()
     assert "/.state/" in (tmp_path / "site" / ".gitignore").read_text().splitlines()
