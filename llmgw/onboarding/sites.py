@@ -1,6 +1,6 @@
-"""``llmgw init``: start the repository that holds a real site's cluster directory.
+"""The files of a real site's cluster repository, as ``llmgw init`` writes them.
 
-Writes, where missing (a second run changes nothing):
+:mod:`.inits` writes each where missing (a second run changes nothing):
 
 * ``cluster/cluster.yaml`` — this control host's settings: its SSH user and
   key, listeners, and the store **outside** the repository (keys and usage
@@ -9,7 +9,7 @@ Writes, where missing (a second run changes nothing):
   saying how to fill them (``llmgw node add``);
 * ``cluster/known_hosts`` — empty: keys are pinned by ``llmgw node add``;
 * ``.github/workflows/llmgw-plan.yml`` — the CI preview (docs/gitops.md);
-* ``.gitignore`` — local state.
+* ``.gitignore`` — local state (:data:`GITIGNORE`; lines added, never removed).
 
 :func:`daemon_unit` renders the daemon's systemd unit for ``--install``.
 """
@@ -107,7 +107,10 @@ MODELS_YAML = """\
 models: {}
 """
 
-GITIGNORE = ["/cluster/state/", "*.db"]
+# Local state beside the cluster files, never for git: SQLite stores and their
+# journals, tokens and password files, the lab's and the local node's state.
+GITIGNORE = ["/cluster/state/", "*.db", "*.db-wal", "*.db-shm", "*.db-journal", "*.token",
+             "pgpass", "/.llmgw-lab/"]
 
 
 def files(host: Host) -> dict[str, str]:
@@ -121,20 +124,6 @@ def files(host: Host) -> dict[str, str]:
         ".github/workflows/llmgw-plan.yml": workflow,
         ".gitignore": "".join(line + "\n" for line in GITIGNORE),
     }
-
-
-def write(directory: Path, host: Host) -> list[tuple[str, bool]]:
-    """Write what is missing; ``(path, written)`` for every file, in order."""
-    done = []
-    for relative, text in files(host).items():
-        path = directory / relative
-        if path.exists():
-            done.append((relative, False))
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        done.append((relative, True))
-    return done
 
 
 def daemon_unit(cluster_dir: Path, user: str | None = None) -> str:

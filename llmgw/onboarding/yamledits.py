@@ -112,3 +112,54 @@ def diff(before: str, after: str, path: str = "cluster/nodes.yaml") -> str:
                                  after.splitlines(keepends=True),
                                  fromfile=f"a/{path}", tofile=f"b/{path}")
     return "".join(lines)
+
+
+def add_model(text: str, name: str, entry: dict[str, Any]) -> str:
+    """``text`` with ``models.<name>`` set to ``entry`` (what ``llmgw init`` declares).
+
+    >>> print(add_model("# ours\\nmodels: {}\\n", "m", {"source": "a/b"}), end="")
+    # ours
+    models:
+      m:
+        source: a/b
+    """
+    yaml = _yaml()
+    data = yaml.load(text) if text.strip() else None
+    if data is None:
+        data = CommentedMap()
+    models = data.get("models")
+    if not isinstance(models, dict) or not models:
+        models = CommentedMap()
+        data["models"] = models
+    models[name] = CommentedMap((k, _flow(v)) for k, v in entry.items())
+    out = io.StringIO()
+    yaml.dump(data, out)
+    return out.getvalue()
+
+
+def set_cluster_key(text: str, key: str, value: dict[str, Any]) -> str:
+    """``text`` with ``cluster.<key>`` set to ``value``, comments and order kept.
+
+    >>> print(set_cluster_key("cluster:\\n  name: a  # site\\n", "weights",
+    ...                       {"endpoint": "http://m:8090"}), end="")
+    cluster:
+      name: a  # site
+      weights:
+        endpoint: http://m:8090
+    """
+    yaml = _yaml()
+    data = yaml.load(text)
+    cluster = data.get("cluster") if data else None
+    if not isinstance(cluster, dict):
+        raise KeyError("cluster")
+    current = cluster.get(key)
+    if isinstance(current, dict):
+        for name in [k for k in current if k not in value]:
+            del current[name]
+        for name, item in value.items():
+            current[name] = item
+    else:
+        cluster[key] = CommentedMap(value.items())
+    out = io.StringIO()
+    yaml.dump(data, out)
+    return out.getvalue()

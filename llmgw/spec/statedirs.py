@@ -42,6 +42,17 @@ def default(environ: Mapping[str, str] | None = None, euid: int | None = None) -
     return Path.home() / ".local" / "state" / "llmgw"
 
 
+def pinned(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The state directory a new cluster file must name (``state_dir``), or None.
+
+    None when the default needs no environment: root's and the user's are found by
+    ``llmgw serve`` whatever its environment. Where ``$LLMGW_STATE_DIR`` chose it, a
+    daemon started without that variable (a systemd unit) would look elsewhere, so
+    ``llmgw init`` writes it into ``cluster.yaml``."""
+    environ = os.environ if environ is None else environ
+    return default(environ) if environ.get(ENV) else None
+
+
 def of(settings: ClusterSettings, environ: Mapping[str, str] | None = None) -> Path:
     """The state directory of a loaded cluster (whose ``state_dir`` the loader anchored)."""
     if settings.state_dir:

@@ -36,8 +36,8 @@ REPORT = re.compile(r"first report after (\d+\.\d+)s")
 
 
 def site(directory: Path, sim: nodes.SimCluster) -> Path:
-    subprocess.run([sys.executable, "-m", "llmgw", "init", "site"], cwd=directory, check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "llmgw", "init", "site", "--no-mirror", "--no-node",
+                    "--no-model"], cwd=directory, check=True, capture_output=True)
     cluster = directory / "site" / "cluster"
     text = (cluster / "cluster.yaml").read_text().replace("user: llmgw ", "user: root  ")
     commented = "    # identity_file: ~/.ssh/id_ed25519   # default: your SSH agent's keys\n"
