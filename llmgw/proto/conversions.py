@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 from pydantic import BaseModel
 
 from llmgw.fleet import types as fleet
+from llmgw.fleet.deltas import Delta
 from llmgw.proto import agent_pb2 as pb
 
 M = TypeVar("M", bound=BaseModel)
@@ -132,6 +133,31 @@ def report_to_message(report: fleet.NodeReport) -> pb.NodeReport:
 
 def report_from_message(message: pb.NodeReport) -> fleet.NodeReport:
     return from_message(message, fleet.NodeReport)
+
+
+def delta_to_message(delta: Delta) -> pb.UnitEvent:
+    """One push of the node's observations (``WatchRequest.push``) as its stream event."""
+    event = pb.UnitEvent()
+    if delta.report is not None:
+        to_message(delta.report, event.report)
+        return event
+    for unit in delta.units:
+        to_message(unit, event.units.add())
+    event.removed_units.extend(delta.removed)
+    if delta.fetches is not None:
+        event.fetches_changed = True
+        for item in delta.fetches:
+            to_message(item, event.fetches.add())
+    return event
+
+
+def delta_from_message(event: pb.UnitEvent) -> Delta:
+    if event.HasField("report"):
+        return Delta(report=report_from_message(event.report))
+    fetches = tuple(from_message(f, fleet.Fetch) for f in event.fetches) \
+        if event.fetches_changed else None
+    return Delta(units=tuple(unit_from_message(u) for u in event.units),
+                 removed=tuple(event.removed_units), fetches=fetches)
 
 
 def unit_to_message(unit: fleet.Unit) -> pb.Unit:
