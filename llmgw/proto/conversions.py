@@ -18,6 +18,7 @@ the daemon knows.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -109,21 +110,23 @@ def from_message(message: Message, cls: type[M]) -> M:
             continue
         value = getattr(message, name)
         if _is_map(descriptor):
-            data[name] = dict(value)
+            data[name] = {sys.intern(k): sys.intern(v) if isinstance(v, str) else v
+                          for k, v in value.items()}
         elif kind is not None and kind.name == _INDEX_LIST:
             data[name] = list(value.values) if message.HasField(name) else None
         elif descriptor.is_repeated:
             if kind is not None:
                 data[name] = [from_message(item, FLEET_TYPES[kind.name]) for item in value]
             else:
-                data[name] = list(value)
+                # Interned: thousands of nodes report the same CPU flags, GIDs, paths.
+                data[name] = [sys.intern(v) if isinstance(v, str) else v for v in value]
         elif kind is not None:
             if message.HasField(name):
                 data[name] = from_message(value, FLEET_TYPES[kind.name])
         elif descriptor.has_presence and not message.HasField(name):
             continue
         else:
-            data[name] = value
+            data[name] = sys.intern(value) if isinstance(value, str) else value
     return cls.model_validate(data)
 
 
