@@ -61,7 +61,8 @@ KINDS = ("h100-ib", "l40s-nofabric", "cpu-only")
 DEFAULT_LOAD_DELAY = 2.0
 ENGINE_PORTS_FROM = 20000  # nothing binds them: the stand-in engines answer from memory
 POLL_INTERVAL = 30.0  # each agent's own look at its units; changes poke it sooner
-FACTS_INTERVAL = 600.0  # the fixture hardware never changes: read it seldom
+FACTS_INTERVAL = 600.0
+NODES_PER_FILE = 2000  # the fixture hardware never changes: read it seldom
 
 
 @dataclass
@@ -318,9 +319,15 @@ class SimulatedFleet:
         return data
 
     def write_cluster(self, models: Mapping[str, Any], **settings_: Any) -> Path:
-        """Write ``cluster.yaml`` and ``models.yaml`` into :attr:`cluster_dir`."""
+        """Write ``cluster.yaml``, the nodes (``nodes-NN.yaml``, :data:`NODES_PER_FILE`
+        each: the loader reads at most 1 MiB of a file) and ``models.yaml``."""
         self.cluster_dir.mkdir(parents=True, exist_ok=True)
-        _dump(self.cluster_dir / "cluster.yaml", self.cluster_data(**settings_))
+        data = self.cluster_data(**settings_)
+        nodes = list(data.pop("nodes").items())
+        _dump(self.cluster_dir / "cluster.yaml", data)
+        for number, start in enumerate(range(0, len(nodes), NODES_PER_FILE), start=1):
+            _dump(self.cluster_dir / f"nodes-{number:02d}.yaml",
+                  {"nodes": dict(nodes[start:start + NODES_PER_FILE])})
         write_models(self.cluster_dir, models)
         return self.cluster_dir
 
