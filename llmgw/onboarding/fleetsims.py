@@ -207,6 +207,9 @@ class SimulatedFleet:
     load_delay: float = DEFAULT_LOAD_DELAY
     kinds: Sequence[str] = KINDS
     prefix: str = "sim"
+    # (i, n): this process serves every n-th node from the i-th, so n processes share a
+    # fleet (each node holds two descriptors: its listener and the daemon's connection).
+    part: tuple[int, int] = (0, 1)
     nodes: dict[str, SimulatedNode] = field(default_factory=dict)
     _runner: SharedRunner = field(default_factory=SharedRunner)
 
@@ -233,13 +236,18 @@ class SimulatedFleet:
     async def start(self) -> None:
         """Make every node's agent and start serving them all."""
         self.sockets.mkdir(parents=True, exist_ok=True)
+        mine, parts = self.part
         for index, name in enumerate(self.names()):
-            kind = self.kinds[index % len(self.kinds)]
-            self.nodes[name] = SimulatedNode(name, kind, self._agent(name, kind))
+            if index % parts == mine:
+                kind = self.kind(index)
+                self.nodes[name] = SimulatedNode(name, kind, self._agent(name, kind))
         await self.restore(self.nodes)
         for node in self.nodes.values():
             node.monitor = asyncio.create_task(node.agent.monitor.run(),
                                                name=f"monitor-{node.name}")
+
+    def kind(self, index: int) -> str:
+        return self.kinds[index % len(self.kinds)]
 
     def _agent(self, name: str, kind: str) -> servers.Agent:
         data = copy.deepcopy(_fixture(kind))
@@ -260,7 +268,8 @@ class SimulatedFleet:
 
     async def lose(self, names: Iterable[str]) -> None:
         """Stop these nodes' servers at once (the socket goes; the agents keep their units)."""
-        nodes = [self.nodes[n] for n in names if self.nodes[n].server is not None]
+        nodes = [self.nodes[n] for n in names if n in self.nodes
+                 and self.nodes[n].server is not None]
         for node in nodes:
             node.agent.monitor.end_watches()  # open streams end now, as a lost link ends them
         await asyncio.gather(*(n.server.stop(None) for n in nodes if n.server is not None))
@@ -271,9 +280,9 @@ class SimulatedFleet:
     async def restore(self, names: Iterable[str]) -> None:
         """Serve these nodes again (each on its own socket), with the units they had."""
         for name in names:
-            node = self.nodes[name]
-            if node.server is not None:
-                continue
+            node = self.nodes.get(name)
+            if node is None or node.server is not None:
+                continue  # another part's, or serving
             server = grpc.aio.server()
             agent_pb2_grpc.add_AgentServicer_to_server(servers.Service(node.agent), server)
             server.add_insecure_port(f"unix:{self.sockets / f'{name}.sock'}")
@@ -297,8 +306,8 @@ class SimulatedFleet:
         its fixture declares them (plus /models, where the tests' path sources live)."""
         nodes: dict[str, Any] = {}
         fabrics: dict[str, Any] = {}
-        for index, (name, node) in enumerate(self.nodes.items(), start=1):
-            declared = _fixture(node.kind)["declared"]
+        for index, name in enumerate(self.names(), start=1):  # every part's nodes
+            declared = _fixture(self.kind(index - 1))["declared"]
             # An address of its own on loopback (127.0.0.0/8): the cluster refuses two
             # nodes at one address, and the routes name it; the SSH port is never used.
             address = f"127.{1 + (index >> 16)}.{(index >> 8) & 255}.{index & 255}"

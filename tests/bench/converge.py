@@ -48,15 +48,19 @@ GOALS = "goals: steady-state round < 1 s; edit converged < 10 s + load time; < 5
 BOUND = 1800.0  # a bound on every wait, not a measurement
 
 
+PER_PROCESS = 4000  # simulated nodes per child: each holds two descriptors per node
+
+
 def simulator(root: str, nodes: int, models: int, replicas: int, load_delay: float,
-              drift: str, control: Connection) -> None:
-    """The child: the fleet simulator, driven by messages on ``control``."""
+              drift: str, part: tuple[int, int], control: Connection) -> None:
+    """A child: its part of the fleet simulator, driven by messages on ``control``."""
 
     async def run() -> None:
-        sim = fleetsims.SimulatedFleet(Path(root), nodes, load_delay=load_delay)
+        sim = fleetsims.SimulatedFleet(Path(root), nodes, load_delay=load_delay, part=part)
         started = time.monotonic()
         await sim.start()
-        sim.write_cluster(fleetsims.models(models, replicas), drift_interval=drift)
+        if part[0] == 0:
+            sim.write_cluster(fleetsims.models(models, replicas), drift_interval=drift)
         control.send(("up", time.monotonic() - started))
         loop = asyncio.get_running_loop()
         while True:
@@ -131,24 +135,40 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
     models = args.models or max(100, nodes // 10)
     root = Path(tempfile.mkdtemp(prefix="llmgw-cb-", dir="/tmp"))
     context = multiprocessing.get_context("spawn")
-    ours, theirs = context.Pipe()
-    child = context.Process(target=simulator, args=(
-        str(root), nodes, models, args.replicas, args.load_delay, args.drift, theirs))
-    child.start()
+    parts = -(-nodes // PER_PROCESS)
+    pipes, children = [], []
+    for index in range(parts):
+        ours, theirs = context.Pipe()
+        child = context.Process(target=simulator, args=(
+            str(root), nodes, models, args.replicas, args.load_delay, args.drift,
+            (index, parts), theirs))
+        child.start()
+        pipes.append(ours)
+        children.append(child)
     loop = asyncio.get_running_loop()
-    _, up = await loop.run_in_executor(None, ours.recv)
-    print(f"[{nodes}] simulator up in {up:.1f}s ({models} models x {args.replicas})",
-          flush=True)
+
+    async def each(message: tuple[str, list[str]] | None) -> list[Any]:
+        def one(pipe: Connection) -> Any:
+            if message is not None:
+                pipe.send(message)
+            return pipe.recv()[1]
+        return await asyncio.gather(*(loop.run_in_executor(None, one, p) for p in pipes))
+
+    up = max(await each(None))
+    print(f"[{nodes}] simulator up in {up:.1f}s ({parts} processes; {models} models x "
+          f"{args.replicas})", flush=True)
     out: dict[str, Any] = {"nodes": nodes, "models": models, "sim_up": up}
 
     async def tell(command: str, names: list[str]) -> None:
-        ours.send((command, names))
-        await loop.run_in_executor(None, ours.recv)
+        await each((command, names))
 
     try:
         directory = root / "cluster"
         baseline = rss_bytes()
+        loaded = time.monotonic()
         cluster = loading.load(directory)
+        out["load"] = time.monotonic() - loaded
+        print(f"[{nodes}] cluster directory loaded in {out['load']:.1f}s", flush=True)
         pool = pools.Pool(cluster, directory, simulated=root / "sockets", push=True)
         daemon = Daemon(directory, cluster, agents=pool, ready_timeout=BOUND)
         bench = Bench(daemon, pool)
@@ -229,9 +249,9 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         stop.set()
         await asyncio.wait_for(task, 120)
     finally:
-        ours.send(("stop", []))
-        await loop.run_in_executor(None, ours.recv)
-        child.join(60)
+        await each(("stop", []))
+        for child in children:
+            child.join(60)
         shutil.rmtree(root, ignore_errors=True)
     return out
 
