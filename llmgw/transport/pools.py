@@ -281,12 +281,11 @@ class Pool:
                     first = False
                     delay = 1.0
                     self._apply(node, delta)
-            except (NodeUnreachable, grpc.aio.AioRpcError, OSError) as exc:
-                if isinstance(exc, grpc.aio.AioRpcError) and \
-                        exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    transport = self._transports[node]
-                    if await transport.diagnose() is None:
-                        await transport.reset()  # the agent came back: a fresh channel
+            except (NodeUnreachable, grpc.aio.AioRpcError, OSError):
+                # The channel is not reset here: the node is asked at every round while
+                # its stream is down, and that call resets a stale channel (a reset here
+                # would close the channel under a call in flight).
+                pass
             if self._view.pop(node, None) is not None and self._changed is not None:
                 self._changed(node, f"{node}: its stream was lost")
             await asyncio.sleep(delay)
