@@ -85,7 +85,7 @@ test: install sysdeps oidc-provider engine model vllm lint
 # The fast tier, without the lint step, for a quick loop while editing: every test but
 # the end-to-end, browser and docs-session ones (markers: docs/testing.md).
 test-fast: install sysdeps oidc-provider
-	$(BIN)/pytest -q -x -m "not e2e and not browser and not docs_session"
+	$(BIN)/pytest -q -x -m "not e2e and not browser and not docs_session and not fleetsim"
 
 # The screenshots of docs/web.md: docs/images/<page>-<width>-<scheme>.png for /admin (and
 # /admin/nodes), /chat and /account at 390 and 1280 px, light and dark, taken by the

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 FAILED_LOG_LINES = 50
 WATCH_QUEUE = 1024
 _NAME = re.compile(r"^llmgw-(?P<model>.+)-r(?P<replica>\d+)-s(?P<rank>\d+)\.service$")
+
+
+Prober = Callable[[Observation], Awaitable[
+    tuple["readiness.Probe | None", "listeners.Finding | None"]]]
+"""Who holds a unit's port and what its engine answers; the real one asks the kernel and
+HTTP, the fleet simulator's stand-in engines answer from memory."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +56,14 @@ class Monitor:
 
     def __init__(
         self, backend: Backend, settings: ReadinessSettings | None = None,
-        client: httpx.AsyncClient | None = None,
+        client: httpx.AsyncClient | None = None, prober: Prober | None = None,
     ) -> None:
         self.backend = backend
+        self.prober: Prober = prober or self._probe
         self.settings = settings or ReadinessSettings()
-        self._client = client or httpx.AsyncClient(trust_env=False)
+        # A prober of its own needs no HTTP client (each costs a TLS context to make).
+        self._client = client if client is not None or prober is not None \
+            else httpx.AsyncClient(trust_env=False)
         self.listeners = listeners.Listeners()
         self._units: dict[str, Unit] = {}
         self._watchers: set[asyncio.Queue[Event | None]] = set()
@@ -73,7 +82,7 @@ class Monitor:
         async with self._refreshing:
             await self.backend.tick()
             observations = await self.backend.observe()
-            probes = await asyncio.gather(*(self._probe(obs) for obs in observations))
+            probes = await asyncio.gather(*(self.prober(obs) for obs in observations))
             current: dict[str, Unit] = {}
             for obs, (found, listening) in zip(observations, probes, strict=True):
                 current[obs.name] = await self._unit(obs, found, listening)
@@ -107,9 +116,10 @@ class Monitor:
 
     async def close(self) -> None:
         self.end_watches()
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
 
-    async def watch(self) -> AsyncIterator[Event]:
+    async def watch(self) -> AsyncGenerator[Event, None]:
         """Every unit now, then each change as it happens."""
         queue: asyncio.Queue[Event | None] = asyncio.Queue(WATCH_QUEUE)
         for unit in self.units:
@@ -148,6 +158,8 @@ class Monitor:
             self.listeners.check, port, obs.name, obs.pid, self.backend.unit_of)
         if obs.process != "running" or (listening.known and not listening.ours):
             return None, listening
+        if self._client is None:
+            self._client = httpx.AsyncClient(trust_env=False)
         found = await readiness.probe(self._client, port, self.settings.probe_timeout)
         return found, listening
 

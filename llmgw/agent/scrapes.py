@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import httpx
 
@@ -31,6 +32,14 @@ PARALLEL = 8
 def scraped(unit: Unit) -> bool:
     """Whether a report reads this unit's engine: ready, rank 0, an HTTP port."""
     return unit.state == "ready" and unit.rank == 0 and unit.port is not None
+
+
+class Loads(Protocol):
+    """What a report asks of a scraper (the fleet simulator's engines have no metrics)."""
+
+    async def loads(self, units: Sequence[Unit]) -> list[Unit]: ...
+
+    async def close(self) -> None: ...
 
 
 class Scraper:

@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import grp
 import logging
+import math
 import os
 import signal
 import socket
 import stat
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import grpc
 import httpx
 
 from llmgw.agent import (
+    commands,
     confines,
     fetchers,
     installs,
@@ -41,6 +43,8 @@ from llmgw.agent.supervisors import Supervisor
 from llmgw.agent.systemd import SystemdBackend
 from llmgw.agent.units import Backend, UnitChange, UnitResult
 from llmgw.discovery.fabrics import Declaration
+from llmgw.fleet import deltas
+from llmgw.fleet.deltas import Delta
 from llmgw.fleet.types import NodeReport
 from llmgw.hub import reclaims
 from llmgw.proto import agent_pb2 as pb
@@ -50,6 +54,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LOG_LINES = 100
 PROGRESS_INTERVAL = 0.25  # how often InstallEngine looks for news to send
+# Pushed observations (WatchUnits with push): a full report at least this often, the
+# faults (GPUs, PCI cards, fabrics) read again this often, fetches this often while one runs.
+PUSH_BACKSTOP = 300.0
+FACTS_INTERVAL = 60.0
+FETCH_INTERVAL = 1.0
 
 
 class ServeError(Exception):
@@ -67,18 +76,24 @@ def backend_for(settings: Settings, readonly: bool = False) -> Backend:
 class Agent:
     """The node agent without its transport: report, apply, logs, watch."""
 
-    def __init__(self, settings: Settings, backend: Backend | None = None) -> None:
+    def __init__(self, settings: Settings, backend: Backend | None = None, *,
+                 run: commands.Runner | None = None, prober: monitors.Prober | None = None,
+                 scraper: scrapes.Loads | None = None,
+                 facts_interval: float = FACTS_INTERVAL) -> None:
+        """``run``, ``prober`` and ``scraper`` replace how commands run, how readiness is
+        probed and how engines' loads are read: the fleet simulator's stand-ins."""
         self.settings = settings
         self.backend = backend if backend is not None else backend_for(settings)
-        self.monitor = monitors.Monitor(self.backend, settings.readiness)
-        self.collector = reports.Collector(settings)
+        self.monitor = monitors.Monitor(self.backend, settings.readiness, prober=prober)
+        self.collector = reports.Collector(settings, run=run)
+        self.facts_interval = facts_interval
         self.fetcher = fetchers.Fetcher(Path(settings.state_dir), self._start, self.monitor.poke)
         self.installer = installs.Installer(settings.engines, self._installed, self._has_gpu,
                                             self.monitor.poke, group=settings.socket.group)
         self.monitor.overlay = self._overlay
         # Each report reads every ready engine's own load (its metrics endpoint).
-        self.scraper = scrapes.Scraper(httpx.AsyncClient(trust_env=False),
-                                       settings.readiness.probe_timeout)
+        self.scraper: scrapes.Loads = scraper or scrapes.Scraper(
+            httpx.AsyncClient(trust_env=False), settings.readiness.probe_timeout)
         self.stopping = asyncio.Event()  # set by SIGTERM, SIGINT or Shutdown
         self.on_exit: shutdowns.Decision | None = None  # what a Shutdown left to do
         # The weights directories the daemon last declared (its report request),
@@ -132,6 +147,61 @@ class Agent:
             "fetches": [*self.fetcher.reports(), *self.installer.reports()],
             "cached_weights": cached, "host": host,
         })
+
+    async def observations(self, asked: Declaration | None = None,
+                           backstop: float = PUSH_BACKSTOP) -> AsyncGenerator[Delta, None]:
+        """The node's observations as pushes: a full report first, then what changed.
+
+        Unit changes wake it at once (the monitor's events; their content is not
+        sent as such: what goes out is the difference between what was last sent and
+        the units now, so nothing older overtakes what the daemon already has).
+        Fetches are compared while one runs; the faults are read again every
+        ``facts_interval`` and a change there sends a full report, as the backstop
+        does every ``backstop`` seconds whatever changed.
+        """
+        wake = asyncio.Event()
+        events = self.monitor.watch()
+
+        async def listen() -> None:
+            async for _ in events:
+                wake.set()
+
+        listener = asyncio.create_task(listen(), name="observations-wake")
+        loop = asyncio.get_running_loop()
+        try:
+            report = await self.report(asked)
+            sent, faults = _baseline(report), deltas.faults(report)
+            full_at = facts_at = loop.time()
+            yield deltas.full(report)
+            while True:
+                fetches = [*self.fetcher.reports(), *self.installer.reports()]
+                busy = any(f.state in ("queued", "running") for f in fetches)
+                now = loop.time()
+                due = min(full_at + backstop, facts_at + self.facts_interval,
+                          now + FETCH_INTERVAL if busy else math.inf)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), max(0.0, due - now))
+                wake.clear()
+                now = loop.time()
+                if now >= facts_at + self.facts_interval or now >= full_at + backstop:
+                    facts_at = now
+                    report = await self.report(asked)
+                    if now >= full_at + backstop or deltas.faults(report) != faults:
+                        sent, faults, full_at = _baseline(report), deltas.faults(report), now
+                        yield deltas.full(report)
+                        continue
+                current = sent.model_copy(update={
+                    "units": self.monitor.units,
+                    "fetches": [*self.fetcher.reports(), *self.installer.reports()]})
+                delta = deltas.between(sent, current)
+                if delta:
+                    sent = current
+                    yield delta
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+            await events.aclose()
 
     async def reclaim(self, weights_dirs: Sequence[str], remove: bool) -> list[reclaims.Reclaimed]:
         """Fetched weights no unit on this node names: removed, or (dry run) listed."""
@@ -278,6 +348,20 @@ class Service(agent_pb2_grpc.AgentServicer):
     async def WatchUnits(
         self, request: pb.WatchRequest, context: Any
     ) -> AsyncIterator[pb.UnitEvent]:
+        if request.push:
+            try:
+                asked = messages.declaration_from_message(request.declared)
+            except ValueError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            backstop = request.backstop_seconds if request.backstop_seconds > 0 \
+                else PUSH_BACKSTOP
+            pushes = self.agent.observations(asked, backstop)
+            try:
+                async for delta in pushes:
+                    yield conversions.delta_to_message(delta)
+            finally:
+                await pushes.aclose()
+            return
         async for event in self.agent.monitor.watch():
             yield pb.UnitEvent(unit=conversions.unit_to_message(event.unit), removed=event.removed)
 
@@ -325,6 +409,14 @@ class Service(agent_pb2_grpc.AgentServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.ShutdownResponse(detail=decision.detail, removed=decision.removed,
                                    left=decision.left)
+
+
+def _baseline(report: NodeReport) -> NodeReport:
+    """What the daemon holds after a full report, as the agent compares it: the units as
+    the monitor has them (a report's engine loads come with full reports only)."""
+    return report.model_copy(update={
+        "units": [u.model_copy(update={"load": None}) if u.load is not None else u
+                  for u in report.units]})
 
 
 def _prepare_socket(path: Path) -> None:

@@ -7,11 +7,14 @@ agent behind it, fixture hardware); see :mod:`llmgw.onboarding.labs`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import signal
+import time
 from pathlib import Path
 
 from llmgw.cli.errors import UserError
-from llmgw.onboarding import labfiles, labs
+from llmgw.onboarding import fleetsims, labfiles, labs
 
 NEXT = """\
 Next, in {where}:
@@ -66,6 +69,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     stop.add_argument("--purge", action="store_true",
                       help=f"also remove the nodes' files ({labs.RUNTIME}/, host keys included)")
     stop.set_defaults(handler=run_down)
+    sim = commands.add_parser(
+        "simulate", help="thousands of simulated nodes in this process, until Ctrl-C",
+        description="Run a fleet simulator in the foreground: N real agents in one process "
+        "(fixture hardware: H100 with InfiniBand, L40S, CPU only in turn), each on its own "
+        "gRPC socket, with stand-in engines that become ready after --load-delay. No sshd: "
+        "`llmgw serve --simulated DIR/sockets` reaches them. Writes DIR/cluster the first time.")
+    _dir_flag(sim)
+    sim.add_argument("--nodes", metavar="N", type=int, default=1000,
+                     help="how many nodes (default 1000)")
+    sim.add_argument("--models", metavar="M", type=int, default=None,
+                     help="models in the cluster directory it writes (default: N/10)")
+    sim.add_argument("--replicas", metavar="R", type=int, default=1,
+                     help="replicas of each model (default 1)")
+    sim.add_argument("--load-delay", metavar="SECONDS", type=float,
+                     default=fleetsims.DEFAULT_LOAD_DELAY,
+                     help=f"how long a stand-in engine loads (default "
+                     f"{fleetsims.DEFAULT_LOAD_DELAY:g}s)")
+    sim.set_defaults(handler=run_simulate)
     show = commands.add_parser("status", help="which of the lab's processes run")
     _dir_flag(show)
     show.set_defaults(handler=run_status)
@@ -99,6 +120,51 @@ def run_up(args: argparse.Namespace) -> int:
     where = "this directory" if lab.directory == Path.cwd().resolve() else str(args.dir)
     in_git = any((d / ".git").exists() for d in (lab.directory, *lab.directory.parents))
     print(NEXT.format(where=where, git="" if in_git else "git init -q && "))
+    return 0
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    if not 1 <= args.nodes <= 100_000:
+        raise UserError(f"--nodes must be between 1 and 100000; got {args.nodes}")
+    if args.load_delay < 0 or args.replicas < 1 or (args.models is not None and args.models < 0):
+        raise UserError("--load-delay must be 0 or more, --replicas 1 or more, --models 0 or "
+                        "more")
+    root = args.dir.resolve()
+    longest = root / "sockets" / f"sim-{args.nodes:04d}.sock"
+    if len(str(longest)) > 100:  # a unix socket path must fit in 108 bytes
+        raise UserError(f"--dir {args.dir}: {longest} is too long for a unix socket; use a "
+                        "shorter directory (e.g. under /tmp)")
+    try:
+        return asyncio.run(_simulate(root, args))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _simulate(root: Path, args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    sim = fleetsims.SimulatedFleet(root, args.nodes, load_delay=args.load_delay)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await sim.start()
+        written = ""
+        if not (sim.cluster_dir / "cluster.yaml").exists():
+            count = args.models if args.models is not None else max(1, args.nodes // 10)
+            sim.write_cluster(fleetsims.models(count, args.replicas),
+                              store={"path": str(root / "llmgw.db")})
+            written = f" (written: {count} models of {args.replicas} replica(s))"
+        print(f"{args.nodes} simulated nodes up in {time.monotonic() - started:.1f}s "
+              f"({', '.join(sim.kinds)} in turn; engines ready {args.load_delay:g}s after "
+              f"they start)")
+        print(f"cluster directory: {sim.cluster_dir}{written}")
+        print("Serve them with:")
+        print(f"  llmgw serve --cluster {sim.cluster_dir} --simulated {sim.sockets}")
+        print("Ctrl-C stops them.", flush=True)
+        await stop.wait()
+    finally:
+        await sim.aclose()
     return 0
 
 

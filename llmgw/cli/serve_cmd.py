@@ -26,6 +26,7 @@ import errno
 import logging
 import os
 import sys
+from pathlib import Path
 
 from llmgw.cli import clusters
 from llmgw.cli.errors import UserError
@@ -64,6 +65,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"],
                         help="how much the daemon logs to stderr: debug adds every "
                         "reconcile's reasons and each agent call (default: info)")
+    parser.add_argument("--simulated", metavar="DIR", type=Path,
+                        help="reach every node through the fleet simulator's sockets in DIR "
+                        "(`llmgw lab simulate` prints it), never SSH; each agent pushes what "
+                        "changed")
     parser.add_argument("--worker-of", type=int, help=argparse.SUPPRESS)
     parser.set_defaults(handler=run)
 
@@ -90,8 +95,12 @@ def run(args: argparse.Namespace) -> int:
             {**cluster.cluster.listeners.model_dump(), **overrides})
     except ValueError as exc:
         raise UserError(f"--*-listen: {str(exc).splitlines()[-1].strip()}") from None
+    if args.simulated is not None and not args.simulated.is_dir():
+        raise UserError(f"--simulated {args.simulated}: no such directory (start the "
+                        "simulator with `llmgw lab simulate` first; it prints the path)")
     options = Options(args.role, args.workers, listeners, ready_timeout, wait_timeout,
-                      args.worker_of, tuple(_worker_argv(args, os.getpid())))
+                      args.worker_of, tuple(_worker_argv(args, os.getpid())),
+                      simulated=args.simulated.absolute() if args.simulated else None)
     try:
         return asyncio.run(lifetimes.serve(cluster, args.cluster, options, revision_of))
     except ListenerRefused as exc:

@@ -66,6 +66,7 @@ from llmgw.spec.models import Cluster, Listeners
 from llmgw.spec.quantities import count
 from llmgw.store import migrations, stores
 from llmgw.store.stores import Store, StoreError
+from llmgw.transport import pools
 from llmgw.web import NOT_OBSERVED, AdminView, Pages
 
 log = logging.getLogger("llmgw.serve")
@@ -86,6 +87,9 @@ class Options:
     wait_timeout: float
     worker_of: int | None  # this process is a router worker of that parent pid
     worker_argv: tuple[str, ...] = ()  # ``llmgw …`` for each router worker
+    # ``--simulated DIR``: every node is a fleet simulator's (``llmgw lab simulate``), on
+    # ``DIR/<node>.sock``, its observations pushed; never SSH.
+    simulated: Path | None = None
 
 
 class Refused(Exception):
@@ -293,7 +297,10 @@ class _Process:
                 lambda: (leadership.holder, leadership.epoch, leadership.is_leader())))
             daemon = Daemon(directory, cluster, router=router, collector=collector,
                             revision_of=revision_of, ready_timeout=options.ready_timeout,
-                            leadership=leadership, store=store, router_id=holder)
+                            leadership=leadership, store=store, router_id=holder,
+                            agents=pools.Pool(cluster, directory, simulated=options.simulated,
+                                              push=True)
+                            if options.simulated is not None else None)
             running: Daemon = daemon
             registry.register(RolloutCollector(
                 lambda: ([h.model for h in running.state.held], dict(running.state.gates))))

@@ -121,6 +121,7 @@ class Daemon:
         self._reload = False
         self._reasons: set[str] = set()
         self._watchers: list[asyncio.Task[None]] = []
+        self._pushing = False
         self._last_units: dict[str, tuple[list[Unit], float]] = {}  # node → (units, as of)
         self._held: set[tuple[str, int, str, tuple[str, ...]]] = set()  # logged already
         self.leadership = leadership
@@ -466,6 +467,13 @@ class Daemon:
             await asyncio.sleep(0.2 if self.store is None else 0.5)
 
     def _start_unit_watchers(self) -> None:
+        if self.pool.pushes:
+            # Each agent pushes what changed; the pool's view is the fleet, and it wakes
+            # the loop for what needs a plan (a unit failed, a node lost or back, a fault).
+            if not self._pushing:
+                self._pushing = True
+                self.pool.push(lambda node, why: self.wake(why))
+            return
         self._watchers = [
             asyncio.create_task(self._watch_units(node), name=f"watch-units-{node}")
             for node in self.pool.nodes

@@ -1456,12 +1456,27 @@ Global___UnitLogsResponse: _TypeAlias = UnitLogsResponse  # noqa: Y015
 class WatchRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PUSH_FIELD_NUMBER: _builtins.int
+    DECLARED_FIELD_NUMBER: _builtins.int
+    BACKSTOP_SECONDS_FIELD_NUMBER: _builtins.int
+    push: _builtins.bool
+    """stream reports and deltas, not unit events"""
+    backstop_seconds: _builtins.float
+    """a full report at least this often; 0: the agent's default"""
+    @_builtins.property
+    def declared(self) -> Global___ReportRequest:
+        """what the cluster declares (as Report's request)"""
+
     def __init__(
         self,
+        *,
+        push: _builtins.bool = ...,
+        declared: Global___ReportRequest | None = ...,
+        backstop_seconds: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["declared", b"declared"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backstop_seconds", b"backstop_seconds", "declared", b"declared", "push", b"push"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1628,19 +1643,45 @@ class UnitEvent(_message.Message):
 
     UNIT_FIELD_NUMBER: _builtins.int
     REMOVED_FIELD_NUMBER: _builtins.int
+    REPORT_FIELD_NUMBER: _builtins.int
+    UNITS_FIELD_NUMBER: _builtins.int
+    REMOVED_UNITS_FIELD_NUMBER: _builtins.int
+    FETCHES_CHANGED_FIELD_NUMBER: _builtins.int
+    FETCHES_FIELD_NUMBER: _builtins.int
     removed: _builtins.bool
     """the unit is gone (REMOVE applied, or files deleted)"""
+    fetches_changed: _builtins.bool
+    """then `fetches` is the whole new list"""
     @_builtins.property
     def unit(self) -> Global___Unit: ...
+    @_builtins.property
+    def report(self) -> Global___NodeReport:
+        """Push (WatchRequest.push) only: one event is either a full report, which
+        replaces what the daemon knows of the node, or a delta to apply to it.
+        """
+
+    @_builtins.property
+    def units(self) -> _containers.RepeatedCompositeFieldContainer[Global___Unit]:
+        """changed or new, whole"""
+
+    @_builtins.property
+    def removed_units(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def fetches(self) -> _containers.RepeatedCompositeFieldContainer[Global___Fetch]: ...
     def __init__(
         self,
         *,
         unit: Global___Unit | None = ...,
         removed: _builtins.bool = ...,
+        report: Global___NodeReport | None = ...,
+        units: _abc.Iterable[Global___Unit] | None = ...,
+        removed_units: _abc.Iterable[_builtins.str] | None = ...,
+        fetches_changed: _builtins.bool = ...,
+        fetches: _abc.Iterable[Global___Fetch] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["unit", b"unit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report", "unit", b"unit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed", b"removed", "unit", b"unit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fetches", b"fetches", "fetches_changed", b"fetches_changed", "removed", b"removed", "removed_units", b"removed_units", "report", b"report", "unit", b"unit", "units", b"units"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

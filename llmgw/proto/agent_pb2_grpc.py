@@ -113,7 +113,10 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchUnits(self, request, context):
-        """Every unit's current state first, then each change as it happens.
+        """Every unit's current state first, then each change as it happens. With
+        `push` set, the node's observations instead: a full report first (so on
+        every reconnect), then only what changed (units, fetches), a full report
+        again when a fault appears or clears, and at the backstop interval.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -59,7 +59,11 @@ class AgentStub:
     the caller cancels (`llmgw logs --follow`, the /admin log page).
     """
     WatchUnits: _grpc.UnaryStreamMultiCallable[_agent_pb2.WatchRequest, _agent_pb2.UnitEvent]
-    """Every unit's current state first, then each change as it happens."""
+    """Every unit's current state first, then each change as it happens. With
+    `push` set, the node's observations instead: a full report first (so on
+    every reconnect), then only what changed (units, fetches), a full report
+    again when a fault appears or clears, and at the backstop interval.
+    """
     ReclaimWeights: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ReclaimRequest, _agent_pb2.ReclaimResponse]
     """Remove weights llmgw fetched that no unit uses (dry run unless asked)."""
     InstallEngine: _grpc.UnaryStreamMultiCallable[_agent_pb2.EngineInstallRequest, _agent_pb2.EngineInstallProgress]
@@ -96,7 +100,11 @@ class AgentAsyncStub(AgentStub):
     the caller cancels (`llmgw logs --follow`, the /admin log page).
     """
     WatchUnits: _aio.UnaryStreamMultiCallable[_agent_pb2.WatchRequest, _agent_pb2.UnitEvent]  # type: ignore[assignment]
-    """Every unit's current state first, then each change as it happens."""
+    """Every unit's current state first, then each change as it happens. With
+    `push` set, the node's observations instead: a full report first (so on
+    every reconnect), then only what changed (units, fetches), a full report
+    again when a fault appears or clears, and at the backstop interval.
+    """
     ReclaimWeights: _aio.UnaryUnaryMultiCallable[_agent_pb2.ReclaimRequest, _agent_pb2.ReclaimResponse]  # type: ignore[assignment]
     """Remove weights llmgw fetched that no unit uses (dry run unless asked)."""
     InstallEngine: _aio.UnaryStreamMultiCallable[_agent_pb2.EngineInstallRequest, _agent_pb2.EngineInstallProgress]  # type: ignore[assignment]
@@ -160,7 +168,11 @@ class AgentServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.WatchRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.UnitEvent], _abc.AsyncIterator[_agent_pb2.UnitEvent]]:
-        """Every unit's current state first, then each change as it happens."""
+        """Every unit's current state first, then each change as it happens. With
+        `push` set, the node's observations instead: a full report first (so on
+        every reconnect), then only what changed (units, fetches), a full report
+        again when a fault appears or clears, and at the backstop interval.
+        """
 
     @_abc_1.abstractmethod
     def ReclaimWeights(

@@ -18,6 +18,7 @@ the daemon knows.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -26,6 +27,7 @@ from google.protobuf.message import Message
 from pydantic import BaseModel
 
 from llmgw.fleet import types as fleet
+from llmgw.fleet.deltas import Delta
 from llmgw.proto import agent_pb2 as pb
 
 M = TypeVar("M", bound=BaseModel)
@@ -108,21 +110,23 @@ def from_message(message: Message, cls: type[M]) -> M:
             continue
         value = getattr(message, name)
         if _is_map(descriptor):
-            data[name] = dict(value)
+            data[name] = {sys.intern(k): sys.intern(v) if isinstance(v, str) else v
+                          for k, v in value.items()}
         elif kind is not None and kind.name == _INDEX_LIST:
             data[name] = list(value.values) if message.HasField(name) else None
         elif descriptor.is_repeated:
             if kind is not None:
                 data[name] = [from_message(item, FLEET_TYPES[kind.name]) for item in value]
             else:
-                data[name] = list(value)
+                # Interned: thousands of nodes report the same CPU flags, GIDs, paths.
+                data[name] = [sys.intern(v) if isinstance(v, str) else v for v in value]
         elif kind is not None:
             if message.HasField(name):
                 data[name] = from_message(value, FLEET_TYPES[kind.name])
         elif descriptor.has_presence and not message.HasField(name):
             continue
         else:
-            data[name] = value
+            data[name] = sys.intern(value) if isinstance(value, str) else value
     return cls.model_validate(data)
 
 
@@ -132,6 +136,31 @@ def report_to_message(report: fleet.NodeReport) -> pb.NodeReport:
 
 def report_from_message(message: pb.NodeReport) -> fleet.NodeReport:
     return from_message(message, fleet.NodeReport)
+
+
+def delta_to_message(delta: Delta) -> pb.UnitEvent:
+    """One push of the node's observations (``WatchRequest.push``) as its stream event."""
+    event = pb.UnitEvent()
+    if delta.report is not None:
+        to_message(delta.report, event.report)
+        return event
+    for unit in delta.units:
+        to_message(unit, event.units.add())
+    event.removed_units.extend(delta.removed)
+    if delta.fetches is not None:
+        event.fetches_changed = True
+        for item in delta.fetches:
+            to_message(item, event.fetches.add())
+    return event
+
+
+def delta_from_message(event: pb.UnitEvent) -> Delta:
+    if event.HasField("report"):
+        return Delta(report=report_from_message(event.report))
+    fetches = tuple(from_message(f, fleet.Fetch) for f in event.fetches) \
+        if event.fetches_changed else None
+    return Delta(units=tuple(unit_from_message(u) for u in event.units),
+                 removed=tuple(event.removed_units), fetches=fetches)
 
 
 def unit_to_message(unit: fleet.Unit) -> pb.Unit:

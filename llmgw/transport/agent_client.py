@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from llmgw.discovery.fabrics import Declaration
+from llmgw.fleet.deltas import Delta
 from llmgw.fleet.types import Fetch, NodeReport, Unit
 from llmgw.proto import agent_pb2 as pb
 from llmgw.proto import agent_pb2_grpc
@@ -169,5 +170,19 @@ class AgentClient:
                 if event.removed:
                     unit = unit.model_copy(update={"state": "stopped", "detail": "removed"})
                 yield unit
+        finally:
+            call.cancel()
+
+    async def observe(self, declared: Declaration,
+                      backstop: float = 0.0) -> AsyncIterator[Delta]:
+        """The node's pushed observations: a full report first, then deltas (and a full
+        report at the backstop, 0: the agent's default). An agent older than push answers
+        with unit events, which carry no report: the first item is then not ``full``."""
+        request = pb.WatchRequest(push=True, declared=declaration_to_message(declared),
+                                  backstop_seconds=backstop)
+        call = self._stub.WatchUnits(request)
+        try:
+            async for event in call:
+                yield messages.delta_from_message(cast(pb.UnitEvent, event))
         finally:
             call.cancel()

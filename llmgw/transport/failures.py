@@ -111,6 +111,15 @@ def agent_not_running(node: str, socket: str, how: str, *, local: bool = False
     )
 
 
+def simulated_agent_gone(node: str, socket: str, how: str) -> NodeUnreachable:
+    """A node of the fleet simulator (``llmgw lab simulate``) whose agent does not answer."""
+    return NodeUnreachable(
+        node, "agent not running",
+        f"the simulated node's agent does not answer on {socket} ({how}); is `llmgw lab "
+        "simulate` still running, and is this node one it lost on purpose?",
+    )
+
+
 def missing_key(node: str, path: str, exc: OSError) -> NodeUnreachable:
     """The SSH private key named by ``cluster.ssh.identity_file`` cannot be read here."""
     what = "does not exist" if isinstance(exc, FileNotFoundError) else \

@@ -30,13 +30,15 @@ from typing import TypeVar
 import grpc
 
 from llmgw.discovery.fabrics import Declaration, DeclaredFabric
+from llmgw.fleet import deltas
+from llmgw.fleet.deltas import Delta
 from llmgw.fleet.types import Fleet, NodeReport
 from llmgw.hub import catalogs
 from llmgw.spec.models import Cluster
 from llmgw.transport import failures, hostkeys
 from llmgw.transport.agent_client import AgentClient
 from llmgw.transport.failures import NodeUnreachable
-from llmgw.transport.transports import LocalTransport, Transport
+from llmgw.transport.transports import LocalTransport, SimulatedTransport, Transport
 from llmgw.transport.tunnels import SSHTarget, SSHTransport
 
 T = TypeVar("T")
@@ -48,15 +50,34 @@ class LocalRoute:
     socket: str
 
 
-Route = SSHTarget | LocalRoute
+@dataclass(frozen=True)
+class SimulatedRoute:
+    node: str
+    socket: str
+
+
+Route = SSHTarget | LocalRoute | SimulatedRoute
 """How one node is reached; a transport is kept while its route stays the same."""
 
 DEFAULT_CALL_TIMEOUT = 30.0
 """Seconds one call may take, connecting included, unless the caller says otherwise."""
+PUSH_RETRY_MAX = 30.0  # seconds between tries to reopen a node's stream, at most
+
+Changed = Callable[[str, str], None]
+"""Told (node, why) of a push worth a new plan: a stream lost or (re)opened, a fault that
+appeared or cleared, a unit that failed or stopped. Other pushes only update the view."""
 
 
 class Pool:
-    """Transports to every node of ``cluster``; ``transports`` replaces them (tests, tools)."""
+    """Transports to every node of ``cluster``; ``transports`` replaces them (tests, tools).
+
+    ``simulated`` names the directory of a fleet simulator's sockets (``llmgw lab
+    simulate``): every node is then reached on ``<simulated>/<node>.sock`` through a
+    :class:`SimulatedTransport` instead of SSH. With ``push``, :meth:`fleet` does not ask
+    every node: once :meth:`push` runs, each node's agent streams its observations (a full
+    report, then what changed) and :meth:`fleet` reads them, asking only the nodes whose
+    stream is not up (an unreachable node, an agent older than push).
+    """
 
     def __init__(
         self,
@@ -65,7 +86,20 @@ class Pool:
         *,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
         transports: Mapping[str, Transport] | None = None,
+        simulated: str | Path | None = None,
+        push: bool = False,
+        backstop: float = 0.0,
     ) -> None:
+        self.simulated = Path(simulated) if simulated is not None else None
+        self.pushes = push
+        self.backstop = backstop
+        self._view: dict[str, NodeReport] = {}  # node → its report as pushed, while streaming
+        self._streams: dict[str, asyncio.Task[None]] = {}
+        self._declared: dict[str, Declaration] = {}  # what each stream was opened with
+        self._unpushed: set[str] = set()  # agents that answered push with unit events
+        self._changed: Changed | None = None
+        self.pushed = 0  # deltas applied so far (the bench counts them)
+        self.polled = 0  # reports asked for so far
         self.cluster = cluster
         self.cluster_dir = Path(cluster_dir)
         self.call_timeout = call_timeout
@@ -171,6 +205,7 @@ class Pool:
 
     async def report(self, node: str, *, timeout: float | None = None) -> NodeReport:
         """The node's report, or ``NodeReport(reachable=False, error=…)``; never raises."""
+        self.polled += 1
         declared = declared_for(self.cluster, node)
         try:
             report = await self.call(node, lambda agent: agent.report(declared), timeout=timeout)
@@ -184,21 +219,104 @@ class Pool:
     ) -> Fleet:
         """Every node's report (or the given nodes'), collected in parallel with the bound."""
         names = self.nodes if nodes is None else sorted(nodes)
+        # Pushed: a node streaming is read from its last push, only the others are asked.
+        pushed = {name: self._view[name] for name in names if name in self._view}
+        asked = [name for name in names if name not in pushed]
 
         async def one(node: str) -> NodeReport:
             return await self.report(node, timeout=timeout)
 
-        reports, facts = await asyncio.gather(
-            fan_out(names, one, self.max_parallel),
+        polled, facts = await asyncio.gather(
+            fan_out(asked, one, self.max_parallel),
             asyncio.to_thread(
                 self.catalog.lookup, catalogs.fetched_sources(self.cluster),
                 self.cluster.cluster.weights.endpoint, self.cluster.cluster.weights.allowed_hosts,
             ),
         )
-        return Fleet(nodes=reports, sources=facts)
+        reports = {**pushed, **polled}
+        return Fleet(nodes={name: reports[name] for name in names}, sources=facts)
+
+    # -- pushed observations ---------------------------------------------------
+
+    @property
+    def streaming(self) -> set[str]:
+        """The nodes whose observations arrive pushed now (read from their streams)."""
+        return set(self._view)
+
+    def push(self, changed: Changed) -> None:
+        """Open every node's stream of observations (and keep it open: reconnecting with
+        backoff, each reconnect starting with a full report); ``changed`` hears of each
+        push. Until :meth:`aclose`; :meth:`reconfigure` follows the nodes."""
+        self._changed = changed
+        for node in self.nodes:
+            self._stream(node)
+
+    def _stream(self, node: str) -> None:
+        if node in self._unpushed:
+            return
+        self._declared[node] = declared_for(self.cluster, node)
+        self._streams[node] = asyncio.create_task(self._follow(node), name=f"push-{node}")
+
+    async def _stop_streams(self, nodes: Iterable[str]) -> None:
+        tasks = [self._streams.pop(n) for n in nodes if n in self._streams]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for node in nodes:
+            self._view.pop(node, None)
+
+    async def _follow(self, node: str) -> None:
+        """One node's stream, for good: each push applied to its view; when the stream
+        breaks the view is dropped (:meth:`fleet` asks the node, and says why it cannot be
+        reached), and the stream is reopened with backoff."""
+        delay = 1.0
+        while True:
+            try:
+                agent = await self.client(node)
+                first = True
+                async for delta in agent.observe(self._declared[node], self.backstop):
+                    if first and not delta.full:  # an agent older than push: poll it
+                        self._unpushed.add(node)
+                        return
+                    first = False
+                    delay = 1.0
+                    self._apply(node, delta)
+            except (NodeUnreachable, grpc.aio.AioRpcError, OSError):
+                # The channel is not reset here: the node is asked at every round while
+                # its stream is down, and that call resets a stale channel (a reset here
+                # would close the channel under a call in flight).
+                pass
+            if self._view.pop(node, None) is not None and self._changed is not None:
+                self._changed(node, f"{node}: its stream was lost")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, PUSH_RETRY_MAX)
+
+    def _apply(self, node: str, delta: Delta) -> None:
+        before = self._view.get(node)
+        why = None
+        if delta.report is not None:
+            report = delta.report  # the node is known by its key, whatever it calls itself
+            if report.node != node:
+                report = report.model_copy(update={"node": node})
+            self._view[node] = report
+            if before is None:
+                why = f"{node}: reporting"
+            elif deltas.faults(before) != deltas.faults(report):
+                why = f"{node}: its faults changed"
+        elif before is not None:
+            self._view[node] = deltas.apply(before, delta)
+            for unit in delta.units:
+                if unit.state in ("failed", "stopped"):
+                    why = f"{unit.name} on {node} is {unit.state}"
+        else:
+            return  # a delta before any report: cannot happen on one stream
+        self.pushed += 1
+        if why is not None and self._changed is not None:
+            self._changed(node, why)
 
     async def aclose(self) -> None:
         """Close every connection (in parallel: a hung node does not hold up the others)."""
+        await self._stop_streams(list(self._streams))
         await asyncio.gather(*(t.aclose() for t in self._transports.values()))
         if self._forward_dir is not None:
             shutil.rmtree(self._forward_dir, ignore_errors=True)
@@ -214,6 +332,10 @@ class Pool:
         """
         self.cluster = cluster
         self.max_parallel = cluster.cluster.ssh.max_parallel
+        await self._reroute(cluster)
+        await self._restream(cluster)
+
+    async def _reroute(self, cluster: Cluster) -> None:
         if not self._routes:
             return
         before = self._pinned
@@ -224,6 +346,7 @@ class Pool:
             if routes.get(name) != route
             or (isinstance(route, SSHTarget) and _pins(before, route) != _pins(self._pinned, route))
         ]
+        await self._stop_streams(stale)  # reopened on the new transport by _restream
         await asyncio.gather(*(self._transports.pop(name).aclose() for name in stale))
         for name in stale:
             del self._routes[name]
@@ -235,11 +358,27 @@ class Pool:
             elif isinstance(transport, SSHTransport) and self._pinned is not None:
                 transport.pinned = self._pinned  # same pins for it; the file is newer
 
+    async def _restream(self, cluster: Cluster) -> None:
+        """After an edit: streams of removed nodes closed, of nodes whose declaration
+        changed reopened (their next push is a full report against it), new ones opened."""
+        if self._changed is None:
+            return
+        gone = [n for n in self._streams if n not in cluster.nodes
+                or declared_for(cluster, n) != self._declared.get(n)]
+        await self._stop_streams(gone)
+        self._unpushed &= set(cluster.nodes)
+        for node in sorted(cluster.nodes):
+            if node not in self._streams and node in self._transports:
+                self._stream(node)
+
     def _plan_routes(self, cluster: Cluster) -> dict[str, Route]:
         settings = cluster.cluster
         routes: dict[str, Route] = {}
         for name, node in cluster.nodes.items():
             socket = node.agent_socket or settings.agent_socket
+            if self.simulated is not None:
+                routes[name] = SimulatedRoute(name, str(self.simulated / f"{name}.sock"))
+                continue
             if node.is_local:
                 routes[name] = LocalRoute(name, socket)
                 continue
@@ -258,6 +397,8 @@ class Pool:
         return routes
 
     def _open(self, route: Route) -> Transport:
+        if isinstance(route, SimulatedRoute):
+            return SimulatedTransport(route.node, route.socket)
         if isinstance(route, LocalRoute):
             return LocalTransport(route.node, route.socket)
         assert self._pinned is not None

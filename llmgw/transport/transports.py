@@ -102,3 +102,20 @@ class LocalTransport:
 
     async def aclose(self) -> None:
         await self.reset()
+
+
+class SimulatedTransport(LocalTransport):
+    """A node of the fleet simulator (``llmgw lab simulate``): its agent's own unix socket,
+    in place of an SSH tunnel to it. The daemon takes this path only when told to
+    (``llmgw serve --simulated DIR``, ``Pool(simulated=DIR)``); the SSH path keeps its
+    own tests and bench."""
+
+    async def diagnose(self) -> NodeUnreachable | None:
+        try:
+            _, writer = await asyncio.open_unix_connection(self.socket_path)
+        except OSError as exc:
+            return failures.simulated_agent_gone(self.node, self.socket_path,
+                                                 exc.strerror or type(exc).__name__)
+        writer.close()
+        await writer.wait_closed()
+        return None

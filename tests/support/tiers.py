@@ -8,10 +8,12 @@ Registered in pyproject.toml (``--strict-markers`` refuses any other name):
 * ``browser`` — drives chromium: every test that uses the ``browser`` fixture,
   marked here;
 * ``docs_session`` — runs a page's shell session (``tests/docs/sessions.py``),
-  marked where it is defined.
+  marked where it is defined;
+* ``fleetsim`` — the fleet simulator at hundreds of nodes through the real daemon
+  loop (``tests/daemon/test_fleetsim.py``), marked on its module.
 
 ``make test`` runs every tier; ``make test-fast`` runs
-``-m "not e2e and not browser and not docs_session"``.
+``-m "not e2e and not browser and not docs_session and not fleetsim"``.
 """
 
 from __future__ import annotations
