@@ -71,7 +71,8 @@ async def test_sglang_is_installed_into_its_own_venv_and_proved_by_its_import(
         assert last.fetch.state == "done", last
         assert last.fetch.target == f"sglang {VERSION}"
         assert last.path == str(engines / f"sglang-{VERSION}")
-        assert any(p.step == "checking that it runs" for p in steps)
+        # The progress stream carries the latest state, so a quick step such as "checking
+        # that it runs" may never be seen; the next test proves the import check runs.
         facts = (await pool.report("node-01")).host
         assert facts is not None
         assert [(e.engine, e.version, e.program) for e in facts.installed_engines] == [
