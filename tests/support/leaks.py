@@ -21,14 +21,23 @@ Processes of other pytest runs on the same machine match none of these. If any
 is left after a short grace (processes told to stop may still be exiting), the
 run fails with each one named (pid, the test that started it, its command
 line), and they are stopped, so the next run starts clean.
+
+It also closes, when each test ends, every synchronous ``openai.OpenAI`` client
+the test made (:func:`openai_clients_closed`). Tests make one per request in
+places; an unclosed one keeps its pooled socket until the garbage collector
+finds it, and with warnings as errors the ResourceWarning then fails whichever
+later test happened to be running (seen as the router queue test failing on a
+socket of the adapters test).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +54,27 @@ class Leak:
     pid: int
     test: str
     command: str
+
+
+@pytest.fixture(autouse=True)
+def openai_clients_closed() -> Iterator[None]:
+    """Close every ``openai.OpenAI`` client made during the test, when it ends."""
+    import openai
+
+    made: list[openai.OpenAI] = []
+    original = openai.OpenAI.__init__
+
+    def init(self: openai.OpenAI, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    openai.OpenAI.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        openai.OpenAI.__init__ = original  # type: ignore[method-assign]
+        for client in made:
+            client.close()
 
 
 def _pids() -> list[int]:
