@@ -23,6 +23,10 @@ Steps, each shown through :class:`Progress` as it starts and as it finishes:
    recorded. An upgrade restarts the agent only: engines keep running.
 6. **report** — waits for the agent's first report through the tunnel the
    daemon will use, as ``cluster.ssh.user``.
+7. **compiler** — on a node whose report lists GPUs, gcc (or clang) on PATH,
+   which Triton needs when vLLM or SGLang first loads a model: when preflight
+   saw neither, the package manager installs gcc (:mod:`.compilers`;
+   ``--no-compiler`` skips it). A failure is a doubt, as the others.
 
 The caller then writes the node into ``nodes.yaml`` (:mod:`.yamledits`).
 Every step is idempotent: a second run changes nothing.
@@ -53,7 +57,7 @@ from ruamel.yaml.error import YAMLError
 
 from llmgw import __version__
 from llmgw.fleet.types import NodeReport
-from llmgw.onboarding import accounts
+from llmgw.onboarding import accounts, compilers
 from llmgw.onboarding.preflights import (
     PREFLIGHT,
     Facts,
@@ -403,6 +407,34 @@ class Enrolment:
                     raise EnrolError(f"the agent did not report within {REPORT_TIMEOUT:g}s "
                                      f"(its log: {self.prefix}/agent.log): {report.error}")
                 await asyncio.sleep(0.2)
+
+    async def compiler(self, conn: asyncssh.SSHClientConnection, facts: Facts,
+                       report: NodeReport, wanted: bool = True) -> None:
+        """gcc on a GPU node that has no C compiler (:mod:`.compilers`), after the report:
+        its GPUs say whether vLLM and SGLang will be installed here."""
+        self.progress.begin("compiler", "gcc or clang, for Triton on a GPU node")
+        action = compilers.decide(facts.compilers, gpus=len(report.gpus),
+                                  root=facts.uid == 0, wanted=wanted)
+        doubt = action.detail if action.kind == "cannot" else ""
+        if action.kind == "install":
+            self.progress.begin("compiler", action.detail)
+            result = await conn.run(action.command, check=False)
+            after = compilers.parse(str((await conn.run(compilers.PROBE, check=False)).stdout))
+            if result.exit_status != 0:
+                doubt = compilers.failure(facts.compilers.package_manager, result.exit_status,
+                                          str(result.stderr))
+            elif not after.compiler:
+                doubt = (f"installed gcc with {facts.compilers.package_manager}, yet no gcc is "
+                         "on PATH: install gcc yourself, or pass --no-compiler")
+            else:
+                seen = " ".join(filter(None, (after.compiler, after.version)))
+                action = compilers.Action(
+                    "install", f"{seen} installed with {facts.compilers.package_manager}")
+        if doubt:
+            self._doubt("compiler", [doubt], "the agent runs, nodes.yaml is unchanged")
+            self.progress.done("compiler", f"none, gone past: {doubt}")
+            return
+        self.progress.done("compiler", action.detail)
 
 
 def engines_command(plan: Plan, account: str | None, sudo: str) -> str:

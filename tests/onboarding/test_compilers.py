@@ -1,0 +1,234 @@
+"""``node add``'s compiler step: facts in, one action out; then over a real sshd, with a
+stand-in package manager on the node's PATH that really runs.
+
+The simulated node is this machine, which has gcc: its sessions get a PATH of
+their own (``compilerless_path``), this machine's programs without any C
+compiler or package manager, behind a directory holding the stand-in
+``apt-get`` (a real executable: it records its argv and writes a ``gcc``
+script beside itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+from support import nodes
+from support.plugin import SimClusterFactory
+
+from llmgw.fleet.types import Gpu, NodeReport
+from llmgw.onboarding import compilers, enrolments, preflights
+from llmgw.spec import loading
+
+pytestmark = pytest.mark.skipif(not shutil.which(nodes.SSHD), reason="sshd not installed")
+
+APT = ("env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc "
+       "libc6-dev")
+APT_UPDATE = "env DEBIAN_FRONTEND=noninteractive apt-get update -q"
+GCC = compilers.Found(compiler="gcc", version="12.2.0", cc=True, package_manager="apt-get")
+NONE_APT = compilers.Found(package_manager="apt-get")
+NONE_DNF = compilers.Found(package_manager="dnf")
+
+
+@pytest.mark.parametrize(("found", "gpus", "root", "wanted", "kind", "detail", "command"), [
+    pytest.param(NONE_APT, 8, True, True, "install", "installing gcc with apt-get",
+                 f"{APT} || {{ {APT_UPDATE} && {APT}; }}", id="apt, as root"),
+    pytest.param(NONE_APT, 8, False, True, "install", "installing gcc with apt-get",
+                 f"sudo -n {APT} || {{ sudo -n {APT_UPDATE} && sudo -n {APT}; }}",
+                 id="apt, not root: sudo -n"),
+    pytest.param(NONE_DNF, 4, True, True, "install", "installing gcc with dnf",
+                 "dnf -y install gcc", id="dnf"),
+    pytest.param(NONE_DNF, 4, False, True, "install", "installing gcc with dnf",
+                 "sudo -n dnf -y install gcc", id="dnf, not root: sudo -n"),
+    pytest.param(compilers.Found(package_manager="zypper"), 1, True, True, "install",
+                 "installing gcc with zypper", "zypper --non-interactive install gcc",
+                 id="zypper"),
+    pytest.param(compilers.Found(), 8, False, True, "cannot",
+                 "no gcc or clang here, and no apt-get, dnf, yum or zypper to install one: "
+                 "install gcc, or pass --no-compiler", "", id="no package manager"),
+    pytest.param(GCC, 8, False, True, "present", "gcc 12.2.0 already there", "",
+                 id="gcc already there"),
+    pytest.param(compilers.Found(compiler="clang", version="16.0.6"), 8, True, True, "present",
+                 "clang 16.0.6 already there", "", id="clang already there"),
+    pytest.param(compilers.Found(cc=True, package_manager="apt-get"), 8, True, True, "install",
+                 "installing gcc with apt-get (a cc is there, but Triton looks for gcc or "
+                 "clang)", f"{APT} || {{ {APT_UPDATE} && {APT}; }}", id="cc alone is not enough"),
+    pytest.param(NONE_APT, 0, True, True, "skip",
+                 "skipped: no GPU, vLLM and SGLang are not installed here", "", id="no GPU"),
+    pytest.param(GCC, 0, True, True, "skip",
+                 "skipped: no GPU, vLLM and SGLang are not installed here", "",
+                 id="no GPU, gcc or not"),
+    pytest.param(NONE_APT, 8, True, False, "skip",
+                 "skipped (--no-compiler): no gcc or clang here; vLLM and SGLang installs "
+                 "refuse this node until one is installed", "", id="--no-compiler"),
+    pytest.param(GCC, 8, True, False, "present", "gcc 12.2.0 already there", "",
+                 id="--no-compiler, gcc there: said so"),
+])
+def test_the_step_decides_from_the_facts(
+    found: compilers.Found, gpus: int, root: bool, wanted: bool, kind: str, detail: str,
+    command: str,
+) -> None:
+    action = compilers.decide(found, gpus=gpus, root=root, wanted=wanted)
+    assert (action.kind, action.detail, action.command) == (kind, detail, command)
+
+
+def test_preflight_reads_the_probe() -> None:
+    # Recorded: the preflight's output on a Debian 12 node with gcc 12, and on a bare one.
+    found = preflights.parse_preflight(
+        "uid=0\nsudo=no\npython=3.11.2\nvenv=yes\ninit=systemd\nhostname=gpu-07\n"
+        "disk_kib=99999999\ncompiler=gcc\ncompiler_version=12.2.0\ncc=yes\n"
+        "package_manager=apt-get\n").compilers
+    assert found == GCC
+    bare = preflights.parse_preflight("uid=1000\nsudo=yes\npackage_manager=dnf\n").compilers
+    assert bare == NONE_DNF
+    # What the node says is untrusted: a version that is no version is dropped, a
+    # compiler or package manager not ours is none.
+    odd = compilers.parse("compiler=tcc\ncompiler_version=1.2\x1b[31m\npackage_manager=pip\n")
+    assert odd == compilers.Found()
+    assert "command -v $c" in preflights.PREFLIGHT.format(prefix="/opt/llmgw")
+
+
+def test_a_failed_install_says_what_the_package_manager_said() -> None:
+    assert compilers.failure("dnf", 1, "Last metadata check: 0:01:02 ago\nError: Unable to "
+                             "find a match: gcc\n") == (
+        "installing gcc with dnf failed (exit 1): Error: Unable to find a match: gcc; install "
+        "gcc yourself, or pass --no-compiler")
+    assert compilers.failure("apt-get", 100, "") == (
+        "installing gcc with apt-get failed (exit 100); install gcc yourself, or pass "
+        "--no-compiler")
+
+
+STANDIN_APT = """#!/bin/sh
+# A stand-in apt-get (tests/onboarding/test_compilers.py): records its argv, then
+# "installs" gcc beside itself; with apt-get.fail there, an install fails as apt's does.
+here=$(dirname "$0")
+printf '%s\\n' "DEBIAN_FRONTEND=$DEBIAN_FRONTEND uid=$(id -u) $*" >> "$here/apt-get.calls"
+[ "$1" = install ] || exit 0
+if [ -e "$here/apt-get.fail" ]; then echo "E: Unable to locate package gcc" >&2; exit 100; fi
+printf '#!/bin/sh\\necho 12.2.0\\n' > "$here/gcc"
+chmod +x "$here/gcc"
+"""
+# What a node without a compiler lacks; the package managers are the stand-in's.
+NOT_ON_THE_NODE = re.compile(r"^(c\+\+|cc|c89.*|c99.*|g\+\+.*|gcc.*|clang.*|tcc|cpp.*|"
+                             r".*-linux-gnu-.*|apt|apt-get|dnf|yum|zypper)$")
+
+
+def compilerless_path(where: Path) -> tuple[Path, str]:
+    """A directory for the stand-in package manager, and a PATH of it and a copy (in
+    symlinks) of this machine's PATH without compilers or package managers."""
+    standin, farm = where / "standin", where / "system"
+    standin.mkdir()
+    farm.mkdir()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for entry in sorted(os.listdir(directory)):
+            source = Path(directory) / entry
+            if NOT_ON_THE_NODE.match(entry) or (farm / entry).exists() or \
+                    not os.access(source, os.X_OK) or source.is_dir():
+                continue
+            (farm / entry).symlink_to(source)
+    return standin, f"{standin}:{farm}"
+
+
+def standin_apt(standin: Path) -> None:
+    apt = standin / "apt-get"
+    apt.write_text(STANDIN_APT)
+    apt.chmod(apt.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+class _Steps:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def begin(self, step: str, doing: str) -> None:
+        pass
+
+    def done(self, step: str, detail: str) -> None:
+        self.lines.append(f"{step} {detail}")
+
+
+H100S = NodeReport(node="gpu-01", gpus=[
+    Gpu(index=i, uuid=f"GPU-{i}", name="NVIDIA H100 80GB HBM3", gpu_class="h100-80g")
+    for i in range(8)])
+
+
+@pytest.mark.timeout(180)
+def test_the_step_installs_gcc_over_ssh_once_and_stops_on_a_failure(
+    sim_cluster: SimClusterFactory, tmp_path: Path,
+) -> None:
+    """Over a real sshd: preflight sees no compiler on the node's PATH and the stand-in
+    apt-get; the step runs it (as root: no sudo), the probe after it finds the gcc it
+    wrote; a rerun says "already there" and runs nothing; a failing apt-get is a doubt
+    that stops node add with the fix, or is gone past and kept for nodes.yaml."""
+    sim = sim_cluster(1, agents=False, prefix="bare")
+    node = sim.nodes["bare-01"]
+    standin, path = compilerless_path(tmp_path)
+    standin_apt(standin)
+    node.env["PATH"] = path
+    node.restart_sshd()
+    cluster = sim.write_cluster()
+    spec = loading.load(cluster)
+
+    async def step(report: NodeReport, **kw: object) -> tuple[_Steps, preflights.Facts]:
+        steps = _Steps()
+        enrolment = enrolments.Enrolment(
+            spec, cluster, enrolments.Target("root", "127.0.0.1", node.port), "bare-01",
+            str(node.root / "opt"), Path(str(spec.cluster.ssh.identity_file)), steps,
+            tmp_path / "wheels", **kw)  # type: ignore[arg-type]
+        await enrolment.pin(node.host_fingerprint(), lambda _: False)
+        async with await enrolment.connect() as conn:
+            facts = await enrolment.preflight(conn)
+            try:
+                await enrolment.compiler(conn, facts, report)
+            finally:
+                steps.lines.extend(f"passed {p}" for p in enrolment.passed)
+        return steps, facts
+
+    calls = standin / "apt-get.calls"
+    # No GPU: nothing looked for, nothing run.
+    steps, facts = asyncio.run(step(NodeReport(node="bare-01")))
+    assert facts.compilers == compilers.Found(package_manager="apt-get"), "gcc seen: " + path
+    assert steps.lines[-1] == "compiler skipped: no GPU, vLLM and SGLang are not installed here"
+    assert not calls.exists()
+
+    # A failing apt-get: a doubt; without --continue-past node add stops with the fix.
+    (standin / "apt-get.fail").write_text("")
+    with pytest.raises(enrolments.EnrolError) as stopped:
+        asyncio.run(step(H100S))
+    assert str(stopped.value).startswith(
+        "compiler: installing gcc with apt-get failed (exit 100): E: Unable to locate package "
+        "gcc; install gcc yourself, or pass --no-compiler; the agent runs, nodes.yaml is "
+        "unchanged. Fix it, or pass --continue-past"), str(stopped.value)
+    # It read the package lists once and tried again before giving up.
+    assert calls.read_text().splitlines() == [
+        f"DEBIAN_FRONTEND=noninteractive uid=0 {a}" for a in (
+            "install -y --no-install-recommends gcc libc6-dev", "update -q",
+            "install -y --no-install-recommends gcc libc6-dev")]
+    steps, _ = asyncio.run(step(H100S, go_on=lambda step, doubts: True))
+    assert steps.lines[-2:] == [
+        "compiler none, gone past: installing gcc with apt-get failed (exit 100): E: Unable to "
+        "locate package gcc; install gcc yourself, or pass --no-compiler",
+        "passed compiler: installing gcc with apt-get failed (exit 100): E: Unable to locate "
+        "package gcc; install gcc yourself, or pass --no-compiler"]
+    assert not (standin / "gcc").exists()
+
+    # apt-get works: gcc installed, found by the probe after it.
+    (standin / "apt-get.fail").unlink()
+    calls.unlink()
+    steps, _ = asyncio.run(step(H100S))
+    assert steps.lines[-1] == "compiler gcc 12.2.0 installed with apt-get", steps.lines
+    assert calls.read_text() == (
+        "DEBIAN_FRONTEND=noninteractive uid=0 install -y --no-install-recommends gcc libc6-dev\n")
+    assert (standin / "gcc").exists()
+
+    # Again: already there, nothing run.
+    steps, facts = asyncio.run(step(H100S))
+    assert facts.compilers == compilers.Found("gcc", "12.2.0", False, "apt-get")
+    assert steps.lines[-1] == "compiler gcc 12.2.0 already there"
+    assert len(calls.read_text().splitlines()) == 1
