@@ -11,10 +11,12 @@ script beside itself).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -232,3 +234,57 @@ def test_the_step_installs_gcc_over_ssh_once_and_stops_on_a_failure(
     assert facts.compilers == compilers.Found("gcc", "12.2.0", False, "apt-get")
     assert steps.lines[-1] == "compiler gcc 12.2.0 already there"
     assert len(calls.read_text().splitlines()) == 1
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_node_add_installs_gcc_on_a_gpu_node_without_one(
+    sim_cluster: SimClusterFactory, tmp_path: Path,
+) -> None:
+    """The real ``llmgw node add`` of a bare node with the H100 fixture's hardware (its
+    report lists 8 GPUs) whose PATH has no compiler and the stand-in apt-get: the compiler
+    step installs gcc, after the report; a rerun finds it there."""
+    import subprocess
+
+    from test_enrolments import WHEELS, site
+
+    try:
+        enrolments.build_wheels(WHEELS)
+    except enrolments.EnrolError as exc:
+        pytest.skip(f"cannot build the wheels to ship (no package index here?): {exc}")
+    sim = sim_cluster(1, agents=False, prefix="gpu", hardware=["h100-ib"])
+    node = sim.nodes["gpu-01"]
+    standin, path = compilerless_path(tmp_path)
+    standin_apt(standin)
+    node.env["PATH"] = path
+    node.restart_sshd()
+    cluster = site(tmp_path, sim)
+    prefix = node.root / "opt"
+    (prefix / "etc").mkdir(parents=True)
+    hardware = nodes.fixture_settings("h100-ib")["hardware"]
+    (prefix / "etc" / "agent.yaml").write_text(f"hardware: {json.dumps(hardware)}\n")
+    argv = [sys.executable, "-m", "llmgw", "node", "add", f"root@127.0.0.1:{node.port}",
+            "--cluster", str(cluster), "--prefix", str(prefix), "--wheels", str(WHEELS),
+            "--name", "gpu-01", "--fingerprint", node.host_fingerprint(),
+            "--fabric", "ib-a=mlx5_0,mlx5_1,mlx5_2,mlx5_3"]
+
+    def node_add() -> str:
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL)
+        print(done.stdout)  # shown with -s: the docs' transcripts of node add come from it
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    added = node_add()
+    lines = added.splitlines()
+    assert [line[:11] for line in lines[:9]] == [
+        "host key   ", "preflight  ", "account    ", "install    ", "agent      ", "report     ",
+        "compiler   ", "fabrics    ", "nodes.yaml "], added
+    assert lines[5].startswith("report     8 GPUs, ")
+    assert lines[6] == "compiler   gcc 12.2.0 installed with apt-get", added
+    assert (standin / "apt-get.calls").read_text() == (
+        "DEBIAN_FRONTEND=noninteractive uid=0 install -y --no-install-recommends gcc libc6-dev\n")
+    again = node_add()
+    assert "compiler   gcc 12.2.0 already there\n" in again, again
+    assert len((standin / "apt-get.calls").read_text().splitlines()) == 1
+    assert "nodes.yaml gpu-01 unchanged" in again
