@@ -31,8 +31,10 @@ MANAGERS = ("apt-get", "dnf", "yum", "zypper")
 # and start files (Debian's gcc only recommends libc6-dev, and --no-install-recommends
 # drops it; on the RPM distributions gcc requires glibc-devel).
 INSTALLS: dict[str, list[str]] = {
-    "apt-get": ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y",
-                "--no-install-recommends", "gcc", "libc6-dev"],
+    # The lock: wait for unattended-upgrades, as apt itself would not.
+    "apt-get": ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-o",
+                "DPkg::Lock::Timeout=120", "install", "-y", "--no-install-recommends", "gcc",
+                "libc6-dev"],
     "dnf": ["dnf", "-y", "install", "gcc"],
     "yum": ["yum", "-y", "install", "gcc"],
     "zypper": ["zypper", "--non-interactive", "install", "gcc"],
@@ -42,6 +44,9 @@ INSTALLS: dict[str, list[str]] = {
 REFRESH: dict[str, list[str]] = {
     "apt-get": ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "update", "-q"],
 }
+
+# A bound, not a wait: a package manager that hangs (a mirror gone quiet) is a failure.
+INSTALL_TIMEOUT = 900.0
 
 # Part of preflight's shell (``llmgw.onboarding.preflights.PREFLIGHT``), run again after an
 # install: only `command -v` and the compiler's own version, nothing that changes the node.
@@ -139,5 +144,6 @@ def failure(manager: str, status: int | None, stderr: str) -> str:
     """Why an install failed, and the fix: the package manager's last line, cut short."""
     lines = stderr.strip().splitlines()
     words = lines[-1].strip()[-300:] if lines else ""
-    return (f"installing gcc with {manager} failed (exit {status}){': ' + words if words else ''}"
+    code = "no exit" if status is None else f"exit {status}"
+    return (f"installing gcc with {manager} failed ({code}){': ' + words if words else ''}"
             "; install gcc yourself, or pass --no-compiler")

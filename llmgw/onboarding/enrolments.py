@@ -413,23 +413,28 @@ class Enrolment:
         """gcc on a GPU node that has no C compiler (:mod:`.compilers`), after the report:
         its GPUs say whether vLLM and SGLang will be installed here."""
         self.progress.begin("compiler", "gcc or clang, for Triton on a GPU node")
-        action = compilers.decide(facts.compilers, gpus=len(report.gpus),
+        action = compilers.decide(facts.compiler, gpus=len(report.gpus),
                                   root=facts.uid == 0, wanted=wanted)
         doubt = action.detail if action.kind == "cannot" else ""
         if action.kind == "install":
             self.progress.begin("compiler", action.detail)
-            result = await conn.run(action.command, check=False)
+            try:
+                result = await conn.run(action.command, check=False,
+                                        timeout=compilers.INSTALL_TIMEOUT)
+                status, stderr = result.exit_status, str(result.stderr)
+            except asyncssh.TimeoutError as exc:  # what it printed until then
+                status = None
+                stderr = str(exc.stderr) + f"\nno end after {compilers.INSTALL_TIMEOUT:g}s"
             after = compilers.parse(str((await conn.run(compilers.PROBE, check=False)).stdout))
-            if result.exit_status != 0:
-                doubt = compilers.failure(facts.compilers.package_manager, result.exit_status,
-                                          str(result.stderr))
+            if status != 0:
+                doubt = compilers.failure(facts.compiler.package_manager, status, stderr)
             elif not after.compiler:
-                doubt = (f"installed gcc with {facts.compilers.package_manager}, yet no gcc is "
+                doubt = (f"installed gcc with {facts.compiler.package_manager}, yet no gcc is "
                          "on PATH: install gcc yourself, or pass --no-compiler")
             else:
                 seen = " ".join(filter(None, (after.compiler, after.version)))
                 action = compilers.Action(
-                    "install", f"{seen} installed with {facts.compilers.package_manager}")
+                    "install", f"{seen} installed with {facts.compiler.package_manager}")
         if doubt:
             self._doubt("compiler", [doubt], "the agent runs, nodes.yaml is unchanged")
             self.progress.done("compiler", f"none, gone past: {doubt}")

@@ -41,7 +41,7 @@ class Facts:
     home: str = ""
     hostname: str = ""  # as the machine names itself (`hostname`), not as it was reached
     # gcc or clang on the login PATH, and the package manager (:mod:`.compilers`)
-    compilers: compilers.Found = field(default_factory=compilers.Found)
+    compiler: compilers.Found = field(default_factory=compilers.Found)
 
     @property
     def systemd(self) -> bool:
@@ -94,7 +94,7 @@ def parse_preflight(stdout: str) -> Facts:
                  python=values.get("python", "").strip(), venv=values.get("venv") == "yes",
                  init=values.get("init", "").strip(), disk_free=number("disk_kib", 0) * 1024,
                  hostname=values.get("hostname", "").strip(),
-                 compilers=compilers.parse(stdout))
+                 compiler=compilers.parse(stdout))
 
 
 def node_name(hostname: str) -> str:

@@ -29,8 +29,9 @@ from llmgw.spec import loading
 
 pytestmark = pytest.mark.skipif(not shutil.which(nodes.SSHD), reason="sshd not installed")
 
-APT = ("env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc "
-       "libc6-dev")
+APT = ("env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y "
+       "--no-install-recommends gcc libc6-dev")
+INSTALL = "-o DPkg::Lock::Timeout=120 install -y --no-install-recommends gcc libc6-dev"
 APT_UPDATE = "env DEBIAN_FRONTEND=noninteractive apt-get update -q"
 GCC = compilers.Found(compiler="gcc", version="12.2.0", cc=True, package_manager="apt-get")
 NONE_APT = compilers.Found(package_manager="apt-get")
@@ -84,9 +85,9 @@ def test_preflight_reads_the_probe() -> None:
     found = preflights.parse_preflight(
         "uid=0\nsudo=no\npython=3.11.2\nvenv=yes\ninit=systemd\nhostname=gpu-07\n"
         "disk_kib=99999999\ncompiler=gcc\ncompiler_version=12.2.0\ncc=yes\n"
-        "package_manager=apt-get\n").compilers
+        "package_manager=apt-get\n").compiler
     assert found == GCC
-    bare = preflights.parse_preflight("uid=1000\nsudo=yes\npackage_manager=dnf\n").compilers
+    bare = preflights.parse_preflight("uid=1000\nsudo=yes\npackage_manager=dnf\n").compiler
     assert bare == NONE_DNF
     # What the node says is untrusted: a version that is no version is dropped, a
     # compiler or package manager not ours is none.
@@ -110,7 +111,7 @@ STANDIN_APT = """#!/bin/sh
 # "installs" gcc beside itself; with apt-get.fail there, an install fails as apt's does.
 here=$(dirname "$0")
 printf '%s\\n' "DEBIAN_FRONTEND=$DEBIAN_FRONTEND uid=$(id -u) $*" >> "$here/apt-get.calls"
-[ "$1" = install ] || exit 0
+case " $* " in *" install "*) ;; *) exit 0;; esac
 if [ -e "$here/apt-get.fail" ]; then echo "E: Unable to locate package gcc" >&2; exit 100; fi
 printf '#!/bin/sh\\necho 12.2.0\\n' > "$here/gcc"
 chmod +x "$here/gcc"
@@ -195,7 +196,7 @@ def test_the_step_installs_gcc_over_ssh_once_and_stops_on_a_failure(
     calls = standin / "apt-get.calls"
     # No GPU: nothing looked for, nothing run.
     steps, facts = asyncio.run(step(NodeReport(node="bare-01")))
-    assert facts.compilers == compilers.Found(package_manager="apt-get"), "gcc seen: " + path
+    assert facts.compiler == compilers.Found(package_manager="apt-get"), "gcc seen: " + path
     assert steps.lines[-1] == "compiler skipped: no GPU, vLLM and SGLang are not installed here"
     assert not calls.exists()
 
@@ -209,9 +210,7 @@ def test_the_step_installs_gcc_over_ssh_once_and_stops_on_a_failure(
         "unchanged. Fix it, or pass --continue-past"), str(stopped.value)
     # It read the package lists once and tried again before giving up.
     assert calls.read_text().splitlines() == [
-        f"DEBIAN_FRONTEND=noninteractive uid=0 {a}" for a in (
-            "install -y --no-install-recommends gcc libc6-dev", "update -q",
-            "install -y --no-install-recommends gcc libc6-dev")]
+        f"DEBIAN_FRONTEND=noninteractive uid=0 {a}" for a in (INSTALL, "update -q", INSTALL)]
     steps, _ = asyncio.run(step(H100S, go_on=lambda step, doubts: True))
     assert steps.lines[-2:] == [
         "compiler none, gone past: installing gcc with apt-get failed (exit 100): E: Unable to "
@@ -226,12 +225,13 @@ def test_the_step_installs_gcc_over_ssh_once_and_stops_on_a_failure(
     steps, _ = asyncio.run(step(H100S))
     assert steps.lines[-1] == "compiler gcc 12.2.0 installed with apt-get", steps.lines
     assert calls.read_text() == (
-        "DEBIAN_FRONTEND=noninteractive uid=0 install -y --no-install-recommends gcc libc6-dev\n")
+        "DEBIAN_FRONTEND=noninteractive uid=0 -o DPkg::Lock::Timeout=120 install -y "
+        "--no-install-recommends gcc libc6-dev\n")
     assert (standin / "gcc").exists()
 
     # Again: already there, nothing run.
     steps, facts = asyncio.run(step(H100S))
-    assert facts.compilers == compilers.Found("gcc", "12.2.0", False, "apt-get")
+    assert facts.compiler == compilers.Found("gcc", "12.2.0", False, "apt-get")
     assert steps.lines[-1] == "compiler gcc 12.2.0 already there"
     assert len(calls.read_text().splitlines()) == 1
 
@@ -283,7 +283,8 @@ def test_node_add_installs_gcc_on_a_gpu_node_without_one(
     assert lines[5].startswith("report     8 GPUs, ")
     assert lines[6] == "compiler   gcc 12.2.0 installed with apt-get", added
     assert (standin / "apt-get.calls").read_text() == (
-        "DEBIAN_FRONTEND=noninteractive uid=0 install -y --no-install-recommends gcc libc6-dev\n")
+        "DEBIAN_FRONTEND=noninteractive uid=0 -o DPkg::Lock::Timeout=120 install -y "
+        "--no-install-recommends gcc libc6-dev\n")
     again = node_add()
     assert "compiler   gcc 12.2.0 already there\n" in again, again
     assert len((standin / "apt-get.calls").read_text().splitlines()) == 1
