@@ -426,15 +426,15 @@ class Enrolment:
                 status = None
                 stderr = str(exc.stderr) + f"\nno end after {compilers.INSTALL_TIMEOUT:g}s"
             after = compilers.parse(str((await conn.run(compilers.PROBE, check=False)).stdout))
+            manager = facts.compiler.package_manager
+            line = compilers.installed(action, facts.compiler, after)
             if status != 0:
-                doubt = compilers.failure(facts.compiler.package_manager, status, stderr)
-            elif not after.compiler:
-                doubt = (f"installed gcc with {facts.compiler.package_manager}, yet no gcc is "
-                         "on PATH: install gcc yourself, or pass --no-compiler")
+                doubt = compilers.failure(action, manager, status, stderr)
+            elif not line:
+                doubt = (f"installed {action.what} with {manager}, yet found no gcc or clang on "
+                         "PATH, or no Python.h: install them yourself, or pass --no-compiler")
             else:
-                seen = " ".join(filter(None, (after.compiler, after.version)))
-                action = compilers.Action(
-                    "install", f"{seen} installed with {facts.compiler.package_manager}")
+                action = compilers.Action("install", line)
         if doubt:
             self._doubt("compiler", [doubt], "the agent runs, nodes.yaml is unchanged")
             self.progress.done("compiler", f"none, gone past: {doubt}")

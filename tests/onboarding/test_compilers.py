@@ -29,12 +29,14 @@ from llmgw.spec import loading
 
 pytestmark = pytest.mark.skipif(not shutil.which(nodes.SSHD), reason="sshd not installed")
 
-APT = ("env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y "
-       "--no-install-recommends gcc libc6-dev")
+APT_BARE = ("env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y "
+            "--no-install-recommends")
+APT = f"{APT_BARE} gcc libc6-dev"
 INSTALL = "-o DPkg::Lock::Timeout=120 install -y --no-install-recommends gcc libc6-dev"
 APT_UPDATE = "env DEBIAN_FRONTEND=noninteractive apt-get update -q"
 GCC = compilers.Found(compiler="gcc", version="12.2.0", cc=True, package_manager="apt-get")
 NONE_APT = compilers.Found(package_manager="apt-get")
+HEADERLESS = compilers.Found("gcc", "12.2.0", True, "apt-get", python_headers=False)
 NONE_DNF = compilers.Found(package_manager="dnf")
 
 
@@ -52,8 +54,20 @@ NONE_DNF = compilers.Found(package_manager="dnf")
                  "installing gcc with zypper", "zypper --non-interactive install gcc",
                  id="zypper"),
     pytest.param(compilers.Found(), 8, False, True, "cannot",
-                 "no gcc or clang here, and no apt-get, dnf, yum or zypper to install one: "
-                 "install gcc, or pass --no-compiler", "", id="no package manager"),
+                 "no gcc or clang here, and no apt-get, dnf, yum or zypper to install them: "
+                 "install gcc (and python3's headers), or pass --no-compiler", "",
+                 id="no package manager"),
+    pytest.param(HEADERLESS, 8, True, True, "install",
+                 "installing python3-dev with apt-get (gcc 12.2.0 is there)",
+                 f"{APT_BARE} python3-dev || {{ {APT_UPDATE} && {APT_BARE} python3-dev; }}",
+                 id="gcc there, python3's Python.h not"),
+    pytest.param(compilers.Found(package_manager="dnf", python_headers=False), 8, False, True,
+                 "install", "installing gcc and python3-devel with dnf",
+                 "sudo -n dnf -y install gcc python3-devel", id="neither, dnf"),
+    pytest.param(HEADERLESS, 8, True, False, "skip",
+                 "skipped (--no-compiler): no python3's Python.h here (gcc 12.2.0 is there); "
+                 "Triton needs them when vLLM or SGLang first loads a model", "",
+                 id="--no-compiler, no headers"),
     pytest.param(GCC, 8, False, True, "present", "gcc 12.2.0 already there", "",
                  id="gcc already there"),
     pytest.param(compilers.Found(compiler="clang", version="16.0.6"), 8, True, True, "present",
@@ -67,8 +81,8 @@ NONE_DNF = compilers.Found(package_manager="dnf")
                  "skipped: no GPU, vLLM and SGLang are not installed here", "",
                  id="no GPU, gcc or not"),
     pytest.param(NONE_APT, 8, True, False, "skip",
-                 "skipped (--no-compiler): no gcc or clang here; vLLM and SGLang installs "
-                 "refuse this node until one is installed", "", id="--no-compiler"),
+                 "skipped (--no-compiler): no gcc or clang here; Triton needs them when vLLM "
+                 "or SGLang first loads a model", "", id="--no-compiler"),
     pytest.param(GCC, 8, True, False, "present", "gcc 12.2.0 already there", "",
                  id="--no-compiler, gcc there: said so"),
 ])
@@ -84,26 +98,45 @@ def test_preflight_reads_the_probe() -> None:
     # Recorded: the preflight's output on a Debian 12 node with gcc 12, and on a bare one.
     found = preflights.parse_preflight(
         "uid=0\nsudo=no\npython=3.11.2\nvenv=yes\ninit=systemd\nhostname=gpu-07\n"
-        "disk_kib=99999999\ncompiler=gcc\ncompiler_version=12.2.0\ncc=yes\n"
+        "disk_kib=99999999\ncompiler=gcc\ncompiler_version=12.2.0\ncc=yes\npython_h=yes\n"
         "package_manager=apt-get\n").compiler
-    assert found == GCC
+    assert found == compilers.Found("gcc", "12.2.0", True, "apt-get", python_headers=True)
     bare = preflights.parse_preflight("uid=1000\nsudo=yes\npackage_manager=dnf\n").compiler
     assert bare == NONE_DNF
     # What the node says is untrusted: a version that is no version is dropped, a
     # compiler or package manager not ours is none.
-    odd = compilers.parse("compiler=tcc\ncompiler_version=1.2\x1b[31m\npackage_manager=pip\n")
+    odd = compilers.parse("compiler=tcc\ncompiler_version=1.2\x1b[31m\npackage_manager=pip\n"
+                          "python_h=maybe\n")
     assert odd == compilers.Found()
     assert "command -v $c" in preflights.PREFLIGHT.format(prefix="/opt/llmgw")
 
 
 def test_a_failed_install_says_what_the_package_manager_said() -> None:
-    assert compilers.failure("dnf", 1, "Last metadata check: 0:01:02 ago\nError: Unable to "
-                             "find a match: gcc\n") == (
-        "installing gcc with dnf failed (exit 1): Error: Unable to find a match: gcc; install "
-        "gcc yourself, or pass --no-compiler")
-    assert compilers.failure("apt-get", 100, "") == (
-        "installing gcc with apt-get failed (exit 100); install gcc yourself, or pass "
+    both = compilers.decide(compilers.Found(package_manager="dnf", python_headers=False),
+                            gpus=1, root=True, wanted=True)
+    assert compilers.failure(both, "dnf", 1, "Last metadata check: 0:01:02 ago\nError: "
+                             "Unable to find a match: gcc\n") == (
+        "installing gcc and python3-devel with dnf failed (exit 1): Error: Unable to find a "
+        "match: gcc; install it yourself, or pass --no-compiler")
+    gcc = compilers.decide(NONE_APT, gpus=1, root=True, wanted=True)
+    assert compilers.failure(gcc, "apt-get", None, "") == (
+        "installing gcc with apt-get failed (no exit); install it yourself, or pass "
         "--no-compiler")
+
+
+@pytest.mark.parametrize(("before", "after", "line"), [
+    (NONE_APT, GCC, "gcc 12.2.0 installed with apt-get"),
+    (compilers.Found(package_manager="apt-get", python_headers=False), GCC,
+     "gcc 12.2.0 installed with apt-get, and python3-dev"),
+    (HEADERLESS, GCC, "python3-dev installed with apt-get (gcc 12.2.0 was there)"),
+    (NONE_APT, NONE_APT, ""),  # it said it worked; the probe says otherwise
+    (HEADERLESS, HEADERLESS, ""),
+])
+def test_the_line_after_an_install_is_what_the_probe_saw(
+    before: compilers.Found, after: compilers.Found, line: str,
+) -> None:
+    action = compilers.decide(before, gpus=1, root=True, wanted=True)
+    assert compilers.installed(action, before, after) == line
 
 
 STANDIN_APT = """#!/bin/sh
@@ -196,7 +229,8 @@ def test_the_step_installs_gcc_over_ssh_once_and_stops_on_a_failure(
     calls = standin / "apt-get.calls"
     # No GPU: nothing looked for, nothing run.
     steps, facts = asyncio.run(step(NodeReport(node="bare-01")))
-    assert facts.compiler == compilers.Found(package_manager="apt-get"), "gcc seen: " + path
+    assert facts.compiler == compilers.Found(package_manager="apt-get", python_headers=True), \
+        "gcc seen: " + path
     assert steps.lines[-1] == "compiler skipped: no GPU, vLLM and SGLang are not installed here"
     assert not calls.exists()
 
@@ -206,7 +240,7 @@ def test_the_step_installs_gcc_over_ssh_once_and_stops_on_a_failure(
         asyncio.run(step(H100S))
     assert str(stopped.value).startswith(
         "compiler: installing gcc with apt-get failed (exit 100): E: Unable to locate package "
-        "gcc; install gcc yourself, or pass --no-compiler; the agent runs, nodes.yaml is "
+        "gcc; install it yourself, or pass --no-compiler; the agent runs, nodes.yaml is "
         "unchanged. Fix it, or pass --continue-past"), str(stopped.value)
     # It read the package lists once and tried again before giving up.
     assert calls.read_text().splitlines() == [
@@ -214,9 +248,9 @@ def test_the_step_installs_gcc_over_ssh_once_and_stops_on_a_failure(
     steps, _ = asyncio.run(step(H100S, go_on=lambda step, doubts: True))
     assert steps.lines[-2:] == [
         "compiler none, gone past: installing gcc with apt-get failed (exit 100): E: Unable to "
-        "locate package gcc; install gcc yourself, or pass --no-compiler",
+        "locate package gcc; install it yourself, or pass --no-compiler",
         "passed compiler: installing gcc with apt-get failed (exit 100): E: Unable to locate "
-        "package gcc; install gcc yourself, or pass --no-compiler"]
+        "package gcc; install it yourself, or pass --no-compiler"]
     assert not (standin / "gcc").exists()
 
     # apt-get works: gcc installed, found by the probe after it.
@@ -231,7 +265,7 @@ def test_the_step_installs_gcc_over_ssh_once_and_stops_on_a_failure(
 
     # Again: already there, nothing run.
     steps, facts = asyncio.run(step(H100S))
-    assert facts.compiler == compilers.Found("gcc", "12.2.0", False, "apt-get")
+    assert facts.compiler == compilers.Found("gcc", "12.2.0", False, "apt-get", True)
     assert steps.lines[-1] == "compiler gcc 12.2.0 already there"
     assert len(calls.read_text().splitlines()) == 1
 
