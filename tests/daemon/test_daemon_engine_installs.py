@@ -32,11 +32,8 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def index(standin: Path, tmp_path: Path) -> Iterator[Index]:
-    served = Index(tmp_path / "index")
-    served.add(standin)
-    served.start()
-    yield served
-    served.stop()
+    with indexes.serving(tmp_path / "index", standin) as served:
+        yield served
 
 
 class Clock:

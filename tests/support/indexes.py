@@ -11,11 +11,13 @@ log so a test can count downloads.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,3 +118,16 @@ class Index:
             self.process.terminate()
             self.process.wait(timeout=10)
             self.process = None
+
+
+@contextlib.contextmanager
+def serving(directory: Path, *wheels: Path) -> Iterator[Index]:
+    """A started index in ``directory`` holding ``wheels``, stopped when the block ends."""
+    served = Index(directory)
+    for wheel in wheels:
+        served.add(wheel)
+    served.start()
+    try:
+        yield served
+    finally:
+        served.stop()
