@@ -17,7 +17,8 @@ Layout: ``<engines.dir>/<engine>-<version>`` (``vllm-0.11.0``,
   fault. A node without a C compiler fails them before anything is fetched:
   Triton builds its launcher with ``gcc`` (or ``clang``) when the engine first
   loads a model, so the install would only fail later, at the worst moment;
-  the error names the fix (``apt-get install gcc``).
+  the error names the fix: ``llmgw node add`` run again for the node installs
+  gcc (the agent runs unprivileged and cannot), or ``apt-get install gcc``.
 
 An install is built under a scratch name (``.<engine>-<version>.partial-<random>``)
 and its program run (``llama-server --version``, ``vllm --version``, for
@@ -86,13 +87,16 @@ Start = Callable[[Sequence[UnitChange]], Awaitable[list[UnitResult]]]
 HasGpu = Callable[[], Awaitable[bool]]
 Compiler = Callable[[], str]  # the C compiler engines find, "" for none (reports.c_compiler)
 COMPILER_FIX = "apt-get install gcc"
+# node add logs in as root or a sudo user, and installs gcc on a GPU node that has none.
+NODE_ADD_FIX = "run `llmgw node add` for this node again, which installs gcc"
 
 
 def no_compiler(engine: str) -> str:
     """Why a vLLM or SGLang install stops on a node without a C compiler, and the fix."""
     return (f"no C compiler on this node (gcc or clang on PATH): Triton compiles its "
             f"launcher with one when {engine} first loads a model, and fails without; "
-            f"install one: `{COMPILER_FIX}` (Debian, Ubuntu; `dnf install gcc` on Fedora, RHEL)")
+            f"install one: {NODE_ADD_FIX}, or `{COMPILER_FIX}` (Debian, Ubuntu; `dnf install "
+            "gcc` on Fedora, RHEL)")
 
 
 def free_bytes(root: Path) -> int | None:

@@ -1,4 +1,5 @@
-"""``llmgw node add [USER@]HOST[:PORT]``: pin, check, account, install, start, report, nodes.yaml.
+"""``llmgw node add [USER@]HOST[:PORT]``: pin, check, account, install, start, report,
+compiler, fabrics, nodes.yaml.
 
 The steps are :mod:`llmgw.onboarding.enrolments`'. At a terminal they show
 as a checklist updated in place (:mod:`.checklists`), the host key
@@ -24,7 +25,8 @@ from llmgw.onboarding import enrolments, preflights, yamledits
 from llmgw.spec.models import NAME_PATTERN, Node
 
 DEFAULT_PREFIX = "/opt/llmgw"
-STEPS = ("host key", "preflight", "account", "install", "agent", "report", "fabrics", "nodes.yaml")
+STEPS = ("host key", "preflight", "account", "install", "agent", "report", "compiler", "fabrics",
+         "nodes.yaml")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="go on past a check that failed but need not stop the install "
                      "(low disk, a GPU fault, an agent warning); nodes.yaml notes it in a "
                      "comment. At a terminal node add asks instead")
+    add.add_argument("--no-compiler", action="store_true",
+                     help="on a GPU node without gcc or clang, install none (vLLM and SGLang "
+                     "installs then refuse the node until one is there)")
     add.add_argument("--fingerprint", metavar="SHA256:…",
                      help="the host key fingerprint to accept (checked on the node's console)")
     add.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
@@ -142,7 +147,10 @@ def run_add(args: argparse.Namespace) -> int:
             await enrolment.ensure_account(conn, facts)
             upgraded = await enrolment.install(conn, facts)
             plan = await enrolment.agent(conn, facts, upgraded)
-        return await enrolment.first_report(plan)
+            # Still logged in: the report's GPUs say whether a compiler is wanted.
+            report = await enrolment.first_report(plan)
+            await enrolment.compiler(conn, facts, report, wanted=not args.no_compiler)
+        return report
 
     try:
         try:

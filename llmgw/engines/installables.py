@@ -37,7 +37,9 @@ State = Literal["installed", "install", "skip", "cannot", "unknown"]
 ENGINES = ("vllm", "sglang")  # what installs from an index; llama.cpp is shipped by the CLI
 GiB = 1 << 30
 LEADING = re.compile(r"^(\d+(?:\.\d+)*)")
-COMPILER_FIX = "apt-get install gcc"  # llmgw.agent.installs.COMPILER_FIX
+# As llmgw.agent.installs.no_compiler says it: node add installs gcc, root can too.
+COMPILER_FIX = ("run `llmgw node add` for this node again, which installs gcc, or "
+                "`apt-get install gcc`")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ Steps, each shown through :class:`Progress` as it starts and as it finishes:
    recorded. An upgrade restarts the agent only: engines keep running.
 6. **report** — waits for the agent's first report through the tunnel the
    daemon will use, as ``cluster.ssh.user``.
+7. **compiler** — on a node whose report lists GPUs, gcc (or clang) on PATH,
+   which Triton needs when vLLM or SGLang first loads a model: when preflight
+   saw neither, the package manager installs gcc (:mod:`.compilers`;
+   ``--no-compiler`` skips it). A failure is a doubt, as the others.
 
 The caller then writes the node into ``nodes.yaml`` (:mod:`.yamledits`).
 Every step is idempotent: a second run changes nothing.
@@ -53,7 +57,7 @@ from ruamel.yaml.error import YAMLError
 
 from llmgw import __version__
 from llmgw.fleet.types import NodeReport
-from llmgw.onboarding import accounts
+from llmgw.onboarding import accounts, compilers
 from llmgw.onboarding.preflights import (
     PREFLIGHT,
     Facts,
@@ -403,6 +407,39 @@ class Enrolment:
                     raise EnrolError(f"the agent did not report within {REPORT_TIMEOUT:g}s "
                                      f"(its log: {self.prefix}/agent.log): {report.error}")
                 await asyncio.sleep(0.2)
+
+    async def compiler(self, conn: asyncssh.SSHClientConnection, facts: Facts,
+                       report: NodeReport, wanted: bool = True) -> None:
+        """gcc on a GPU node that has no C compiler (:mod:`.compilers`), after the report:
+        its GPUs say whether vLLM and SGLang will be installed here."""
+        self.progress.begin("compiler", "gcc or clang, for Triton on a GPU node")
+        action = compilers.decide(facts.compiler, gpus=len(report.gpus),
+                                  root=facts.uid == 0, wanted=wanted)
+        doubt = action.detail if action.kind == "cannot" else ""
+        if action.kind == "install":
+            self.progress.begin("compiler", action.detail)
+            try:
+                result = await conn.run(action.command, check=False,
+                                        timeout=compilers.INSTALL_TIMEOUT)
+                status, stderr = result.exit_status, str(result.stderr)
+            except asyncssh.TimeoutError as exc:  # what it printed until then
+                status = None
+                stderr = str(exc.stderr) + f"\nno end after {compilers.INSTALL_TIMEOUT:g}s"
+            after = compilers.parse(str((await conn.run(compilers.PROBE, check=False)).stdout))
+            manager = facts.compiler.package_manager
+            line = compilers.installed(action, facts.compiler, after)
+            if status != 0:
+                doubt = compilers.failure(action, manager, status, stderr)
+            elif not line:
+                doubt = (f"installed {action.what} with {manager}, yet found no gcc or clang on "
+                         "PATH, or no Python.h: install them yourself, or pass --no-compiler")
+            else:
+                action = compilers.Action("install", line)
+        if doubt:
+            self._doubt("compiler", [doubt], "the agent runs, nodes.yaml is unchanged")
+            self.progress.done("compiler", f"none, gone past: {doubt}")
+            return
+        self.progress.done("compiler", action.detail)
 
 
 def engines_command(plan: Plan, account: str | None, sudo: str) -> str:

@@ -401,7 +401,8 @@ def _enrol(lab: Lab, sims: list[SimNode], account: str, say: Say) -> None:
     except HarnessError as exc:
         raise LabError(str(exc)) from None
     for sim in sims:
-        say(f"  {sim.name}: llmgw node add root@127.0.0.1:{sim.port} --name {sim.name}")
+        say(f"  {sim.name}: llmgw node add root@127.0.0.1:{sim.port} --name {sim.name} "
+            "--no-compiler")
         # Its checklist; the nodes.yaml diff it shows is the lab's own, already written.
         for line in outputs[sim.name].splitlines():
             if line.startswith("nodes.yaml"):

@@ -14,9 +14,10 @@ validates it and :func:`one_line` makes it fit for a YAML comment.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmgw.fleet.types import NodeReport
+from llmgw.onboarding import compilers
 from llmgw.spec.models import NAME_PATTERN
 
 MIN_PYTHON = (3, 11)
@@ -39,6 +40,8 @@ class Facts:
     disk_free: int = 0
     home: str = ""
     hostname: str = ""  # as the machine names itself (`hostname`), not as it was reached
+    # gcc or clang on the login PATH, and the package manager (:mod:`.compilers`)
+    compiler: compilers.Found = field(default_factory=compilers.Found)
 
     @property
     def systemd(self) -> bool:
@@ -77,7 +80,7 @@ echo init=$(cat /proc/1/comm 2>/dev/null)
 echo hostname=$(hostname 2>/dev/null || uname -n)
 d={prefix}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 echo disk_kib=$(df -Pk "$d" | awk 'NR==2 {{print $4}}')
-"""
+""" + compilers.PROBE  # no braces in it: PREFLIGHT is a format string
 
 
 def parse_preflight(stdout: str) -> Facts:
@@ -90,7 +93,8 @@ def parse_preflight(stdout: str) -> Facts:
     return Facts(uid=number("uid", -1), sudo=values.get("sudo") == "yes",
                  python=values.get("python", "").strip(), venv=values.get("venv") == "yes",
                  init=values.get("init", "").strip(), disk_free=number("disk_kib", 0) * 1024,
-                 hostname=values.get("hostname", "").strip())
+                 hostname=values.get("hostname", "").strip(),
+                 compiler=compilers.parse(stdout))
 
 
 def node_name(hostname: str) -> str:

@@ -64,12 +64,15 @@ def prepare(node: SimNode) -> Path:
 def node_add_argv(cluster_dir: Path, node: SimNode, wheels: Path,
                   weights_dirs: Sequence[str] = ()) -> list[str]:
     """``llmgw node add`` for one bare node, as an operator runs it (as root, key pinned
-    by its fingerprint, its fixture's fabrics and ``weights_dirs`` named)."""
+    by its fingerprint, its fixture's fabrics and ``weights_dirs`` named), and
+    ``--no-compiler``: a simulated GPU node is this machine, which node add leaves alone."""
     fabrics = fixture_settings(node.hardware)["declared"].get("fabrics", {})
     argv = [sys.executable, "-m", "llmgw", "node", "add", f"root@127.0.0.1:{node.port}",
             "--cluster", str(cluster_dir), "--prefix", str(prefix_of(node)),
             "--wheels", str(wheels), "--name", node.name,
-            "--fingerprint", node.host_fingerprint()]
+            "--fingerprint", node.host_fingerprint(),
+            # The lab's nodes are this machine: node add installs no compiler on it.
+            "--no-compiler"]
     for name, fabric in sorted(fabrics.items()):
         argv += ["--fabric", f"{name}={','.join(fabric.get('adapters') or [])}"]
     for directory in weights_dirs:

@@ -156,6 +156,7 @@ async def test_a_node_without_a_c_compiler_fails_the_install_with_the_fix(
     await asyncio.wait_for(installer._tasks[wanted.key], 30)
     assert (progress.state, progress.error) == ("failed", installs.no_compiler(engine))
     assert "apt-get install gcc" in progress.error
+    assert "run `llmgw node add` for this node again, which installs gcc" in progress.error
     assert [f.error for f in installer.reports()] == [progress.error], "reported as a fault"
     assert not (tmp_path / "engines").exists(), "nothing fetched, nothing made"
     assert index.log.read_text().count("GET /files/") == 0

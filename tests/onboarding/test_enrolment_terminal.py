@@ -149,19 +149,21 @@ def test_terminal_add_then_again_then_upgrade_in_place(
     try:
         term.expect(r"· host key\s*\r\n  · preflight\s*\r\n  · account\s*\r\n  · install\s*\r\n"
                     r"  · agent\s*\r\n"
-                    r"  · report\s*\r\n  · fabrics\s*\r\n  · nodes\.yaml")
+                    r"  · report\s*\r\n  · compiler\s*\r\n  · fabrics\s*\r\n  · nodes\.yaml")
         term.expect(rf"» host key   \[127\.0\.0\.1\]:{node.port} offers a key not pinned yet")
         question = (f"{node.host_fingerprint()}: is this the key the node's console shows "
                     "(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`)? [yes/no] ")
         term.expect(re.escape(question))
         assert (cluster / "known_hosts").read_text() == ""  # nothing pinned before the answer
         term.type("yes")
-        # Redrawn in place: up over the 8 rows and the question with its answer (as 80
+        # Redrawn in place: up over the 9 rows and the question with its answer (as 80
         # columns wrap them), clear, draw again.
-        term.expect(rf"\x1b\[{8 + math.ceil(len(question + 'yes') / 80)}F\x1b\[J  » host key")
-        term.expect(r"\x1b\[8F\x1b\[J  ✓ host key   SHA256:\S+ pinned in ")
+        term.expect(rf"\x1b\[{9 + math.ceil(len(question + 'yes') / 80)}F\x1b\[J  » host key")
+        term.expect(r"\x1b\[9F\x1b\[J  ✓ host key   SHA256:\S+ pinned in ")
         term.expect(r"» install    .*\(\d+s\)")  # what a running step does, and for how long
         term.expect(r"✓ report     8 GPUs, \d+ GiB, 4 RDMA adapters")
+        # This machine's PATH, which the simulated node's sessions have: gcc is there.
+        term.expect(r"✓ compiler   (gcc|clang) \S* ?already there")
         term.expect(r"InfiniBand adapters mlx5_0, mlx5_1, mlx5_2, mlx5_3 \(SM LID 0x1, GID "
                     r"prefix fe80:0000:0000:0000\): on which fabric\? "
                     r"\[ib-a/none\] ")
@@ -188,7 +190,7 @@ def test_terminal_add_then_again_then_upgrade_in_place(
     assert again.returncode == 0, again.stdout + again.stderr
     assert [line[:11] for line in again.stdout.splitlines()] == [
         "host key   ", "preflight  ", "account    ", "install    ", "agent      ", "report     ",
-        "fabrics    ", "nodes.yaml "]
+        "compiler   ", "fabrics    ", "nodes.yaml "]
     assert "\x1b" not in again.stdout
     assert f"agent      running (supervise backend, pid {pid})" in again.stdout
     assert "nodes.yaml gpu-01 unchanged" in again.stdout

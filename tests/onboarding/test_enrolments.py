@@ -91,6 +91,7 @@ def test_node_add_takes_a_bare_node_to_a_reporting_agent(
     steps = [line.split()[0] for line in lines[:6]]
     assert steps == ["host", "preflight", "account", "install", "agent", "report"], added.stdout
     assert "no systemd: supervise backend" in added.stdout
+    assert "compiler   skipped: no GPU, vLLM and SGLang are not installed here" in added.stdout
     assert node.known_hosts_line().split()[2] in (cluster / "known_hosts").read_text()
     # The agent runs from the node's own venv, installed from shipped wheels.
     assert (Path(prefix) / "venv" / "bin" / "llmgw").exists()

@@ -75,7 +75,8 @@ CASES: dict[str, tuple[str, str, str, Callable[[NodeReport], NodeReport], str, s
     "a full disk": ("h100-ib", "vllm", "0.11.0", host(engines_free_bytes=3 * GiB), "cannot",
                     f"3.0 GiB free in {ENGINES_DIR}; a vLLM environment takes 12 GiB"),
     "no C compiler": ("l40s-nofabric", "vllm", "0.11.0", host(c_compiler=""), "cannot",
-                      "apt-get install gcc"),
+                      "run `llmgw node add` for this node again, which installs gcc, or "
+                      "`apt-get install gcc`"),
     "an older agent's unknown compiler is not checked": (
         "l40s-nofabric", "vllm", "0.11.0", host(c_compiler=None), "install", "GiB free"),
     "Python 3.14 has no torch wheels": ("h100-ib", "vllm", "0.11.0",
