@@ -58,6 +58,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     revoke.add_argument("key_id", metavar="ID", help="key id as `keys list` shows it (or the key)")
     revoke.set_defaults(handler=run_revoke)
 
+    limits = commands.add_parser(
+        "limits", help="show or change a key's own requests and tokens per minute",
+        description="A key's own limits apply beside its project's. Without --rpm or --tpm, "
+        "print them; `none` removes one. Routers apply a change as they apply a revocation: "
+        f"within {keycaches.REVOCATION_BOUND:g} s.")
+    clusters.add_cluster_flag(limits)
+    limits.add_argument("key_id", metavar="ID", help="key id as `keys list` shows it (or the key)")
+    limits.add_argument("--rpm", type=_per_minute_or_none, metavar="N|none",
+                        help="the key's own requests per minute; none: no limit of its own")
+    limits.add_argument("--tpm", type=_per_minute_or_none, metavar="N|none",
+                        help="the key's own tokens per minute; none: no limit of its own")
+    limits.set_defaults(handler=run_limits)
+
     spent = commands.add_parser(
         "budgets", help="what each project spent this budget period, and when it resets",
         description="Per project: spend in the budget's current period (day, week or month "
@@ -129,17 +142,21 @@ def run_list(args: argparse.Namespace) -> int:
         print(json.dumps([{
             "id": k.id, "project": k.project, "name": k.name, "created_at": k.created_at,
             "revoked_at": k.revoked_at, "last_used_at": k.last_used_at,
-            "rpm": k.rpm, "tpm": k.tpm,
+            "rpm": k.rpm, "tpm": k.tpm, "owner": k.owner,
         } for k in listed], indent=2))
         return 0
     if not listed:
         print("no keys yet; create one with `llmgw keys create --project P`", file=sys.stderr)
         return 0
-    rows = [("ID", "PROJECT", "NAME", "CREATED", "LAST USED", "LIMITS", "STATE")]
+    # OWNER (who made a key on /account) only where some key has one: a cluster without
+    # the pages never sees a column of dashes.
+    owners = any(k.owner for k in listed)
+    rows = [("ID", "PROJECT", "NAME", *(["OWNER"] if owners else []), "CREATED", "LAST USED",
+             "LIMITS", "STATE")]
     for k in listed:
-        rows.append((k.id, k.project, k.name or "-", _when(k.created_at),
-                     _when(k.last_used_at) if k.last_used_at else "never", _limits(k),
-                     f"revoked {_when(k.revoked_at)}" if k.revoked_at else "active"))
+        rows.append((k.id, k.project, k.name or "-", *([k.owner or "-"] if owners else []),
+                     _when(k.created_at), _when(k.last_used_at) if k.last_used_at else "never",
+                     _limits(k), f"revoked {_when(k.revoked_at)}" if k.revoked_at else "active"))
     _table(rows)
     return 0
 
@@ -190,6 +207,49 @@ def run_revoke(args: argparse.Namespace) -> int:
         print(f"key {key_id} ({info.project}) was already revoked at {_when(info.revoked_at)}")
     else:
         print(f"revoked key {key_id} ({info.project}); routers refuse it within "
+              f"{keycaches.REVOCATION_BOUND:g} s")
+    return 0
+
+
+_UNCHANGED = -1  # --rpm/--tpm not given
+
+
+def run_limits(args: argparse.Namespace) -> int:
+    cluster = clusters.load(args.cluster)
+    key_id = keys.key_id_of(args.key_id) or args.key_id
+    rpm = _UNCHANGED if args.rpm is None else args.rpm
+    tpm = _UNCHANGED if args.tpm is None else args.tpm
+
+    async def change(store: Store) -> tuple[keys.KeyInfo | None, keys.KeyInfo | None]:
+        before = {k.id: k for k in await keys.list_all(store)}.get(key_id)
+        if before is None or before.revoked_at is not None or (
+                rpm == _UNCHANGED and tpm == _UNCHANGED):
+            return before, before
+        new_rpm = before.rpm if rpm == _UNCHANGED else rpm or None
+        new_tpm = before.tpm if tpm == _UNCHANGED else tpm or None
+        if (new_rpm, new_tpm) == (before.rpm, before.tpm):
+            return before, before
+        after = await keys.set_limits(store, key_id, new_rpm, new_tpm)
+        await audits.record_cli(store, "key.limits", key=key_id, project=before.project,
+                                rpm=str(new_rpm or "none"), tpm=str(new_tpm or "none"))
+        return before, after
+
+    before, after = with_store(cluster, change)
+    if before is None or after is None:
+        raise UserError(f"no key with id {key_id!r} in {store_path(cluster, args.cluster)}; "
+                        "`llmgw keys list` shows them")
+    if before.revoked_at is not None and (rpm, tpm) != (_UNCHANGED, _UNCHANGED):
+        raise UserError(f"key {key_id} ({before.project}) was revoked at "
+                        f"{_when(before.revoked_at)}: its limits no longer matter; create a "
+                        f"new key with `llmgw keys create --project {before.project} --rpm N`")
+    shown = _limits(after)
+    if after is before:
+        print(f"key {key_id} ({after.project}): "
+              f"{shown if shown != '-' else 'no limits of its own'}"
+              f"{' (unchanged)' if (rpm, tpm) != (_UNCHANGED, _UNCHANGED) else ''}")
+    else:
+        print(f"key {key_id} ({after.project}): {shown if shown != '-' else 'no limits of its own'}"
+              f" (was {_limits(before)}); routers apply it within "
               f"{keycaches.REVOCATION_BOUND:g} s")
     return 0
 
@@ -247,6 +307,17 @@ def _per_minute(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text[:40]!r} is not a whole number of at least 1 (per minute)")
     return int(text)
+
+
+def _per_minute_or_none(text: str) -> int:
+    """``keys limits --rpm/--tpm``: a whole number from 1, or ``none`` (0: remove it)."""
+    if text == "none":
+        return 0
+    try:
+        return _per_minute(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number of at least 1 "
+                                         "(per minute), nor none") from None
 
 
 def _limits(k: keys.KeyInfo) -> str:

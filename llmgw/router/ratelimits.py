@@ -31,7 +31,8 @@ estimate is above the whole ``tpm`` is refused at once: no minute can fit it.
 **The local fast path.** A router that saw a counter full for this minute
 refuses the next request of that counter itself, without a store round trip,
 until the minute ends (requests; a request count never falls within its
-minute) or for one second (tokens, which corrections give back).
+minute) or for one second (tokens, which corrections give back), unless the
+limit was raised meanwhile (``llmgw keys limits``): then the store is asked.
 
 **Store outages.** While the store cannot be reached, each router counts in
 its own window (:meth:`RateLimiter._take_locally`): a counter starts from
@@ -158,8 +159,9 @@ class RateLimiter:
         self.store = store
         self.clock = clock
         self.refused = refused or (lambda project, kind: None)
-        # counter name → (its minute, the clock time until which it is known full)
-        self._full: dict[str, tuple[int, float]] = {}
+        # counter name → (its minute, the clock time until which it is known full, the
+        # limit it was full at: a key's limits raised meanwhile ask the store again)
+        self._full: dict[str, tuple[int, float, int]] = {}
         # counter name → its count as the store last answered, this minute (the headers
         # of a refusal answered locally)
         self._seen: dict[str, int] = {}
@@ -191,7 +193,8 @@ class RateLimiter:
                     code="rate_limit_exceeded", type="tokens", param="max_tokens")
         self._forget(slot, now)
         for i, lim in enumerate(limits):
-            if lim.name in self._full:  # the fast path: refused without asking the store
+            known = self._full.get(lim.name)
+            if known and lim.limit <= known[2]:  # the fast path: refused without the store
                 used = [self._seen.get(x.name, 0) for x in limits]
                 raise self._refusal(limits, used, i, tokens, now)
         counts = [Count(lim.name, lim.limit, 1 if lim.kind == "requests" else tokens)
@@ -218,7 +221,7 @@ class RateLimiter:
                 if u + c.amount > c.limit and (lim.kind == "requests" or u >= lim.limit):
                     until = (slot + 1) * WINDOW if lim.kind == "requests" else min(
                         now + TOKENS_FULL_FOR, (slot + 1) * WINDOW)
-                    self._full[lim.name] = (slot, until)
+                    self._full[lim.name] = (slot, until, lim.limit)
             raise self._refusal(limits, list(taken.used), over, tokens, now)
         return Ticket(slot, tuple(lim.name for lim in limits if lim.kind == "tokens"), tokens,
                       headers(limits, taken.used, now))
@@ -282,7 +285,8 @@ class RateLimiter:
             self._seen.clear()
             self._local.clear()
             self._unsent.clear()  # an old minute's counters no longer limit anything
-        for name in [n for n, (s, until) in self._full.items() if s != slot or until <= now]:
+        for name in [n for n, (s, until, _) in self._full.items()
+                     if s != slot or until <= now]:
             del self._full[name]
 
     def _refusal(self, limits: Sequence[Limit], used: Sequence[int], over: int, tokens: int,

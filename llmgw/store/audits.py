@@ -20,6 +20,7 @@ Actions (the vocabulary callers use; a reader matches on them):
 =================  ================================================================
 ``key.create``     ``key=ID project=P``
 ``key.revoke``     ``key=ID project=P``
+``key.limits``     ``key=ID project=P rpm=N|none tpm=N|none`` (the key's own limits set)
 ``reservation.release``  ``reservation=ID project=P``
 ``user.create``    ``user=U role=admin|user projects=P,Q``
 ``user.delete``    ``user=U``

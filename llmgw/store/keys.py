@@ -124,6 +124,13 @@ async def revoke(store: Store, key_id: str, now: float | None = None) -> KeyInfo
     return _info(row) if row else None
 
 
+async def set_limits(store: Store, key_id: str, rpm: int | None,
+                     tpm: int | None) -> KeyInfo | None:
+    """Set ``key_id``'s own limits (None: none); None when there is no such key."""
+    row = await store.set_key_limits(key_id, rpm, tpm)
+    return _info(row) if row else None
+
+
 def _info(row: KeyRow, last_used_at: float | None = None) -> KeyInfo:
     return KeyInfo(row.id, row.project, row.name, row.created_at, row.revoked_at, last_used_at,
                    row.rpm, row.tpm, row.owner)

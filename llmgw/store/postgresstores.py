@@ -178,6 +178,13 @@ class PostgresStore(PostgresPages, Store):
             found = await conn.fetchrow(f"SELECT {_KEY_COLUMNS} FROM keys WHERE id = $1", key_id)
         return KeyRow(*found) if found else None
 
+    async def set_key_limits(self, key_id: str, rpm: int | None,
+                             tpm: int | None) -> KeyRow | None:
+        async with self._conn() as conn:
+            found = await conn.fetchrow(f"UPDATE keys SET rpm = $1, tpm = $2 WHERE id = $3 "
+                                        f"RETURNING {_KEY_COLUMNS}", rpm, tpm, key_id)
+        return KeyRow(*found) if found else None
+
     async def key_rows(self, ids: Sequence[str]) -> list[KeyRow]:
         async with self._conn() as conn:
             return [KeyRow(*r) for r in await outages.postgres_key_rows(conn, ids, _KEY_COLUMNS)]

@@ -181,6 +181,15 @@ class SQLiteStore(SQLitePages, Store):
             return KeyRow(*found) if found else None
         return await self._run(revoke)
 
+    async def set_key_limits(self, key_id: str, rpm: int | None,
+                             tpm: int | None) -> KeyRow | None:
+        def limit(conn: sqlite3.Connection) -> KeyRow | None:
+            conn.execute("UPDATE keys SET rpm = ?, tpm = ? WHERE id = ?", (rpm, tpm, key_id))
+            found = conn.execute(f"SELECT {_KEY_COLUMNS} FROM keys WHERE id = ?",
+                                 (key_id,)).fetchone()
+            return KeyRow(*found) if found else None
+        return await self._run(limit)
+
     # -- usage --------------------------------------------------------------------------
     async def insert_usage(self, rows: Sequence[UsageRow],
                            settled: Sequence[str | None] = ()) -> None:

@@ -140,6 +140,13 @@ class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods
     async def revoke_key(self, key_id: str, when: float) -> KeyRow | None:
         """Set ``revoked_at`` unless already set; the row after, or None when unknown."""
 
+    @abc.abstractmethod
+    async def set_key_limits(self, key_id: str, rpm: int | None,
+                             tpm: int | None) -> KeyRow | None:
+        """Set the key's own ``rpm`` and ``tpm`` (None: none); the row after, or None
+        when unknown. Routers see it as they see a revocation (its change notice, or
+        their next re-read of the cached keys)."""
+
     # -- usage --------------------------------------------------------------------------
     @abc.abstractmethod
     async def insert_usage(self, rows: Sequence[UsageRow],

@@ -207,3 +207,86 @@ def test_budgets_show_spend_this_period_and_the_reset(
     listed = {b["project"]: b for b in json.loads(capsys.readouterr().out)}
     assert listed["daily"]["spent_usd"] == 1.25 and listed["daily"]["resets_at"] == resets
     assert listed["research"]["period"] == "none" and listed["research"]["since"] is None
+
+
+def test_keys_limits_show_change_and_remove_a_keys_own_limits_on_both_stores(
+        tmp_path: Path, store_settings: dict[str, str],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    directory = tmp_path / "cluster"
+    directory.mkdir()
+    (directory / "cluster.yaml").write_text(CLUSTER.replace(
+        "  store: {path: state/llmgw.db}", f"  store: {json.dumps(store_settings)}"))
+    d = str(directory)
+    assert llmgw_keys("create", "--cluster", d, "--project", "ci", "--rpm", "60") == 0
+    secret = capsys.readouterr().out.strip()
+    key_id = keys.key_id_of(secret)
+    assert key_id
+
+    assert llmgw_keys("limits", "--cluster", d, key_id) == 0
+    assert capsys.readouterr().out == f"key {key_id} (ci): rpm 60\n"
+    assert llmgw_keys("limits", "--cluster", d, secret, "--tpm", "5000") == 0  # the key works too
+    assert capsys.readouterr().out.startswith(
+        f"key {key_id} (ci): rpm 60, tpm 5000 (was rpm 60); routers apply it within 3 s")
+    assert llmgw_keys("limits", "--cluster", d, key_id, "--tpm", "5000") == 0
+    assert "(unchanged)" in capsys.readouterr().out
+    assert llmgw_keys("limits", "--cluster", d, key_id, "--rpm", "none") == 0
+    assert f"key {key_id} (ci): tpm 5000 (was rpm 60, tpm 5000)" in \
+        capsys.readouterr().out
+    assert llmgw_keys("limits", "--cluster", d, key_id, "--tpm", "none") == 0
+    assert "no limits of its own (was tpm 5000)" in capsys.readouterr().out
+
+    assert llmgw_keys("list", "--cluster", d, "--json") == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert (listed["rpm"], listed["tpm"], listed["owner"]) == (None, None, None)
+
+    async def audited() -> list[str]:
+        store = await stores.open_store(StoreSettings.model_validate(store_settings))
+        try:
+            return [e.line() for e in await store.audit_entries()
+                    if e.action == "key.limits"]
+        finally:
+            await store.close()
+    assert asyncio.run(audited()) == [  # newest first; the unchanged call recorded nothing
+        f"key.limits key={key_id} project=ci rpm=none tpm=none",
+        f"key.limits key={key_id} project=ci rpm=none tpm=5000",
+        f"key.limits key={key_id} project=ci rpm=60 tpm=5000",
+    ]
+
+    assert llmgw_keys("revoke", "--cluster", d, key_id) == 0
+    capsys.readouterr()
+    with pytest.raises(UserError, match="was revoked at .*: its limits no longer matter"):
+        llmgw_keys("limits", "--cluster", d, key_id, "--rpm", "10")
+    with pytest.raises(UserError, match="no key with id '0123456789ab'"):
+        llmgw_keys("limits", "--cluster", d, "0123456789ab", "--rpm", "10")
+
+
+@pytest.mark.parametrize("value", ["0", "None", "-1", "1e3"])
+def test_keys_limits_takes_a_whole_number_from_one_or_none(
+        cluster_dir: Path, capsys: pytest.CaptureFixture[str], value: str) -> None:
+    with pytest.raises(SystemExit) as caught:
+        llmgw_keys("limits", "--cluster", str(cluster_dir), "0123456789ab", "--rpm", value)
+    assert caught.value.code == 2
+    assert "whole number" in capsys.readouterr().err
+
+
+def test_keys_list_shows_who_made_a_key_on_its_page(
+        cluster_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = str(cluster_dir)
+    db = cluster_dir / "state" / "llmgw.db"
+    assert llmgw_keys("create", "--cluster", d, "--project", "ci", "--name", "nightly") == 0
+    capsys.readouterr()
+
+    async def on_a_page() -> str:
+        store = await stores.open_store(StoreSettings(path=str(db)))
+        try:
+            return (await keys.create(store, "research", "laptop", owner="alice")).info.id
+        finally:
+            await store.close()
+    assert llmgw_keys("list", "--cluster", d) == 0
+    assert "OWNER" not in capsys.readouterr().out  # no key made on a page: no column
+    page_key = asyncio.run(on_a_page())
+    assert llmgw_keys("list", "--cluster", d) == 0
+    header, cli_row, page_row = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["ID", "PROJECT", "NAME", "OWNER"]
+    assert cli_row.split()[2:4] == ["nightly", "-"]
+    assert page_row.split()[:4] == [page_key, "research", "laptop", "alice"]

@@ -20,9 +20,9 @@ import openai
 import pytest
 from support import postgres
 from support.stacks import CPU, Stack, StackFactory
-from support.waits import until
+from support.waits import until, wait_until
 
-from llmgw.router import Settings
+from llmgw.router import Settings, keycaches
 from llmgw.spec.models import Cluster
 from llmgw.store import keys, usages
 
@@ -111,6 +111,43 @@ def test_a_keys_own_tpm_is_enforced_and_corrected_to_real_usage(
         client.chat.completions.create(**{**BODY, "max_tokens": 1000})  # type: ignore[call-overload]
     assert (caught.value.code, caught.value.type) == ("rate_limit_exceeded", "tokens")
     assert rate_limited(stack) == {("research", "tokens"): 1.0}
+
+
+def test_a_keys_limits_changed_in_the_store_reach_a_running_router(
+        tmp_path: Path, store_settings: dict[str, str], clients: Clients) -> None:
+    """`llmgw keys limits` writes the store; a router that has the key cached applies the new
+    limits within the revocation bound (the key's change notice on PostgreSQL, the re-read
+    of cached keys on SQLite), with no restart: raised, it admits again; removed, the
+    key's own headers go."""
+    stack = Stack(tmp_path, limited(), Settings(), 1, store_settings)
+    try:
+        stack.route({"chat": stack.upstreams})
+        pin(stack)
+        created = stack.run(keys.create(stack.db, "research", "ci", rpm=1))
+        client = clients(stack, created.secret)
+        client.chat.completions.create(**BODY)  # type: ignore[call-overload]
+        with pytest.raises(openai.RateLimitError):  # rpm 1: the key is cached, and refused
+            client.chat.completions.create(**BODY)  # type: ignore[call-overload]
+
+        stack.run(keys.set_limits(stack.db, created.info.id, 5, None))
+
+        def answered() -> dict[str, str] | None:
+            try:
+                raw = client.chat.completions.with_raw_response.create(**BODY)  # type: ignore[call-overload]
+            except openai.RateLimitError:
+                return None
+            return dict(raw.headers)
+
+        bound = 3 * keycaches.REVOCATION_BOUND
+        wait_until(lambda: (h := answered()) and h["x-ratelimit-limit-requests"] == "5",
+                   timeout=bound)
+        stack.run(keys.set_limits(stack.db, created.info.id, None, None))
+        wait_until(lambda: (h := answered()) and "x-ratelimit-limit-requests" not in h,
+                   timeout=bound)
+        for _ in range(6):  # no limit of its own now: more than 5 in the same minute
+            assert answered() is not None
+    finally:
+        stack.close()
 
 
 @pytest.fixture
