@@ -78,12 +78,14 @@ def _sso_problems(cluster: Cluster, dropped: set[str]) -> Iterator[Problem]:
     """A group of ``cluster.web.oidc.groups`` that grants a project the cluster lacks."""
     oidc = cluster.cluster.web.oidc
     for group, grant in (oidc.groups.items() if oidc else ()):
-        for i, project in enumerate(grant.projects):
-            if project not in cluster.projects and project not in dropped:
-                known = ", ".join(sorted(cluster.projects)) or "none"
-                yield Problem(("cluster", "web", "oidc", "groups", group, "projects", i),
-                              f"group {group!r} grants project {project!r}, which is not "
-                              f"defined (projects: {known})")
+        for field, granted in (("projects", grant.projects), ("admin_of", grant.admin_of)):
+            for i, project in enumerate(granted):
+                if project not in cluster.projects and project not in dropped:
+                    known = ", ".join(sorted(cluster.projects)) or "none"
+                    what = "project" if field == "projects" else "the admin role of project"
+                    yield Problem(("cluster", "web", "oidc", "groups", group, field, i),
+                                  f"group {group!r} grants {what} {project!r}, which is not "
+                                  f"defined (projects: {known})")
 def _budget_problems(cluster: Cluster) -> Iterator[Problem]:
     """A budget binds only through prices: a project with one while every model it may call
     (its ``models:`` allow-list, :mod:`llmgw.spec.allowlists`) is free would spend without

@@ -30,6 +30,11 @@ class OidcGroup(Strict):
         default_factory=list, description="Projects a member of this group belongs to."
     )
     admin: bool = Field(False, description="Members of this group are admins (/admin).")
+    admin_of: list[Name] = Field(
+        default_factory=list,
+        description="Projects a member of this group is a project admin of (on /account they "
+        "see and revoke every key of the project); each is joined too.",
+    )
 
 
 def _issuer(value: str) -> str:

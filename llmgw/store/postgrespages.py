@@ -52,19 +52,21 @@ class PostgresPages(abc.ABC):
 
     async def sign_on_user(self, user: User) -> User | None:
         projects = json.dumps(list(user.projects))
+        admin_of = json.dumps(list(user.admin_of))
         async with self._conn() as conn, conn.transaction():
             for _ in range(2):  # a first sign-on racing ours inserted the row: update it
                 found = await conn.fetchrow(
-                    "UPDATE users SET admin = $2, projects = $3 WHERE subject = $1 "
+                    "UPDATE users SET admin = $2, projects = $3, admin_of = $4 "
+                    "WHERE subject = $1 "
                     "RETURNING name, admin, projects, created_at, subject, admin_of",
-                    user.subject, user.admin, projects)
+                    user.subject, user.admin, projects, admin_of)
                 if found is not None:
                     return _user(found)
                 found = await conn.fetchrow(
-                    "INSERT INTO users (name, password, admin, projects, created_at, subject) "
-                    "VALUES ($1, '', $2, $3, $4, $5) ON CONFLICT DO NOTHING "
+                    "INSERT INTO users (name, password, admin, projects, created_at, subject, "
+                    "admin_of) VALUES ($1, '', $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING "
                     "RETURNING name, admin, projects, created_at, subject, admin_of",
-                    user.name, user.admin, projects, user.created_at, user.subject)
+                    user.name, user.admin, projects, user.created_at, user.subject, admin_of)
                 if found is not None:
                     return _user(found)
                 if await conn.fetchval("SELECT 1 FROM users WHERE name = $1 AND "

@@ -55,17 +55,20 @@ class SQLitePages(abc.ABC):
     async def sign_on_user(self, user: User) -> User | None:
         def upsert(conn: sqlite3.Connection) -> User | None:
             projects = json.dumps(list(user.projects))
+            admin_of = json.dumps(list(user.admin_of))
             with conn:
                 conn.execute("BEGIN IMMEDIATE")
-                conn.execute("UPDATE users SET admin = ?, projects = ? WHERE subject = ?",
-                             (int(user.admin), projects, user.subject))
+                conn.execute("UPDATE users SET admin = ?, projects = ?, admin_of = ? "
+                             "WHERE subject = ?",
+                             (int(user.admin), projects, admin_of, user.subject))
                 found = conn.execute(f"{_USER} WHERE subject = ?", (user.subject,)).fetchone()
                 if found is None:
                     try:
                         conn.execute("INSERT INTO users (name, password, admin, projects, "
-                                     "created_at, subject) VALUES (?, '', ?, ?, ?, ?)",
+                                     "created_at, subject, admin_of) "
+                                     "VALUES (?, '', ?, ?, ?, ?, ?)",
                                      (user.name, int(user.admin), projects, user.created_at,
-                                      user.subject))
+                                      user.subject, admin_of))
                     except sqlite3.IntegrityError:
                         return None
                     found = conn.execute(f"{_USER} WHERE subject = ?",

@@ -100,8 +100,10 @@ async def create(
 
 
 async def sign_on(store: Store, subject: str, name: str, *, admin: bool,
-                  projects: Sequence[str], now: float | None = None) -> User | None:
-    """The user of ``subject`` (single sign-on), its role and projects set to these.
+                  projects: Sequence[str], admin_of: Sequence[str] = (),
+                  now: float | None = None) -> User | None:
+    """The user of ``subject`` (single sign-on), its role, projects and project-admin
+    roles (``admin_of``, each joined too) set to these.
 
     The row bound to ``subject`` is updated (it keeps its name); else a row named
     ``name`` is created, bound to ``subject``, without a password. None when there
@@ -109,8 +111,9 @@ async def sign_on(store: Store, subject: str, name: str, *, admin: bool,
     subject's): a provider's claim never takes over an account it did not create.
     """
     check_name(name)
-    user = User(name, admin, tuple(sorted(set(projects))),
-                time.time() if now is None else now, subject)
+    user = User(name, admin, tuple(sorted({*projects, *admin_of})),
+                time.time() if now is None else now, subject,
+                admin_of=tuple(sorted(set(admin_of))))
     return await store.sign_on_user(user)
 
 

@@ -102,6 +102,7 @@ class Person:
     admin: bool
     projects: tuple[str, ...]
     groups: tuple[str, ...]
+    admin_of: tuple[str, ...] = ()  # projects they are a project admin of (in ``projects``)
 
 
 @dataclass(frozen=True)
@@ -328,9 +329,10 @@ def person(settings: OidcSettings, claims: Mapping[str, Any], groups: object) ->
     if name is None:
         raise SignOnError("the provider's name for you cannot be made a user name",
                           "name", 403)
-    projects = tuple(sorted({p for g in grants for p in g.projects}))
+    admin_of = tuple(sorted({p for g in grants for p in g.admin_of}))
+    projects = tuple(sorted({p for g in grants for p in g.projects} | set(admin_of)))
     return Person(f"{settings.issuer} {claims['sub']}", name, any(g.admin for g in grants),
-                  projects, mine)
+                  projects, mine, admin_of)
 
 
 def user_name(claimed: str) -> str | None:

@@ -329,7 +329,7 @@ class Pages:
             account = found.name
             user = await users.sign_on(self.store, found.subject, found.name,
                                        admin=found.admin, projects=found.projects,
-                                       now=self.clock())
+                                       admin_of=found.admin_of, now=self.clock())
             if user is None:
                 reason, status = "name-taken", 403
                 message = (f"the user name {found.name!r} belongs to another account: ask an "

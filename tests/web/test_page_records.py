@@ -66,6 +66,23 @@ async def test_a_sign_on_binds_a_row_to_its_subject_and_never_takes_over_a_name(
     assert bob is not None and not bob.admin and bob.subject is None
 
 
+async def test_a_sign_on_sets_the_project_admin_roles_its_groups_grant(store: Store) -> None:
+    """``admin_of`` from the groups joins its projects, and is replaced at each sign-on: a
+    group left at the provider takes the role away at the next one."""
+    subject = "https://idp.example.com alice-sub"
+    first = await users.sign_on(store, subject, "alice", admin=False, projects=["ops"],
+                                admin_of=["research"], now=NOW)
+    assert first == users.User("alice", False, ("ops", "research"), NOW, subject,
+                               admin_of=("research",))
+    assert first.role("research") == "admin" and first.role("ops") == "member"
+    assert await users.get(store, "alice") == first
+    again = await users.sign_on(store, subject, "alice", admin=False, projects=["research"],
+                                now=NOW + 5)
+    assert again == users.User("alice", False, ("research",), NOW, subject)
+    assert again.role("research") == "member"
+    assert await users.get(store, "alice") == again
+
+
 async def test_a_single_sign_on_user_gets_no_local_password(store: Store) -> None:
     subject = "https://idp.example.com alice-sub"
     await users.sign_on(store, subject, "alice", admin=False, projects=[], now=NOW)

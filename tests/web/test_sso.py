@@ -61,6 +61,7 @@ def sso_cluster(base: Cluster, issuer: str, secret_file: Path, **web: Any) -> Cl
         "issuer": issuer, "client_id": CLIENT_ID, "client_secret_file": str(secret_file),
         "scopes": ["openid", "profile", "groups"], "display_name": "Example ID",
         "groups": {"ml-research": {"projects": ["research"]},
+                   "ml-leads": {"admin_of": ["research"]},
                    "llm-admins": {"admin": True}}}, **web}
     return Cluster.model_validate(doc)
 
@@ -112,6 +113,21 @@ def test_a_provider_login_makes_a_user_with_its_groups_projects_and_a_session(
         "alice", False, ("research",), sso.user("alice").created_at,  # type: ignore[union-attr]
         f"{sso.provider.issuer} alice")
     assert sso.audited() == ["alice login.ok user=alice method=oidc"]
+
+
+def test_a_group_grants_a_project_admin_role_until_a_login_without_it(sso: Sso) -> None:
+    sso.provider.set_account("alice", groups=["ml-leads"])
+    with httpx.Client(timeout=30) as client:
+        assert sign_in(sso, client).status_code == 200
+    user = sso.user("alice")
+    assert user is not None and not user.admin
+    assert (user.projects, user.admin_of, user.role("research")) == (
+        ("research",), ("research",), "admin")
+    sso.provider.set_account("alice", groups=["ml-research"])  # left ml-leads at the provider
+    with httpx.Client(timeout=30) as client:
+        assert sign_in(sso, client).status_code == 200
+    user = sso.user("alice")
+    assert user is not None and (user.admin_of, user.role("research")) == ((), "member")
 
 
 def test_a_login_for_a_page_returns_to_it_and_a_foreign_next_is_dropped(sso: Sso) -> None:
@@ -325,6 +341,12 @@ def test_a_group_granting_an_undefined_project_is_a_located_problem(tmp_path: Pa
         "group 'contractors' grants project 'reserch', which is not defined "
         "(projects: research)")]
     assert [p for p in checks.check(spec) if p.path[0] == "cluster"] == []
+    doc["cluster"]["web"]["oidc"]["groups"]["contractors"] = {"admin_of": ["research", "opz"]}
+    problems = [p for p in checks.check(Cluster.model_validate(doc)) if p.path[0] == "cluster"]
+    assert [(p.path, p.message) for p in problems] == [(
+        ("cluster", "web", "oidc", "groups", "contractors", "admin_of", 1),
+        "group 'contractors' grants the admin role of project 'opz', which is not defined "
+        "(projects: research)")]
 
 
 @pytest.mark.parametrize(("claimed", "name"), [
