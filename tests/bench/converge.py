@@ -166,11 +166,12 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         directory = root / "cluster"
         baseline = rss_bytes()
         loaded = time.monotonic()
-        cluster = loading.load(directory)
+        reader = loading.Reader()  # as `llmgw serve` loads: the daemon reloads through it
+        cluster = reader.load(directory)
         out["load"] = time.monotonic() - loaded
         print(f"[{nodes}] cluster directory loaded in {out['load']:.1f}s", flush=True)
         pool = pools.Pool(cluster, directory, simulated=root / "sockets", push=True)
-        daemon = Daemon(directory, cluster, agents=pool, ready_timeout=BOUND)
+        daemon = Daemon(directory, cluster, agents=pool, ready_timeout=BOUND, reader=reader)
         bench = Bench(daemon, pool)
         stop = asyncio.Event()
         task = asyncio.create_task(daemon.run(stop))
