@@ -20,15 +20,20 @@ def add_cluster_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load(directory: Path) -> Cluster:
+def load(directory: Path, reader: loading.Reader | None = None) -> Cluster:
     """The validated cluster, or a UserError listing every located problem."""
-    return load_with_sources(directory)[0]
+    return load_with_sources(directory, reader)[0]
 
 
-def load_with_sources(directory: Path) -> tuple[Cluster, loading.Sources]:
-    """:func:`load`, with where each value came from (to locate warnings)."""
+def load_with_sources(directory: Path, reader: loading.Reader | None = None,
+                      ) -> tuple[Cluster, loading.Sources]:
+    """:func:`load`, with where each value came from (to locate warnings); through
+    ``reader`` (:class:`.loading.Reader`) when given, which keeps each file's parse."""
+    checks = [profiles.check, fits.check]
     try:
-        return loading.load_with_sources(directory, extra_checks=[profiles.check, fits.check])
+        if reader is not None:
+            return reader.load_with_sources(directory, checks)
+        return loading.load_with_sources(directory, extra_checks=checks)
     except loading.SpecErrors as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)

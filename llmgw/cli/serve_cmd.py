@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--workers must be between 1 and {MAX_WORKERS}; got {args.workers}")
     if args.workers > 1 and args.role == "reconciler":
         raise UserError("--workers runs router processes: use it with --role router or all")
-    cluster = clusters.load(args.cluster)
+    reader = loading.Reader()  # the daemon's reloads parse only the files that changed
+    cluster = clusters.load(args.cluster, reader)
     overrides = {name: value for name in ("router", "admin", "metrics")
                  if (value := getattr(args, f"{name}_listen"))}
     try:
@@ -100,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
                         "simulator with `llmgw lab simulate` first; it prints the path)")
     options = Options(args.role, args.workers, listeners, ready_timeout, wait_timeout,
                       args.worker_of, tuple(_worker_argv(args, os.getpid())),
-                      simulated=args.simulated.absolute() if args.simulated else None)
+                      simulated=args.simulated.absolute() if args.simulated else None,
+                      reader=reader)
     try:
         return asyncio.run(lifetimes.serve(cluster, args.cluster, options, revision_of))
     except ListenerRefused as exc:

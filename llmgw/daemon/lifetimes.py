@@ -90,6 +90,8 @@ class Options:
     # ``--simulated DIR``: every node is a fleet simulator's (``llmgw lab simulate``), on
     # ``DIR/<node>.sock``, its observations pushed; never SSH.
     simulated: Path | None = None
+    # What loaded the cluster: the daemon reloads through it (:class:`.loading.Reader`).
+    reader: loading.Reader | None = None
 
 
 class Refused(Exception):
@@ -298,6 +300,7 @@ class _Process:
             daemon = Daemon(directory, cluster, router=router, collector=collector,
                             revision_of=revision_of, ready_timeout=options.ready_timeout,
                             leadership=leadership, store=store, router_id=holder,
+                            reader=options.reader,
                             agents=pools.Pool(cluster, directory, simulated=options.simulated,
                                               push=True)
                             if options.simulated is not None else None)

@@ -108,6 +108,7 @@ class Daemon:
         store: Store | None = None,
         router_id: str | None = None,
         agents: pools.Pool | None = None,
+        reader: loading.Reader | None = None,
     ) -> None:
         self.state = State(cluster, directory, clock(), revision=revision_of(directory))
         self.router = router
@@ -117,6 +118,9 @@ class Daemon:
         self.clock = clock
         # The agents: SSH and local sockets by default; tests pass a pool of their own.
         self.pool = agents if agents is not None else pools.Pool(cluster, directory)
+        # Reloads parse only the files that changed; pass the reader that loaded
+        # ``cluster`` so the first edit does not parse every file again.
+        self.reader = reader if reader is not None else loading.Reader()
         self._wake = asyncio.Event()
         self._reload = False
         self._reasons: set[str] = set()
@@ -385,7 +389,7 @@ class Daemon:
     async def _load(self) -> None:
         """Reload the directory; an invalid edit is refused and the last valid one stays."""
         try:
-            cluster = await asyncio.to_thread(loading.load, self.state.directory,
+            cluster = await asyncio.to_thread(self.reader.load, self.state.directory,
                                               [profiles.check, fits.check])
         except loading.SpecErrors as exc:
             self.state.refused = [str(e) for e in exc.errors]

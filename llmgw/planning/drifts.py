@@ -237,7 +237,8 @@ def kept_strangers(cluster: Cluster, fleet: Fleet) -> frozenset[tuple[str, str]]
 # -- the plan, classified ---------------------------------------------------------
 
 
-def settle(plan: Plan, cluster: Cluster, fleet: Fleet, now: float) -> Plan:
+def settle(plan: Plan, cluster: Cluster, fleet: Fleet, now: float,
+           observed: Mapping[tuple[str, int], ObservedReplica] | None = None) -> Plan:
     """``plan`` with each change's class and evidence, and what is held instead of repaired.
 
     A change whose class the cluster does not let llmgw repair is taken out
@@ -249,7 +250,8 @@ def settle(plan: Plan, cluster: Cluster, fleet: Fleet, now: float) -> Plan:
     held whole, not half of it. A node that does not answer is left alone.
     """
     settings = cluster.cluster.drift
-    observed = replicas.collect(cluster, fleet).replicas
+    if observed is None:  # the planner passes what it collected from the same fleet
+        observed = replicas.collect(cluster, fleet).replicas
     findings = {key: replica_finding(r, fleet.nodes, now) for key, r in observed.items()}
     kept: list[Change] = []
     held: list[Held] = []

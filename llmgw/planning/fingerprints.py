@@ -54,6 +54,8 @@ class Cache:
         """What :func:`node` says of ``report``."""
         known = self._known.get(name)
         if known is not None and _same_content(known[0], report):
+            if known[0] is not report:
+                self._known[name] = (report, known[1])  # the next check is one of identity
             return known[1]
         found = node(name, report)
         self._known[name] = (report, found)

@@ -445,6 +445,9 @@ class NodeCache:
         known = self._known.get(name)
         if (known is not None and (known[0] is spec or known[0] == spec) and known[1] == needs
                 and same_reading(known[2], report)):
+            # Kept with the newest report: the pool hands the same object again until the
+            # node pushes, and the next plan's comparison is then one identity check.
+            self._known[name] = (spec, needs, report, known[3])
             return _copied(known[3], spec, report)
         self.derived += 1
         node = _node_state(name, spec, report, needs)

@@ -96,7 +96,7 @@ def plan(
                            memory)
         planner.loads = loads or {}
         return drifts.settle(installs.noted(planner.run(revision), planner.reports), cluster,
-                             fleet, now)
+                             fleet, now, planner.observed)
 
 
 @contextlib.contextmanager

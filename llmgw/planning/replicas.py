@@ -167,6 +167,8 @@ def collect(cluster: Cluster, fleet: Fleet) -> Observation:
     warnings: list[str] = []
     for node_name in sorted(fleet.nodes):
         report = fleet.nodes[node_name]
+        if not report.units:
+            continue  # most of a large fleet runs nothing
         for unit in sorted(report.units, key=lambda u: (u.model, u.replica, u.rank, u.name)):
             if unit.written_by_llmgw is False:  # a stranger: whatever it claims, it is not ours
                 if report.reachable:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import logging
 import multiprocessing
 import os
@@ -166,11 +167,12 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         directory = root / "cluster"
         baseline = rss_bytes()
         loaded = time.monotonic()
-        cluster = loading.load(directory)
+        reader = loading.Reader()  # as `llmgw serve` loads: the daemon reloads through it
+        cluster = reader.load(directory)
         out["load"] = time.monotonic() - loaded
         print(f"[{nodes}] cluster directory loaded in {out['load']:.1f}s", flush=True)
         pool = pools.Pool(cluster, directory, simulated=root / "sockets", push=True)
-        daemon = Daemon(directory, cluster, agents=pool, ready_timeout=BOUND)
+        daemon = Daemon(directory, cluster, agents=pool, ready_timeout=BOUND, reader=reader)
         bench = Bench(daemon, pool)
         stop = asyncio.Event()
         task = asyncio.create_task(daemon.run(stop))
@@ -183,8 +185,14 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         # Steady state.
         await asyncio.sleep(2)
         first_round, polled, pushed = len(bench.rounds), pool.polled, pool.pushed
+        profiler = cProfile.Profile() if args.profile else None
         cpu, wall = cpu_seconds(), time.monotonic()
+        if profiler is not None:
+            profiler.enable()
         await asyncio.sleep(args.steady)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{args.profile}.{nodes}")
         cpu, wall = cpu_seconds() - cpu, time.monotonic() - wall
         steady = bench.rounds[first_round:]
         out.update(steady_rounds=steady, steady_wall=wall, steady_cpu=cpu,
@@ -284,6 +292,8 @@ def main() -> None:
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--lose", type=int, default=100)
     parser.add_argument("--drift", default="10s", help="cluster.drift_interval")
+    parser.add_argument("--profile", metavar="PATH", help="cProfile the steady state into "
+                        "PATH.<nodes> (the CPU and round times then include the profiler's)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     print(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}; drift_interval "

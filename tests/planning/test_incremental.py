@@ -6,7 +6,9 @@ flag, ``min``), an engine failing, nodes lost, back and gone without a
 report, GPUs faulted, healed and taken by a foreign process, a fabric down,
 nodes added to and removed from the cluster; between edits the plan is
 applied (every new unit ready), and every report is re-collected (new
-objects, a new ``collected_at``) as agents answer each tick. At every step
+objects, a new ``collected_at``) as agents answer each tick, or, at half the
+ticks, an unchanged node's report is the same object again, as the pool hands
+out pushed observations. At every step
 the planner's plan, serialized, must equal ``plans.plan``'s.
 """
 
@@ -157,15 +159,23 @@ class Walk:
         return kind
 
     def tick(self, plan: Plan) -> None:
-        """The plan ran; every agent answers again (new reports, same content)."""
+        """The plan ran; every agent answers again (new reports, same content) or, as
+        pushed observations are, a node whose units did not change hands the same report
+        object again."""
         self.now += 30
+        pushed = self.rng.random() < 0.5
         reachable = Fleet(nodes={n: r for n, r in self.fleet.nodes.items() if r.reachable})
         ran = apply(reachable, plan, self.now)
-        self.fleet = Fleet(nodes={
-            name: ran.nodes[name].model_copy(update={"collected_at": self.now}, deep=True)
-            if name in ran.nodes else report
-            for name, report in self.fleet.nodes.items()
-        })
+
+        def answer(name: str, report: NodeReport) -> NodeReport:
+            if name not in ran.nodes:
+                return report
+            if pushed and ran.nodes[name].units == report.units:
+                return report
+            return ran.nodes[name].model_copy(update={"collected_at": self.now}, deep=True)
+
+        self.fleet = Fleet(nodes={name: answer(name, report)
+                                  for name, report in self.fleet.nodes.items()})
 
 
 @pytest.mark.parametrize("seed", range(4))
