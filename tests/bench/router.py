@@ -165,6 +165,7 @@ def process(argv: list[str], port: int, **kwargs: object) -> Iterator[subprocess
 
 
 _UNITS = {"us": 1.0, "ms": 1000.0, "s": 1_000_000.0}
+WRK_PREFIX: list[str] = []  # e.g. ["taskset", "-c", "1"]: the load generator pinned apart
 
 
 def wrk(url: str, body: str, key: str, connections: int, duration: float, tmp: Path) -> Measure:
@@ -176,7 +177,8 @@ def wrk(url: str, body: str, key: str, connections: int, duration: float, tmp: P
         f'wrk.headers["Authorization"] = "Bearer {key}"\n'
     )
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(script),
+        [*WRK_PREFIX, "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s",
+         str(script),
          url + "/v1/chat/completions"],
         capture_output=True, text=True, timeout=duration + 30, check=True,
     ).stdout
