@@ -104,26 +104,30 @@ def wait_ready(url: str, timeout: float = 60) -> None:
 def routers(args: argparse.Namespace, tmp: Path, pg: postgres.PgServer,
             running: contextlib.ExitStack, upstream: int) -> list[Any]:
     targets = [bench.Target("direct", f"http://127.0.0.1:{upstream}")]
-    for kind in ("sqlite", "postgresql"):
-        for workers in (1, 2):
-            name = f"{kind}, {workers} worker{'s' if workers > 1 else ''}"
-            directory = tmp / f"{kind}-{workers}"
-            directory.mkdir()
-            settings = ({"path": str(directory / "llmgw.db")} if kind == "sqlite"
-                        else pg.database().settings)
-            (directory / "cluster.yaml").write_text(cluster_yaml(settings))
-            key = asyncio.run(prepare(settings, upstream))
-            port = bench.free_port()
-            pin = (["taskset", "-c", ",".join(str(c) for c in range(workers))]
-                   if args.pin else [])
-            argv = [*pin, sys.executable, "-m", "llmgw", "serve", "--cluster", str(directory),
-                    "--role", "router", "--workers", str(workers), "--log-level", "warning",
-                    "--router-listen", f"127.0.0.1:{port}",
-                    "--metrics-listen", f"127.0.0.1:{bench.free_port()}"]
-            running.enter_context(bench.process(argv, port, cwd=ROOT))
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(url)
-            targets.append(bench.Target(name, url, key))
+    variants = [(kind, workers, None) for kind in ("sqlite", "postgresql") for workers in (1, 2)]
+    if args.baseline:  # another version's llmgw package, 1 worker, for a before/after
+        variants += [(kind, 1, args.baseline) for kind in ("sqlite", "postgresql")]
+    for kind, workers, baseline in variants:
+        name = f"{kind}, {workers} worker{'s' if workers > 1 else ''}"
+        name += " (baseline)" if baseline else ""
+        directory = tmp / (f"{kind}-{workers}" + ("-baseline" if baseline else ""))
+        directory.mkdir()
+        settings = ({"path": str(directory / "llmgw.db")} if kind == "sqlite"
+                    else pg.database().settings)
+        (directory / "cluster.yaml").write_text(cluster_yaml(settings))
+        key = asyncio.run(prepare(settings, upstream))
+        port = bench.free_port()
+        pin = (["taskset", "-c", ",".join(str(c) for c in range(workers))]
+               if args.pin else [])
+        argv = [*pin, sys.executable, "-m", "llmgw", "serve", "--cluster", str(directory),
+                "--role", "router", "--workers", str(workers), "--log-level", "warning",
+                "--router-listen", f"127.0.0.1:{port}",
+                "--metrics-listen", f"127.0.0.1:{bench.free_port()}"]
+        # `-m` puts the working directory first on sys.path: it picks the package.
+        running.enter_context(bench.process(argv, port, cwd=baseline or ROOT))
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url)
+        targets.append(bench.Target(name, url, key))
     return targets
 
 
@@ -202,6 +206,9 @@ def main() -> int:
     parser.add_argument("--pin", action="store_true",
                         help="taskset: wrk and the upstream on the last CPU, routers from CPU 0")
     parser.add_argument("--only", choices=("routers",), help="skip the failovers")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="add 1-worker rows for the llmgw package in DIR (another "
+                             "version, e.g. `git archive` of a commit), for before/after")
     args = parser.parse_args()
     last = f"{(os.cpu_count() or 1) - 1}"
     if args.pin:
@@ -237,6 +244,10 @@ def main() -> int:
         print(f"| {name} | {m.rps:,.0f} | {m.p50_us / 1000:.3f} | {m.p99_us / 1000:.3f} | "
               f"{added} |")
     sqlite1, pg1 = results["sqlite, 1 worker"], results["postgresql, 1 worker"]
+    if args.baseline:
+        before = (results["postgresql, 1 worker (baseline)"].rps
+                  / results["sqlite, 1 worker (baseline)"].rps)
+        print(f"\nbaseline: PostgreSQL / SQLite, 1 worker: {before:.2f}x req/s")
     print(f"\nPostgreSQL / SQLite, 1 worker: {pg1.rps / sqlite1.rps:.2f}x req/s; "
           f"2 workers / 1 worker: SQLite {results['sqlite, 2 workers'].rps / sqlite1.rps:.2f}x,"
           f" PostgreSQL {results['postgresql, 2 workers'].rps / pg1.rps:.2f}x")

@@ -301,8 +301,8 @@ def main() -> int:
                         help="after the streaming rounds, sample llmgw with py-spy under the "
                              "same load; write the collapsed stacks to FILE, print the top")
     parser.add_argument("--baseline", metavar="DIR",
-                        help="streaming table: add rows for the llmgw package in DIR (another "
-                             "version, e.g. `git archive` of a commit), for before/after")
+                        help="add rows for the llmgw package in DIR (another version, e.g. "
+                             "`git archive` of a commit), for before/after")
     parser.add_argument("--profile-top", type=int, default=15, metavar="N",
                         help="functions listed by --profile (default 15)")
     parser.add_argument("--serve-router", nargs=5,
@@ -349,6 +349,8 @@ def requests_rows(args: argparse.Namespace) -> None:
         targets = [Target("direct", f"http://127.0.0.1:{up}")]
 
         targets += start_routers(tmp / "requests", up, running)
+        if args.baseline:
+            targets += start_routers(tmp / "baseline", up, running, baseline=args.baseline)
 
         port = free_port()
         running.enter_context(process([python, __file__, "--serve-bare", str(port), str(up),
