@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from llmgw.router import requestids
@@ -22,7 +24,23 @@ def test_two_routers_draw_different_prefixes() -> None:
 def test_a_forked_process_draws_its_own_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     ids = RequestIds()
     parent = [ids.next() for _ in range(3)]
-    monkeypatch.setattr(requestids.os, "getpid", lambda: -2)  # as after a fork
+    monkeypatch.setattr(requestids, "_generation", requestids._generation)
+    requestids._forked()  # what os.register_at_fork runs in a child
     child = [ids.next() for _ in range(3)]
     assert child[0][:12] != parent[0][:12]
     assert not set(parent) & set(child)
+
+
+def test_a_real_fork_draws_its_own_prefix() -> None:
+    ids = RequestIds()
+    parent = ids.next()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: send its next id, leave at once
+        os.write(write, ids.next().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    assert len(child) == 24 and child[:12] != parent[:12]
