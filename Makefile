@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 SYSDEPS_STAMP := $(CACHE)/.sysdeps
 
 .PHONY: install sysdeps lint test test-fast run bench engine engine-flags model proto clean docs \
-  mutation vllm vllm-lock screenshots oidc-provider
+  mutation vllm vllm-lock screenshots oidc-provider bench-peers
 
 install: $(STAMP)
 
@@ -93,7 +93,16 @@ test-fast: install sysdeps oidc-provider
 screenshots: install sysdeps
 	LLMGW_SCREENSHOTS=1 $(BIN)/pytest -q tests/web/test_screens.py -k fits_the_width
 
-bench: install sysdeps
+# The router bench's peers, vllm-router and sglang-router (Rust load balancers on PyPI), in
+# a venv of their own: measured beside llmgw, never imported by it (tests/bench/router.py).
+PEERS := $(CACHE)/bench-peers
+bench-peers: $(PEERS)/.installed
+$(PEERS)/.installed:
+	test -x $(PEERS)/bin/python || $(PY) -m venv $(PEERS)
+	$(PEERS)/bin/pip install -q vllm-router sglang-router
+	touch $@
+
+bench: install sysdeps bench-peers
 	$(BIN)/pip install -q -e '.[bench]'
 	@for script in tests/bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 

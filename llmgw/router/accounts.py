@@ -68,6 +68,7 @@ from llmgw.router import heartbeats
 from llmgw.router.catalogs import Catalog
 from llmgw.router.errors import ApiError
 from llmgw.router.keycaches import KeyCache, StoreHealth
+from llmgw.router.settlements import Settlements
 from llmgw.router.usagebuffers import UsageBuffer
 from llmgw.store import keys
 from llmgw.store.reservations import Owner, Progress
@@ -164,6 +165,7 @@ class Accounts:
         self._flushing = asyncio.Lock()
         # What each request in flight with a reservation has produced so far, by id.
         self._live: dict[str, Callable[[], tuple[int, int, float]]] = {}
+        self.settlements = Settlements(store) if store is not None else None
         self.heartbeat = (heartbeats.Heartbeat(store, self.router_id, heartbeat_interval,
                                                self.progress)
                           if store is not None else None)
@@ -319,10 +321,10 @@ class Accounts:
             self._in_flight[reservation.project] = max(left, 0.0)
         if reservation.local:
             return
-        if reservation.id is None or self.store is None or not self.health.up:
+        if reservation.id is None or self.settlements is None or not self.health.up:
             return  # the estimate holds until the row is written: the safe side
         try:
-            await self.store.settle_reservation(reservation.id, cost)
+            await self.settlements.settle(reservation.id, cost)
         except StoreError as exc:
             self.health.failed(exc)
 

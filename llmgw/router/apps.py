@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from llmgw.router.demands import Demands
 from llmgw.router.errors import ApiError
 from llmgw.router.externals import Externals
 from llmgw.router.proxies import Outcome, Proxy
+from llmgw.router.requestids import RequestIds
 from llmgw.router.routes import Endpoint, Routes
 from llmgw.store import usages
 from llmgw.store.stores import Store, StoreError
@@ -119,6 +119,7 @@ class Router:
         self.proxy = Proxy(self.routes, self.settings.connect_timeout,
                            freed=self._freed, externals=self.externals)
         self.store = store
+        self._request_ids = RequestIds()
         self.started_at = int(time.time())
         # Who is asking when a request has no Authorization header: the pages' session
         # (llmgw.web installs it). It returns None for "no session" and raises ApiError
@@ -445,7 +446,7 @@ class Router:
             endpoint=path, status=status, prompt_tokens=prompt, completion_tokens=completion,
             latency_ms=round((ended - started) * 1000, 3), cost_usd=cost, stream=stream,
             user_name=principal.user, upstream=outcome.upstream,
-            request_id=secrets.token_hex(12),
+            request_id=self._request_ids.next(),
         ), reservation)
         return cost
 
@@ -501,6 +502,8 @@ async def _read_body(request: web.Request, limit: int, timeout: float) -> bytes:
         raise ApiError(413, f"request body is {request.content_length} bytes; the limit is "
                        f"{limit}", code="request_too_large")
     try:
+        if request.content.is_eof():  # all of it came with the headers: nothing to wait on
+            return await request.read()
         async with asyncio.timeout(timeout):
             return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:

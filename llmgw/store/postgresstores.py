@@ -253,6 +253,10 @@ class PostgresStore(PostgresPages, Store):
         async with self._conn() as conn:
             await conn.execute(_SETTLE, reservation, cost)
 
+    async def settle_reservations(self, settled: Sequence[tuple[str, float]]) -> None:
+        async with self._conn() as conn:
+            await conn.executemany(_SETTLE, [(r, float(c)) for r, c in settled])
+
     # -- reservations' owners (SQL in llmgw.store.reservations) -----------------------------
     async def beat(self, router: str, ttl: float, progress: Sequence[Progress] = ()) -> None:
         async with self._conn() as conn:

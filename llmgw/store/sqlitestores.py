@@ -238,6 +238,13 @@ class SQLiteStore(SQLitePages, Store):
     async def settle_reservation(self, reservation: str, cost: float) -> None:
         await self._run(lambda conn: conn.execute(_SETTLE, (cost, reservation)))
 
+    async def settle_reservations(self, settled: Sequence[tuple[str, float]]) -> None:
+        def settle(conn: sqlite3.Connection) -> None:
+            with conn:
+                conn.execute("BEGIN")
+                conn.executemany(_SETTLE, [(c, r) for r, c in settled])
+        await self._run(settle)
+
     # -- reservations' owners (SQL in llmgw.store.reservations) -----------------------------
     async def beat(self, router: str, ttl: float, progress: Sequence[Progress] = ()) -> None:
         await self._run(lambda conn: reservations.sqlite_beat(conn, router, ttl, progress))

@@ -198,6 +198,12 @@ class Store(JournalMethods, HoldMethods, ReservationMethods, AdminSummaryMethods
         """The request behind ``reservation`` ended costing ``cost``: hold that much, not
         the estimate, until its usage row is written (which drops the reservation)."""
 
+    async def settle_reservations(self, settled: Sequence[tuple[str, float]]) -> None:
+        """:meth:`settle_reservation` for each ``(reservation, cost)``, in one round trip
+        where the store can (:mod:`llmgw.router.settlements`)."""
+        for reservation, cost in settled:
+            await self.settle_reservation(reservation, cost)
+
     # -- lease --------------------------------------------------------------------------
     @abc.abstractmethod
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> Grant | None:

@@ -14,9 +14,15 @@
    renewal cycle; time until the standby has finished its first iteration as
    leader (its first apply: observe, plan, apply), ``--failovers`` times.
 
+``--pin``: wrk and the upstream run on the last CPU (``taskset``), a 1-worker router
+on CPU 0 and a 2-worker router on CPUs 0 and 1, so ``--workers`` is measured with the
+load generator kept off the router's first core (on a 2-CPU machine the second worker
+shares its CPU with wrk: the figure is a bound). ``--only routers`` skips the failovers.
+
 Numbers are printed, never asserted.
 
     .venv/bin/python tests/bench/ha.py [--duration 2] [--rounds 3] [--connections 32]
+        [--pin] [--only routers]
 """
 
 from __future__ import annotations
@@ -98,24 +104,30 @@ def wait_ready(url: str, timeout: float = 60) -> None:
 def routers(args: argparse.Namespace, tmp: Path, pg: postgres.PgServer,
             running: contextlib.ExitStack, upstream: int) -> list[Any]:
     targets = [bench.Target("direct", f"http://127.0.0.1:{upstream}")]
-    for kind in ("sqlite", "postgresql"):
-        for workers in (1, 2):
-            name = f"{kind}, {workers} worker{'s' if workers > 1 else ''}"
-            directory = tmp / f"{kind}-{workers}"
-            directory.mkdir()
-            settings = ({"path": str(directory / "llmgw.db")} if kind == "sqlite"
-                        else pg.database().settings)
-            (directory / "cluster.yaml").write_text(cluster_yaml(settings))
-            key = asyncio.run(prepare(settings, upstream))
-            port = bench.free_port()
-            argv = [sys.executable, "-m", "llmgw", "serve", "--cluster", str(directory),
-                    "--role", "router", "--workers", str(workers), "--log-level", "warning",
-                    "--router-listen", f"127.0.0.1:{port}",
-                    "--metrics-listen", f"127.0.0.1:{bench.free_port()}"]
-            running.enter_context(bench.process(argv, port, cwd=ROOT))
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(url)
-            targets.append(bench.Target(name, url, key))
+    variants = [(kind, workers, None) for kind in ("sqlite", "postgresql") for workers in (1, 2)]
+    if args.baseline:  # another version's llmgw package, 1 worker, for a before/after
+        variants += [(kind, 1, args.baseline) for kind in ("sqlite", "postgresql")]
+    for kind, workers, baseline in variants:
+        name = f"{kind}, {workers} worker{'s' if workers > 1 else ''}"
+        name += " (baseline)" if baseline else ""
+        directory = tmp / (f"{kind}-{workers}" + ("-baseline" if baseline else ""))
+        directory.mkdir()
+        settings = ({"path": str(directory / "llmgw.db")} if kind == "sqlite"
+                    else pg.database().settings)
+        (directory / "cluster.yaml").write_text(cluster_yaml(settings))
+        key = asyncio.run(prepare(settings, upstream))
+        port = bench.free_port()
+        pin = (["taskset", "-c", ",".join(str(c) for c in range(workers))]
+               if args.pin else [])
+        argv = [*pin, sys.executable, "-m", "llmgw", "serve", "--cluster", str(directory),
+                "--role", "router", "--workers", str(workers), "--log-level", "warning",
+                "--router-listen", f"127.0.0.1:{port}",
+                "--metrics-listen", f"127.0.0.1:{bench.free_port()}"]
+        # `-m` puts the working directory first on sys.path: it picks the package.
+        running.enter_context(bench.process(argv, port, cwd=baseline or ROOT))
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url)
+        targets.append(bench.Target(name, url, key))
     return targets
 
 
@@ -191,7 +203,16 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=32, help="concurrent clients")
     parser.add_argument("--ttl", type=float, default=5.0, help="lease_ttl for the failovers")
     parser.add_argument("--failovers", type=int, default=3, help="leader kills")
+    parser.add_argument("--pin", action="store_true",
+                        help="taskset: wrk and the upstream on the last CPU, routers from CPU 0")
+    parser.add_argument("--only", choices=("routers",), help="skip the failovers")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="add 1-worker rows for the llmgw package in DIR (another "
+                             "version, e.g. `git archive` of a commit), for before/after")
     args = parser.parse_args()
+    last = f"{(os.cpu_count() or 1) - 1}"
+    if args.pin:
+        bench.WRK_PREFIX[:] = ["taskset", "-c", last]
     if not shutil.which("wrk") or postgres.bindir() is None:
         print("skipped: wrk or PostgreSQL not installed (`make sysdeps`)")
         return 0
@@ -204,15 +225,18 @@ def main() -> int:
             os.chmod(tmp, 0o755)
             up = bench.free_port()
             running.enter_context(bench.process(
-                [sys.executable, str(ROOT / "tests/support/upstream.py"), "--port", str(up)], up))
+                [*bench.WRK_PREFIX, sys.executable, str(ROOT / "tests/support/upstream.py"),
+                 "--port", str(up)], up))
             results = measure(routers(args, tmp, pg, running, up), args, tmp)
-            times = failovers(args, tmp, pg)
+            times = [] if args.only else failovers(args, tmp, pg)
     finally:
         pg.stop()
     direct = results["direct"]
+    pinned = (f"; pinned: wrk and upstream on CPU {last}, routers from CPU 0"
+              if args.pin else "")
     print(f"wrk, 1 thread; req/s at {args.connections} connections, latency at 1 connection; "
           f"best of {args.rounds} x {args.duration:g}s; {os.cpu_count()} CPUs, load "
-          f"{load:.1f} before\n")
+          f"{load:.1f} before{pinned}\n")
     print("| router (store, processes) | req/s | p50 ms | p99 ms | adds at p50 ms |")
     print("|---|--:|--:|--:|--:|")
     for name, m in results.items():
@@ -220,9 +244,15 @@ def main() -> int:
         print(f"| {name} | {m.rps:,.0f} | {m.p50_us / 1000:.3f} | {m.p99_us / 1000:.3f} | "
               f"{added} |")
     sqlite1, pg1 = results["sqlite, 1 worker"], results["postgresql, 1 worker"]
+    if args.baseline:
+        before = (results["postgresql, 1 worker (baseline)"].rps
+                  / results["sqlite, 1 worker (baseline)"].rps)
+        print(f"\nbaseline: PostgreSQL / SQLite, 1 worker: {before:.2f}x req/s")
     print(f"\nPostgreSQL / SQLite, 1 worker: {pg1.rps / sqlite1.rps:.2f}x req/s; "
           f"2 workers / 1 worker: SQLite {results['sqlite, 2 workers'].rps / sqlite1.rps:.2f}x,"
           f" PostgreSQL {results['postgresql, 2 workers'].rps / pg1.rps:.2f}x")
+    if not times:
+        return 0
     print(f"\nfailover, lease_ttl {args.ttl:g}s, kill -9 of the leader → the standby's first "
           f"iteration done: " + ", ".join(f"{t:.2f}s" for t in times)
           + f" (max {max(times):.2f}s)")

@@ -4,7 +4,11 @@ Rows: the upstream directly; through llmgw's router; through a bare aiohttp
 proxy that only forwards (the floor any aiohttp-based router stands on; it
 buffers streams, so its stream row is a bound, not a peer); through nginx (Debian's,
 a temporary config on loopback, keep-alive to the upstream, buffering off);
-through LiteLLM's proxy when it is installed (it is not a dependency).
+through LiteLLM's proxy when it is installed (it is not a dependency);
+through vllm-router and sglang-router, the Rust load balancers on PyPI, when the
+bench's peer venv has them (``make bench-peers``: a separate venv, PEERS_VENV or
+``$LLMGW_BENCH_PEERS``, so they are peers to measure, never llmgw dependencies;
+rows skipped when absent; neither checks keys or writes usage).
 Columns, for a non-streaming and a streaming chat completion: requests/s
 with ``--connections`` concurrent keep-alive clients, and latency at one
 client at a time — p50 and p99, and what each adds over the direct path.
@@ -22,7 +26,8 @@ written on its own (tests/support/upstream.py, ``--stream-chunks``); wrk
 counts the SSE chunks of whole answers with a Lua script (CHUNKS_LUA).
 Rows: direct, llmgw (and llmgw+uvloop), nginx; columns: chunks/s, ratios,
 and CPU µs per chunk of each path's process and of the upstream, from /proc.
-``--profile FILE`` then samples llmgw with py-spy under the same load.
+``--profile FILE`` then samples llmgw with py-spy under the same load
+(with ``--only requests``: under the plain requests/s load).
 
     .venv/bin/python tests/bench/router.py [--duration 2] [--rounds 3] [--connections 32]
         [--only requests|streaming] [--profile FILE]
@@ -45,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +68,15 @@ from support.streamloads import (  # noqa: E402
 BODY = '{"model":"bench","messages":[{"role":"user","content":"Say hello to the benchmark."}]}'
 STREAM_BODY = BODY[:-1] + ',"stream":true}'
 STREAM_CHUNKS = 200  # content chunks per answer in the streaming rows
+# The peers' own venv (`make bench-peers`); they bring their own aiohttp, fastapi, ...
+PEERS_VENV = Path(os.environ.get("LLMGW_BENCH_PEERS", ROOT / ".cache" / "bench-peers"))
+PEERS = {  # row -> the command that runs it in front of one upstream
+    "vllm-router": ["vllm-router", "--worker-urls", "{upstream}", "--log-level", "warning",
+                    "--prometheus-port", "{metrics}", "--policy", "round_robin"],
+    "sglang-router": ["sglang-router", "launch", "--worker-urls", "{upstream}",
+                      "--log-level", "warn", "--prometheus-port", "{metrics}",
+                      "--policy", "round_robin"],
+}
 
 NGINX_CONF = """\
 worker_processes 1;
@@ -151,6 +165,7 @@ def process(argv: list[str], port: int, **kwargs: object) -> Iterator[subprocess
 
 
 _UNITS = {"us": 1.0, "ms": 1000.0, "s": 1_000_000.0}
+WRK_PREFIX: list[str] = []  # e.g. ["taskset", "-c", "1"]: the load generator pinned apart
 
 
 def wrk(url: str, body: str, key: str, connections: int, duration: float, tmp: Path) -> Measure:
@@ -162,7 +177,8 @@ def wrk(url: str, body: str, key: str, connections: int, duration: float, tmp: P
         f'wrk.headers["Authorization"] = "Bearer {key}"\n'
     )
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(script),
+        [*WRK_PREFIX, "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s",
+         str(script),
          url + "/v1/chat/completions"],
         capture_output=True, text=True, timeout=duration + 30, check=True,
     ).stdout
@@ -285,8 +301,8 @@ def main() -> int:
                         help="after the streaming rounds, sample llmgw with py-spy under the "
                              "same load; write the collapsed stacks to FILE, print the top")
     parser.add_argument("--baseline", metavar="DIR",
-                        help="streaming table: add rows for the llmgw package in DIR (another "
-                             "version, e.g. `git archive` of a commit), for before/after")
+                        help="add rows for the llmgw package in DIR (another version, e.g. "
+                             "`git archive` of a commit), for before/after")
     parser.add_argument("--profile-top", type=int, default=15, metavar="N",
                         help="functions listed by --profile (default 15)")
     parser.add_argument("--serve-router", nargs=5,
@@ -333,6 +349,8 @@ def requests_rows(args: argparse.Namespace) -> None:
         targets = [Target("direct", f"http://127.0.0.1:{up}")]
 
         targets += start_routers(tmp / "requests", up, running)
+        if args.baseline:
+            targets += start_routers(tmp / "baseline", up, running, baseline=args.baseline)
 
         port = free_port()
         running.enter_context(process([python, __file__, "--serve-bare", str(port), str(up),
@@ -353,6 +371,8 @@ def requests_rows(args: argparse.Namespace) -> None:
                                            "--host", "127.0.0.1", "--port", str(port)], port))
             targets.append(Target("litellm", f"http://127.0.0.1:{port}"))
 
+        targets += start_peers(up, running)
+
         # Rounds interleave the targets, and each figure is the best of its rounds: load
         # from other processes on the machine only ever slows a run down, so the best run
         # is the closest to what each path costs, and all rows are treated alike.
@@ -369,13 +389,41 @@ def requests_rows(args: argparse.Namespace) -> None:
                     results[target.name][mode] = m if best is None else Measure(
                         max(best.rps, m.rps), min(best.p50_us, m.p50_us),
                         min(best.p99_us, m.p99_us))
+        if args.profile and args.only == "requests":
+            llmgw_target = next(t for t in targets if t.name == "llmgw")
+            profile(llmgw_target, args, tmp,
+                    lambda seconds: wrk(llmgw_target.url, BODY, llmgw_target.key,
+                                        args.connections, seconds, tmp))
     print(table(results, args))
     llmgw, nginx_row = results["llmgw"], results["nginx"]
     for mode in ("plain", "stream"):
         added = llmgw[mode].p50_us - results["direct"][mode].p50_us
+        added99 = llmgw[mode].p99_us - results["direct"][mode].p99_us
         ratio = llmgw[mode].rps / nginx_row[mode].rps
-        print(f"{mode}: llmgw adds {added / 1000:.3f} ms at p50 (target < 1 ms); "
-              f"{ratio:.2f}× nginx's requests/s (target ≥ 0.5×)")
+        floor = llmgw[mode].rps / results["bare aiohttp"][mode].rps
+        print(f"{mode}: llmgw adds {added / 1000:.3f} ms at p50 (target < 1 ms), "
+              f"{added99 / 1000:.3f} ms at p99 (target < 1.5 ms); "
+              f"{ratio:.2f}× nginx's requests/s (target ≥ 0.5×); "
+              f"{floor:.2f}× the bare aiohttp proxy's (target ≥ 0.9×)")
+
+
+def start_peers(upstream: int, running: contextlib.ExitStack) -> list[Target]:
+    """vllm-router and sglang-router in front of ``upstream``, from PEERS_VENV; a row
+    whose executable is not there is skipped with a note."""
+    targets = []
+    for name, template in PEERS.items():
+        executable = PEERS_VENV / "bin" / template[0]
+        if not executable.exists():
+            NOTES.append(f"{name}: not in {PEERS_VENV.name}/, row skipped (a peer, not a "
+                         "dependency; `make bench-peers` installs it)")
+            continue
+        port = free_port()
+        argv = [str(executable), *(arg.format(upstream=f"http://127.0.0.1:{upstream}",
+                                              metrics=free_port()) for arg in template[1:]),
+                "--host", "127.0.0.1", "--port", str(port)]
+        running.enter_context(process(argv, port))
+        targets.append(Target(name, f"http://127.0.0.1:{port}"))
+    return targets
 
 
 def streaming_rows(args: argparse.Namespace) -> None:
@@ -411,7 +459,9 @@ def streaming_rows(args: argparse.Namespace) -> None:
                 except RuntimeError as exc:
                     raise RuntimeError(f"{target.name}, streaming: {exc}") from None
         if args.profile:
-            profile(routers[0], load, args, tmp)
+            profile(routers[0], args, tmp,
+                    lambda seconds: wrk_chunks(routers[0].url, routers[0].key, load, seconds,
+                                               tmp))
     best = {name: max(run.rate for run in row) for name, row in runs.items()}
     print()
     print(f"streaming: {STREAM_CHUNKS} chat-completion chunks per answer, each written on "
@@ -478,8 +528,9 @@ def start_nginx(tmp: Path, upstream: int, running: contextlib.ExitStack) -> Targ
     return Target("nginx", f"http://127.0.0.1:{port}", pid=proc.pid)
 
 
-def profile(target: Target, load: Load, args: argparse.Namespace, tmp: Path) -> None:
-    """py-spy samples ``target``'s process under the streaming load, after the measured
+def profile(target: Target, args: argparse.Namespace, tmp: Path,
+            run_load: Callable[[float], object]) -> None:
+    """py-spy samples ``target``'s process under ``run_load(seconds)``, after the measured
     rounds (sampling costs CPU); writes the collapsed stacks and prints the top functions."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():
@@ -491,7 +542,7 @@ def profile(target: Target, load: Load, args: argparse.Namespace, tmp: Path) -> 
                             "--output", str(args.profile)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(0.5)  # attached before the load starts
-    wrk_chunks(target.url, target.key, load, seconds, tmp)
+    run_load(seconds)
     if spy.wait(seconds + 30) != 0:
         NOTES.append(f"profile: py-spy failed: {spy.communicate()[1].decode()[-500:]}")
         return

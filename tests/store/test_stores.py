@@ -226,6 +226,19 @@ async def test_settling_holds_the_cost_not_the_estimate(store_settings: dict[str
         await store.close()
 
 
+async def test_settling_a_batch_holds_each_ones_cost(store_settings: dict[str, str]) -> None:
+    """settle_reservations (one round trip) shrinks every reservation it names to its own
+    cost, as settle_reservation one at a time would, and leaves the others alone."""
+    store = await open_(store_settings)
+    try:
+        held = [await store.reserve("research", 10.0, 1.0, 60) for _ in range(3)]
+        await store.settle_reservations([(held[0].id or "", 0.25), (held[1].id or "", 0.5)])
+        # 0.25 + 0.5 + the untouched 1.0
+        assert (await store.reserve("research", 10.0, 0.0, 60)).reserved == pytest.approx(1.75)
+    finally:
+        await store.close()
+
+
 async def test_a_dead_routers_reservation_lapses(store_settings: dict[str, str]) -> None:
     store = await open_(store_settings)
     try:

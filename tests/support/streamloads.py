@@ -132,7 +132,7 @@ def profile_summary(collapsed: str, top: int) -> str:
         own[frames[-1]] = own.get(frames[-1], 0) + n
         for frame in set(frames):
             total[frame] = total.get(frame, 0) + n
-    lines = [f"py-spy, llmgw under the streaming load: {samples} samples", "",
+    lines = [f"py-spy, llmgw under the bench load: {samples} samples", "",
              "| self | total | function |", "|---:|---:|---|"]
     for frame, n in sorted(own.items(), key=lambda item: -item[1])[:top]:
         lines.append(f"| {100 * n / samples:.1f} % | {100 * total[frame] / samples:.1f} % | "
