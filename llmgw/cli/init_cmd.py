@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
     def add_node(target: str, name: str | None) -> None:
         node_cmd.run_add(argparse.Namespace(
-            target=target, name=name, continue_past=False, fingerprint=args.fingerprint,
+            target=target, name=name, continue_past=False, no_compiler=False,
+            fingerprint=args.fingerprint,
             label=[], fabric=[], weights_dirs=[], prefix=args.prefix, wheels=args.wheels,
             cluster=directory / "cluster"))
 
