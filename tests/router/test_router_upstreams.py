@@ -18,6 +18,7 @@ import openai
 import pytest
 from support.stacks import CPU, Stack, StackFactory, cluster
 from support.upstream import Upstream
+from support.waits import wait_until
 
 from llmgw.router import Settings, catalogs
 from llmgw.spec.loras import LoraAdapter
@@ -218,6 +219,9 @@ def test_streams_through_an_upstream(make_stack: StackFactory, tmp_path: Path) -
     sent = ext.received[0]
     assert sent.headers["Authorization"] == f"Bearer {KEY}"
     assert sent.body["model"] == "provider/chat-large" and sent.body["stream"] is True
+    # The router writes a stream's row once its handler ends, which the client's last read
+    # of the stream can come before (a fresh-clone CI run read no row yet).
+    wait_until(lambda: bool(stack.rows()))
     (row,) = stack.rows()
     assert row.stream and row.upstream == "ext" and row.completion_tokens == 3
 
