@@ -211,22 +211,17 @@ def run_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-_UNCHANGED = -1  # --rpm/--tpm not given
-
-
 def run_limits(args: argparse.Namespace) -> int:
     cluster = clusters.load(args.cluster)
     key_id = keys.key_id_of(args.key_id) or args.key_id
-    rpm = _UNCHANGED if args.rpm is None else args.rpm
-    tpm = _UNCHANGED if args.tpm is None else args.tpm
+    changing = args.rpm is not None or args.tpm is not None  # None: not given; 0: none
 
     async def change(store: Store) -> tuple[keys.KeyInfo | None, keys.KeyInfo | None]:
         before = {k.id: k for k in await keys.list_all(store)}.get(key_id)
-        if before is None or before.revoked_at is not None or (
-                rpm == _UNCHANGED and tpm == _UNCHANGED):
+        if before is None or before.revoked_at is not None or not changing:
             return before, before
-        new_rpm = before.rpm if rpm == _UNCHANGED else rpm or None
-        new_tpm = before.tpm if tpm == _UNCHANGED else tpm or None
+        new_rpm = before.rpm if args.rpm is None else args.rpm or None
+        new_tpm = before.tpm if args.tpm is None else args.tpm or None
         if (new_rpm, new_tpm) == (before.rpm, before.tpm):
             return before, before
         after = await keys.set_limits(store, key_id, new_rpm, new_tpm)
@@ -238,7 +233,7 @@ def run_limits(args: argparse.Namespace) -> int:
     if before is None or after is None:
         raise UserError(f"no key with id {key_id!r} in {store_path(cluster, args.cluster)}; "
                         "`llmgw keys list` shows them")
-    if before.revoked_at is not None and (rpm, tpm) != (_UNCHANGED, _UNCHANGED):
+    if before.revoked_at is not None and changing:
         raise UserError(f"key {key_id} ({before.project}) was revoked at "
                         f"{_when(before.revoked_at)}: its limits no longer matter; create a "
                         f"new key with `llmgw keys create --project {before.project} --rpm N`")
@@ -246,7 +241,7 @@ def run_limits(args: argparse.Namespace) -> int:
     if after is before:
         print(f"key {key_id} ({after.project}): "
               f"{shown if shown != '-' else 'no limits of its own'}"
-              f"{' (unchanged)' if (rpm, tpm) != (_UNCHANGED, _UNCHANGED) else ''}")
+              f"{' (unchanged)' if changing else ''}")
     else:
         print(f"key {key_id} ({after.project}): {shown if shown != '-' else 'no limits of its own'}"
               f" (was {_limits(before)}); routers apply it within "
