@@ -1,10 +1,13 @@
 """Forwarding one request to an engine: pick, retry before the first byte, relay.
 
-:class:`Proxy` owns the one :class:`aiohttp.ClientSession` (a pooled,
-keep-alive connector) plain requests go through, and the pool of engine
-connections streamed requests go through (:mod:`llmgw.router.upstreams`: the
-engine's socket read is relayed to the client's transport in the same
-callback, with flow control both ways). ``forward`` picks the replica with the
+:class:`Proxy` owns the pool of keep-alive engine connections every request
+goes through (:mod:`llmgw.router.upstreams`, an :class:`asyncio.Protocol` per
+connection): a stream's engine socket read is relayed to the client's
+transport in the same callback, with flow control both ways; a plain answer is
+collected whole in those callbacks (at most ``_MAX_ANSWER`` bytes) and sent
+once. aiohttp's client, which plain requests went through before, spent about
+an eighth of the router's time per request in its request and response
+machinery (docs/benchmarks.md). ``forward`` picks the replica with the
 fewest outstanding requests, or the least engine-reported load, under the
 model's cap (a baking canary gets its share first:
 :mod:`llmgw.router.routes`); a connection error or a 5xx *before any byte
@@ -44,7 +47,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 from yarl import URL
@@ -54,10 +56,10 @@ from llmgw.router.errors import ApiError
 from llmgw.router.externals import Externals
 from llmgw.router.routes import Routes, Upstream
 
-_UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _FAILURES = (OSError, framings.FramingError)  # an engine connection failing
 _MAX_DOCUMENT = 16 * 1024 * 1024  # a stream request answered with a document, at most
+_MAX_ANSWER = 256 * 1024 * 1024  # a plain answer (a large batch of embeddings), at most
 
 
 @dataclass
@@ -94,32 +96,10 @@ class Proxy:
         self.externals = externals  # the upstreams' keys, names for models, metrics
         self.freed = freed  # a request on the model ended: its admission queue may move
         self.connect_timeout = connect_timeout
-        self._session: aiohttp.ClientSession | None = None
         self._pool = upstreams.Pool(connect_timeout)
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=0, keepalive_timeout=60, enable_cleanup_closed=False
-            )
-            # No total or read timeout: a generation may legitimately run for minutes;
-            # a client that gives up cancels us instead.
-            timeout = aiohttp.ClientTimeout(
-                total=None, sock_connect=self.connect_timeout, connect=self.connect_timeout
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
-                # Engines set no cookies worth keeping; skipping the jar saves work per request.
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-        return self._session
 
     async def close(self) -> None:
         self._pool.close()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     async def forward(
         self,
@@ -211,55 +191,38 @@ class Proxy:
             return await self._attempt_stream(request, upstream, body, strip_usage_chunk,
                                               outcome, can_retry, first_byte_timeout,
                                               authorization)
-        url = upstream.url(request.path)
-        headers = _UPSTREAM_HEADERS if authorization is None else {
-            **_UPSTREAM_HEADERS, "Authorization": authorization}
-        upstream.begin()
-        reply: aiohttp.ClientResponse | None = None
+        base = upstream.endpoint.base_url
+        message = _request_bytes(upstream.url(request.path), body, authorization)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + first_byte_timeout
+        conn: upstreams.Connection | None = None
         done = False
-        deadline = asyncio.get_running_loop().time() + first_byte_timeout
+        upstream.begin()
         try:
             outcome.sent = True
             try:
                 async with asyncio.timeout_at(deadline):
-                    reply = await self._client().post(url, data=body, headers=headers)
+                    conn, head = await self._open(base, message)
+                    content_type = head.headers.get("content-type", "application/json")
+                    whole = await self._whole(upstream, conn, head, content_type, outcome,
+                                              can_retry, limit=_MAX_ANSWER)
             except TimeoutError as exc:
-                if asyncio.get_running_loop().time() >= deadline:
+                if loop.time() >= deadline:
                     raise _too_slow(upstream, first_byte_timeout) from exc
                 raise _Retry(_unreachable(upstream, exc)) from exc
-            except aiohttp.ClientConnectionError as exc:
+            except _FAILURES as exc:
                 raise _Retry(_unreachable(upstream, exc)) from exc
-            content_type = reply.headers.get("Content-Type", "application/json")
-            try:
-                async with asyncio.timeout_at(deadline):
-                    data = await reply.read()
-            except TimeoutError as exc:
-                raise _too_slow(upstream, first_byte_timeout) from exc
-            except aiohttp.ClientError as exc:
-                raise _Retry(_unreachable(upstream, exc)) from exc
-            if reply.status >= 500:
-                _judge(upstream, reply.status, data, outcome, can_retry)
-            if reply.status < 400 and _close_delimited(reply) and not _is_json(data):
-                # Ended by closing the connection, so a cut-short answer looks whole at
-                # the HTTP level; only the document can tell.
-                raise ApiError(502, f"replica {_name(upstream)} closed the connection "
-                               "before its answer was complete", code="upstream_failed")
-            outcome.status = reply.status
-            if reply.status < 400:
-                outcome.usage = usages.from_body(data)
             done = True
-            return web.Response(
-                status=reply.status, body=data, headers={"Content-Type": content_type}
-            )
+            return whole
         finally:
             upstream.end()
-            if reply is not None:
+            if conn is not None:
                 if done:
-                    reply.release()  # back to the pool for the next request
+                    self._pool.release(base, conn)  # kept for the next request if it can be
                 else:
                     # Failed, retried or cancelled (the client hung up): closing the
                     # connection is what tells the engine to stop generating.
-                    reply.close()
+                    conn.close()
 
     async def _attempt_stream(
         self,
@@ -352,17 +315,18 @@ class Proxy:
 
     async def _whole(
         self, upstream: Upstream, conn: upstreams.Connection, head: framings.Head,
-        content_type: str, outcome: Outcome, can_retry: bool,
+        content_type: str, outcome: Outcome, can_retry: bool, limit: int = _MAX_DOCUMENT,
     ) -> web.Response:
-        """A stream request answered with a document (an error, usually): read it whole;
-        a 5xx is judged (:func:`_judge`) before it is retried or passed on."""
+        """A plain answer, or a stream request answered with a document (an error,
+        usually): read it whole, at most ``limit`` bytes; a 5xx is judged
+        (:func:`_judge`) before it is retried or passed on."""
         parts: list[bytes] = []
         size = 0
 
         def collect(data: bytes) -> bool:
             nonlocal size
             size += len(data)
-            if size > _MAX_DOCUMENT:
+            if size > limit:
                 conn.close()
                 return False
             parts.append(data)
@@ -371,9 +335,9 @@ class Proxy:
         collect(conn.early())
         conn.attach(collect)
         await asyncio.shield(conn.ended)  # a timeout must not cancel the future itself
-        if size > _MAX_DOCUMENT:
+        if size > limit:
             raise ApiError(502, f"replica {_name(upstream)} answered with a document over "
-                           f"{_MAX_DOCUMENT} bytes", code="upstream_failed")
+                           f"{limit} bytes", code="upstream_failed")
         data = b"".join(parts)
         if head.status >= 500:
             _judge(upstream, head.status, data, outcome, can_retry)
@@ -561,13 +525,6 @@ def _too_slow(upstream: Upstream, timeout: float) -> ApiError:
     return ApiError(504, f"replica {_name(upstream)} sent nothing within {timeout:g} s "
                     "(the model's routing.first_byte_timeout)", code="upstream_timeout",
                     type="server_error")
-
-
-def _close_delimited(reply: aiohttp.ClientResponse) -> bool:
-    """A body that ends when the connection closes: no length, not chunked."""
-    headers = reply.headers
-    return "Content-Length" not in headers and "chunked" not in headers.get(
-        "Transfer-Encoding", "").lower()
 
 
 def _is_json(data: bytes) -> bool:

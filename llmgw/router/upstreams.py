@@ -1,4 +1,4 @@
-"""Streaming requests to engines on connections the router reads itself.
+"""Requests to engines on connections the router reads itself.
 
 aiohttp's client hands a body over through a StreamReader: a future, a task
 wake-up and per-piece bookkeeping between the engine's socket read and the
@@ -7,7 +7,9 @@ router's cost per event. Here the engine's socket read *is* the relay: an
 :class:`Connection` (an :class:`asyncio.Protocol`) parses the head
 (:mod:`llmgw.router.framings`), then its ``data_received`` de-chunks the read
 and calls the relay's sink in the same callback, which writes to the client's
-transport — one write per read, however many chunks the read held.
+transport — one write per read, however many chunks the read held. A plain
+(non-streamed) answer takes the same path with a sink that collects the body,
+so it too is read in the protocol's callbacks, with no StreamReader.
 
 Why not take over aiohttp's connection after its headers: its parser may have
 consumed part of a chunk already, and that state is not reachable. So the
@@ -269,7 +271,7 @@ class Connection(asyncio.Protocol):
 class Pool:
     """Connections to engines by base URL: opened on demand, idle ones reused."""
 
-    def __init__(self, connect_timeout: float, *, max_idle: int = 32,
+    def __init__(self, connect_timeout: float, *, max_idle: int = 256,
                  idle_timeout: float = 4.0) -> None:
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle

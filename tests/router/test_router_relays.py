@@ -1,5 +1,6 @@
-"""The streaming relay reads engines' sockets itself: cut and hostile chunked streams,
-kept-alive engine connections, and a slow client holding the engine back."""
+"""The router reads engines' sockets itself: cut and hostile chunked streams,
+kept-alive engine connections (streamed and plain), plain answers in chunks and over
+their bound, and a slow client holding the engine back."""
 
 from __future__ import annotations
 
@@ -109,6 +110,57 @@ async def test_engine_connections_are_kept_alive_between_streams(stack: Stack) -
     for _ in range(3):
         assert await post(stack) == [EVENT.strip(), DONE.strip()]
     assert (engine.requests, engine.connections) == (3, 1)
+    stack.run(engine.stop())
+
+
+PLAIN = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+ANSWER = json.dumps({"object": "chat.completion", "choices": [
+    {"index": 0, "message": {"role": "assistant", "content": "Hello"}}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}).encode()
+
+
+async def post_plain(stack: Stack) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {stack.key()}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.post(stack.url + "/v1/chat/completions", json=PLAIN) as response:
+            return response.status, await response.read()
+
+
+async def test_plain_answers_keep_their_engine_connection_and_bytes(stack: Stack) -> None:
+    engine = Engine(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%b" % (len(ANSWER), ANSWER), close=False)
+    stack.route({"chat": [stack.run(engine.start())]})
+    for _ in range(3):
+        assert await post_plain(stack) == (200, ANSWER)
+    assert (engine.requests, engine.connections) == (3, 1)
+    stack.run(engine.stop())
+
+
+async def test_a_chunked_plain_answer_is_passed_on_whole(stack: Stack) -> None:
+    half = len(ANSWER) // 2
+    engine = Engine(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n"
+                    + chunk(ANSWER[:half]) + chunk(ANSWER[half:]) + b"0\r\n\r\n", close=False)
+    stack.route({"chat": [stack.run(engine.start())]})
+    assert await post_plain(stack) == (200, ANSWER)
+    assert await post_plain(stack) == (200, ANSWER)
+    assert engine.connections == 1  # a chunked body that ended cleanly is kept alive too
+    stack.run(engine.stop())
+
+
+async def test_a_plain_answer_over_its_bound_is_refused_and_its_connection_closed(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmgw.router import proxies
+
+    monkeypatch.setattr(proxies, "_MAX_ANSWER", 64)
+    engine = Engine(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 1000\r\n\r\n" + b" " * 1000, close=False)
+    stack.route({"chat": [stack.run(engine.start())]})
+    status, body = await post_plain(stack)
+    assert status == 502
+    assert json.loads(body)["error"]["message"].endswith("answered with a document over 64 bytes")
+    stack.run(asyncio.wait_for(engine.closed.wait(), 10))  # not kept for another request
     stack.run(engine.stop())
 
 
