@@ -42,6 +42,7 @@ from typing import Any
 
 import asyncpg
 
+from llmgw.store import sqlrows
 from llmgw.store.usages import UsageRow
 
 # The usage row of a reservation released because its router died mid-request: the
@@ -241,12 +242,12 @@ def sqlite_settle(conn: sqlite3.Connection,
     """Drop the reservations ``ids`` (inside the caller's transaction); what the released
     ones among them billed."""
     released = {}
-    for rid in ids:
-        found = conn.execute(f"SELECT {_RELEASED} FROM reservations WHERE id = ? AND "
-                             "released_at IS NOT NULL", (rid,)).fetchone()
-        if found is not None:
+    for chunk in sqlrows.chunks(ids):
+        marks = sqlrows.marks(len(chunk))
+        for rid, *found in conn.execute(f"SELECT id, {_RELEASED} FROM reservations WHERE id "
+                                        f"IN {marks} AND released_at IS NOT NULL", chunk):
             released[rid] = (int(found[0]), int(found[1]), float(found[2]))
-    conn.executemany("DELETE FROM reservations WHERE id = ?", [(i,) for i in ids])
+        conn.execute(f"DELETE FROM reservations WHERE id IN {marks}", chunk)
     return released
 
 

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import asyncpg
 
+from llmgw.store import sqlrows
 from llmgw.store.usages import Record
 
 BUCKET = 900.0  # seconds: a quarter hour, the finest offset of any time zone in use
@@ -71,11 +72,12 @@ _SQLITE_SINCE = """SELECT
 def sqlite_add(conn: sqlite3.Connection, records: Sequence[Record]) -> None:
     """Add ``records``' cost to the running totals (inside the caller's transaction)."""
     lifetime, buckets = totals(records)
-    conn.executemany("INSERT INTO project_spend VALUES (?, ?) ON CONFLICT (project) DO UPDATE "
-                     "SET spent = project_spend.spent + excluded.spent", lifetime.items())
-    conn.executemany("INSERT INTO spend_buckets VALUES (?, ?, ?) ON CONFLICT (project, start) "
-                     "DO UPDATE SET spent = spend_buckets.spent + excluded.spent",
-                     [(p, s, c) for (p, s), c in buckets.items()])
+    sqlrows.insert(conn, "INSERT INTO project_spend", list(lifetime.items()),
+                   "ON CONFLICT (project) DO UPDATE SET spent = project_spend.spent + "
+                   "excluded.spent")
+    sqlrows.insert(conn, "INSERT INTO spend_buckets", [(p, s, c) for (p, s), c in buckets.items()],
+                   "ON CONFLICT (project, start) DO UPDATE SET spent = spend_buckets.spent + "
+                   "excluded.spent")
 
 
 def sqlite_spent(conn: sqlite3.Connection, project: str, since: float | None) -> float:

@@ -41,6 +41,7 @@ from llmgw.store import (
     ratelimits,
     reservations,
     spends,
+    sqlrows,
     tableio,
 )
 from llmgw.store.reservations import Chosen, Held, Owner, Progress
@@ -58,8 +59,7 @@ from llmgw.store.stores import (
 from llmgw.store.usages import COLUMNS, Record, UsageRow, from_record, to_record
 
 T = TypeVar("T")
-_MARKS = ", ".join("?" * len(COLUMNS))
-_INSERT_USAGE = f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES ({_MARKS})"
+_INSERT_USAGE = f"INSERT INTO usage ({', '.join(COLUMNS)})"  # VALUES: sqlrows.insert
 _KEY_COLUMNS = "id, digest, project, name, created_at, revoked_at, rpm, tpm, owner"
 _KEY_MARKS = ", ".join("?" * 9)
 # Budget reservations: what live reservations of the period hold (llmgw.store.spends has
@@ -67,6 +67,8 @@ _KEY_MARKS = ", ".join("?" * 9)
 _RESERVED = ("SELECT COALESCE(SUM(amount), 0) FROM reservations WHERE project = ? "
              "AND expires_at > ? AND (? IS NULL OR started IS NULL OR started >= ?)")
 _SETTLE = "UPDATE reservations SET amount = ? WHERE id = ? AND released_at IS NULL"
+_SETTLE_MANY = ("UPDATE reservations SET amount = v.column2 FROM (VALUES {values}) AS v "
+                "WHERE reservations.id = v.column1 AND reservations.released_at IS NULL")
 
 
 class SQLiteStore(SQLitePages, Store):
@@ -242,7 +244,9 @@ class SQLiteStore(SQLitePages, Store):
         def settle(conn: sqlite3.Connection) -> None:
             with conn:
                 conn.execute("BEGIN")
-                conn.executemany(_SETTLE, [(c, r) for r, c in settled])
+                for chunk in sqlrows.chunks([(r, c) for r, c in settled]):
+                    conn.execute(_SETTLE_MANY.format(values=", ".join(["(?, ?)"] * len(chunk))),
+                                 [v for pair in chunk for v in pair])
         await self._run(settle)
 
     # -- reservations' owners (SQL in llmgw.store.reservations) -----------------------------
@@ -411,7 +415,7 @@ class SQLiteStore(SQLitePages, Store):
 def _append_usage(conn: sqlite3.Connection, records: list[Record]) -> None:
     """Insert usage records and add their cost to the running totals (inside a
     transaction): project_spend and spend_buckets (:mod:`llmgw.store.spends`)."""
-    conn.executemany(_INSERT_USAGE, records)
+    sqlrows.insert(conn, _INSERT_USAGE, records)
     spends.sqlite_add(conn, records)
 
 
