@@ -113,8 +113,14 @@ class Relay:
         if _USAGE in complete:
             complete = self._inspect(complete)
         self.events += complete.count(_DATA)
-        if not self.finished and (b"[DONE]" in complete or b'"response.' in complete):
-            self.finished = _LAST_EVENT.search(complete) is not None
+        if not self.finished:
+            done, response = complete.find(b"[DONE]"), complete.find(b'"response.')
+            first = min(i for i in (done, response, len(complete)) if i >= 0)
+            if first < len(complete):
+                # A match starts on the line of the first of those words, not before:
+                # scanning from there, not from the chunk's start, is most of the saving.
+                start = complete.rfind(b"\n", 0, first) + 1
+                self.finished = _LAST_EVENT.search(complete, start) is not None
         return complete
 
     def _inspect(self, events: bytes) -> bytes:

@@ -303,6 +303,8 @@ def main() -> int:
     parser.add_argument("--baseline", metavar="DIR",
                         help="add rows for the llmgw package in DIR (another version, e.g. "
                              "`git archive` of a commit), for before/after")
+    parser.add_argument("--profile-load", choices=("plain", "stream"), default="plain",
+                        help="with --only requests: profile under plain or streamed requests")
     parser.add_argument("--profile-top", type=int, default=15, metavar="N",
                         help="functions listed by --profile (default 15)")
     parser.add_argument("--serve-router", nargs=5,
@@ -392,7 +394,9 @@ def requests_rows(args: argparse.Namespace) -> None:
         if args.profile and args.only == "requests":
             llmgw_target = next(t for t in targets if t.name == "llmgw")
             profile(llmgw_target, args, tmp,
-                    lambda seconds: wrk(llmgw_target.url, BODY, llmgw_target.key,
+                    lambda seconds: wrk(llmgw_target.url,
+                                        STREAM_BODY if args.profile_load == "stream" else BODY,
+                                        llmgw_target.key,
                                         args.connections, seconds, tmp))
     print(table(results, args))
     llmgw, nginx_row = results["llmgw"], results["nginx"]
