@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from llmgw.store import sqlrows
+
 if TYPE_CHECKING:
     from llmgw.store.stores import KeyRow
     from llmgw.store.usages import UsageRow
@@ -39,7 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CHANNEL = "llmgw_keys"
-_CHUNK = 500  # ids per SQLite IN (...) list
 
 
 class KeyWatch(abc.ABC):
@@ -138,11 +139,10 @@ def sqlite_unseen(conn: sqlite3.Connection, rows: Sequence[UsageRow]) -> list[Us
     if not ids:
         return list(rows)
     stored: set[str] = set()
-    for at in range(0, len(ids), _CHUNK):
-        chunk = ids[at:at + _CHUNK]
-        marks = ", ".join("?" * len(chunk))
+    for chunk in sqlrows.chunks(ids):
         stored.update(r[0] for r in conn.execute(
-            f"SELECT request_id FROM usage WHERE request_id IN ({marks})", chunk))
+            f"SELECT request_id FROM usage WHERE request_id IN {sqlrows.marks(len(chunk))}",
+            chunk))
     return _first([r for r in rows if r.request_id is None or r.request_id not in stored])
 
 
@@ -159,11 +159,9 @@ async def postgres_unseen(conn: asyncpg.pool.PoolConnectionProxy,
 def sqlite_key_rows(conn: sqlite3.Connection, ids: Sequence[str],
                     columns: str) -> list[tuple[Any, ...]]:
     found: list[tuple[Any, ...]] = []
-    for at in range(0, len(ids), _CHUNK):
-        chunk = list(ids[at:at + _CHUNK])
-        marks = ", ".join("?" * len(chunk))
-        found += conn.execute(f"SELECT {columns} FROM keys WHERE id IN ({marks})",
-                              chunk).fetchall()
+    for chunk in sqlrows.chunks(ids):
+        found += conn.execute(f"SELECT {columns} FROM keys WHERE id IN "
+                              f"{sqlrows.marks(len(chunk))}", list(chunk)).fetchall()
     return found
 
 

@@ -244,9 +244,9 @@ class SQLiteStore(SQLitePages, Store):
         def settle(conn: sqlite3.Connection) -> None:
             with conn:
                 conn.execute("BEGIN")
-                for chunk in sqlrows.chunks([(r, c) for r, c in settled]):
-                    conn.execute(_SETTLE_MANY.format(values=", ".join(["(?, ?)"] * len(chunk))),
-                                 [v for pair in chunk for v in pair])
+                for chunk in sqlrows.chunks(settled, sqlrows.ROWS_PER_STATEMENT):
+                    conn.execute(_SETTLE_MANY.format(values=sqlrows.values(chunk)),
+                                 sqlrows.flat(chunk))
         await self._run(settle)
 
     # -- reservations' owners (SQL in llmgw.store.reservations) -----------------------------

@@ -29,19 +29,25 @@ def insert(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[Any]],
     """``{head} VALUES (?, …), (?, …) {tail}`` over ``rows``, ``ROWS_PER_STATEMENT`` a
     statement. ``tail``: an ``ON CONFLICT`` clause, which SQLite applies row by row, so
     two rows with one key in a statement are both applied, as with ``executemany``."""
-    if not rows:
-        return
+    for chunk in chunks(rows, ROWS_PER_STATEMENT):
+        conn.execute(f"{head} VALUES {values(chunk)} {tail}", flat(chunk))
+
+
+def values(rows: Sequence[Sequence[Any]]) -> str:
+    """``(?, …), (?, …)``: marks for ``rows`` (as wide as the first), for ``VALUES``."""
     one = "(" + ", ".join("?" * len(rows[0])) + ")"
-    for at in range(0, len(rows), ROWS_PER_STATEMENT):
-        chunk = rows[at:at + ROWS_PER_STATEMENT]
-        values = ", ".join([one] * len(chunk))
-        conn.execute(f"{head} VALUES {values} {tail}", [v for row in chunk for v in row])
+    return ", ".join([one] * len(rows))
 
 
-def chunks(ids: Sequence[Any]) -> Iterator[Sequence[Any]]:
-    """``ids`` in slices of ``IDS_PER_STATEMENT``, for one ``IN`` list each."""
-    for at in range(0, len(ids), IDS_PER_STATEMENT):
-        yield ids[at:at + IDS_PER_STATEMENT]
+def flat(rows: Sequence[Sequence[Any]]) -> list[Any]:
+    """``rows``' values in order: the parameters for :func:`values`' marks."""
+    return [v for row in rows for v in row]
+
+
+def chunks(items: Sequence[Any], size: int = IDS_PER_STATEMENT) -> Iterator[Sequence[Any]]:
+    """``items`` in slices of ``size``: one statement's ``IN`` list or ``VALUES`` each."""
+    for at in range(0, len(items), size):
+        yield items[at:at + size]
 
 
 def marks(count: int) -> str:
