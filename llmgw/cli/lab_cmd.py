@@ -86,6 +86,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      default=fleetsims.DEFAULT_LOAD_DELAY,
                      help=f"how long a stand-in engine loads (default "
                      f"{fleetsims.DEFAULT_LOAD_DELAY:g}s)")
+    sim.add_argument("--relay", action="store_true",
+                     help="also serve a relay for the nodes (DIR/sockets/relay-0.sock): the "
+                     "daemon then holds one connection and one push stream for all of them, "
+                     "not one per node")
     sim.set_defaults(handler=run_simulate)
     show = commands.add_parser("status", help="which of the lab's processes run")
     _dir_flag(show)
@@ -142,7 +146,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 async def _simulate(root: Path, args: argparse.Namespace) -> int:
     started = time.monotonic()
-    sim = fleetsims.SimulatedFleet(root, args.nodes, load_delay=args.load_delay)
+    sim = fleetsims.SimulatedFleet(root, args.nodes, load_delay=args.load_delay,
+                                   relay=args.relay)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -157,7 +162,7 @@ async def _simulate(root: Path, args: argparse.Namespace) -> int:
             written = f" (written: {count} models of {args.replicas} replica(s))"
         print(f"{args.nodes} simulated nodes up in {time.monotonic() - started:.1f}s "
               f"({', '.join(sim.kinds)} in turn; engines ready {args.load_delay:g}s after "
-              f"they start)")
+              f"they start)" + (f"; relay on {sim.relay_socket}" if args.relay else ""))
         print(f"cluster directory: {sim.cluster_dir}{written}")
         print("Serve them with:")
         print(f"  llmgw serve --cluster {sim.cluster_dir} --simulated {sim.sockets}")

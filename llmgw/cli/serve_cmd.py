@@ -68,7 +68,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--simulated", metavar="DIR", type=Path,
                         help="reach every node through the fleet simulator's sockets in DIR "
                         "(`llmgw lab simulate` prints it), never SSH; each agent pushes what "
-                        "changed")
+                        "changed, through the simulator's relay when it serves one "
+                        "(`llmgw lab simulate --relay`)")
     parser.add_argument("--worker-of", type=int, help=argparse.SUPPRESS)
     parser.set_defaults(handler=run)
 

@@ -66,7 +66,7 @@ from llmgw.spec.models import Cluster, Listeners
 from llmgw.spec.quantities import count
 from llmgw.store import migrations, stores
 from llmgw.store.stores import Store, StoreError
-from llmgw.transport import pools
+from llmgw.transport import pools, relays
 from llmgw.web import NOT_OBSERVED, AdminView, Pages
 
 log = logging.getLogger("llmgw.serve")
@@ -302,7 +302,8 @@ class _Process:
                             leadership=leadership, store=store, router_id=holder,
                             reader=options.reader,
                             agents=pools.Pool(cluster, directory, simulated=options.simulated,
-                                              push=True)
+                                              push=True,
+                                              relays=relays.advertised(options.simulated))
                             if options.simulated is not None else None)
             running: Daemon = daemon
             registry.register(RolloutCollector(

@@ -18,6 +18,12 @@ Three things are stood in for, so that a thousand nodes fit on one machine:
   kind and their output shared (:class:`SharedRunner`), not once per report;
 * the engines' metrics: none are scraped.
 
+With ``relay``, the process also serves a relay (:mod:`llmgw.transport.relays`) for
+its nodes on ``<sockets>/relay-<i>.sock``, advertised in ``<sockets>/relays-<i>.json``:
+the daemon then holds one channel and one merged push stream per process instead of
+one of each per node, and the relay holds the per-node ones, in this process, as a
+relay near its nodes would.
+
 Nodes can be lost and brought back (:meth:`SimulatedFleet.lose`,
 :meth:`SimulatedFleet.restore`): the node's gRPC server stops (its socket goes)
 and starts again with the same agent and units, as a partitioned node comes back.
@@ -54,6 +60,8 @@ from llmgw.agent.units import Observation, UnitChange, UnitResult
 from llmgw.fleet.types import EngineLimits, Unit
 from llmgw.onboarding import simnodes
 from llmgw.proto import agent_pb2_grpc
+from llmgw.transport import relays
+from llmgw.transport.transports import SimulatedTransport
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +218,9 @@ class SimulatedFleet:
     # (i, n): this process serves every n-th node from the i-th, so n processes share a
     # fleet (each node holds two descriptors: its listener and the daemon's connection).
     part: tuple[int, int] = (0, 1)
+    relay: bool = False  # also serve a relay for this part's nodes (see the module's doc)
     nodes: dict[str, SimulatedNode] = field(default_factory=dict)
+    _relay: tuple[grpc.aio.Server, relays.RelayServer] | None = None
     _runner: SharedRunner = field(default_factory=SharedRunner)
 
     @property
@@ -245,6 +255,23 @@ class SimulatedFleet:
         for node in self.nodes.values():
             node.monitor = asyncio.create_task(node.agent.monitor.run(),
                                                name=f"monitor-{node.name}")
+        if self.relay:
+            await self._serve_relay()
+
+    @property
+    def relay_socket(self) -> Path:
+        return self.sockets / f"relay-{self.part[0]}.sock"
+
+    async def _serve_relay(self) -> None:
+        relay = relays.RelayServer({
+            name: SimulatedTransport(name, str(self.sockets / f"{name}.sock"))
+            for name in self.nodes})
+        server = grpc.aio.server(options=relays.SERVER_OPTIONS)
+        relay.add_to(server)
+        server.add_insecure_port(f"unix:{self.relay_socket}")
+        await server.start()
+        self._relay = server, relay
+        relays.advertise(self.sockets, self.part[0], self.relay_socket, list(self.nodes))
 
     def kind(self, index: int) -> str:
         return self.kinds[index % len(self.kinds)]
@@ -290,6 +317,12 @@ class SimulatedFleet:
             node.server = server
 
     async def aclose(self) -> None:
+        if self._relay is not None:
+            server, relay = self._relay
+            self._relay = None
+            await server.stop(None)
+            await relay.aclose()
+            (self.sockets / f"relays-{self.part[0]}.json").unlink(missing_ok=True)
         await self.lose(list(self.nodes))
         for node in self.nodes.values():
             if node.monitor is not None:

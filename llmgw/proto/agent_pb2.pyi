@@ -1744,3 +1744,52 @@ class ShutdownResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ShutdownResponse: _TypeAlias = ShutdownResponse  # noqa: Y015
+
+@_typing.final
+class RelayObserveRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___WatchRequest]:
+        """each names its node in declared.node"""
+
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[Global___WatchRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayObserveRequest: _TypeAlias = RelayObserveRequest  # noqa: Y015
+
+@_typing.final
+class RelayEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    EVENT_FIELD_NUMBER: _builtins.int
+    LOST_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    event: _builtins.bytes
+    """the agent's UnitEvent as it sent it (the relay does not parse it)"""
+    lost: _builtins.str
+    """set: the node's stream broke, and why ("<reason>: <detail>")"""
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        event: _builtins.bytes = ...,
+        lost: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "lost", b"lost", "node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayEvent: _TypeAlias = RelayEvent  # noqa: Y015

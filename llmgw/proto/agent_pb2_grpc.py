@@ -418,3 +418,97 @@ class Agent:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class RelayStub:
+    """---- Relay ------------------------------------------------------------------
+
+    A relay sits near many nodes and holds their agents' connections, so the
+    daemon holds one connection per relay instead of one (and a stream) per
+    node. It serves the Agent service too: each call names its node in the
+    `llmgw-node` metadata and is forwarded to that node's agent unchanged.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Observe = channel.unary_stream(
+                '/llmgw.agent.v1.Relay/Observe',
+                request_serializer=llmgw_dot_proto_dot_agent__pb2.RelayObserveRequest.SerializeToString,
+                response_deserializer=llmgw_dot_proto_dot_agent__pb2.RelayEvent.FromString,
+                _registered_method=True)
+
+
+class RelayServicer:
+    """---- Relay ------------------------------------------------------------------
+
+    A relay sits near many nodes and holds their agents' connections, so the
+    daemon holds one connection per relay instead of one (and a stream) per
+    node. It serves the Agent service too: each call names its node in the
+    `llmgw-node` metadata and is forwarded to that node's agent unchanged.
+    """
+
+    def Observe(self, request, context):
+        """Each named node's pushed observations (WatchUnits with push) on one
+        stream, tagged by node. A node whose own stream breaks gets one event
+        with `lost` set; the relay reopens it with backoff, and its next event
+        is a full report again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RelayServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Observe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Observe,
+                    request_deserializer=llmgw_dot_proto_dot_agent__pb2.RelayObserveRequest.FromString,
+                    response_serializer=llmgw_dot_proto_dot_agent__pb2.RelayEvent.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'llmgw.agent.v1.Relay', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('llmgw.agent.v1.Relay', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Relay:
+    """---- Relay ------------------------------------------------------------------
+
+    A relay sits near many nodes and holds their agents' connections, so the
+    daemon holds one connection per relay instead of one (and a stream) per
+    node. It serves the Agent service too: each call names its node in the
+    `llmgw-node` metadata and is forwarded to that node's agent unchanged.
+    """
+
+    @staticmethod
+    def Observe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/llmgw.agent.v1.Relay/Observe',
+            llmgw_dot_proto_dot_agent__pb2.RelayObserveRequest.SerializeToString,
+            llmgw_dot_proto_dot_agent__pb2.RelayEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -207,3 +207,64 @@ class AgentServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_AgentServicer_to_server(servicer: AgentServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class RelayStub:
+    """---- Relay ------------------------------------------------------------------
+
+    A relay sits near many nodes and holds their agents' connections, so the
+    daemon holds one connection per relay instead of one (and a stream) per
+    node. It serves the Agent service too: each call names its node in the
+    `llmgw-node` metadata and is forwarded to that node's agent unchanged.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> RelayAsyncStub: ...
+    Observe: _grpc.UnaryStreamMultiCallable[_agent_pb2.RelayObserveRequest, _agent_pb2.RelayEvent]
+    """Each named node's pushed observations (WatchUnits with push) on one
+    stream, tagged by node. A node whose own stream breaks gets one event
+    with `lost` set; the relay reopens it with backoff, and its next event
+    is a full report again.
+    """
+
+@_typing.type_check_only
+class RelayAsyncStub(RelayStub):
+    """---- Relay ------------------------------------------------------------------
+
+    A relay sits near many nodes and holds their agents' connections, so the
+    daemon holds one connection per relay instead of one (and a stream) per
+    node. It serves the Agent service too: each call names its node in the
+    `llmgw-node` metadata and is forwarded to that node's agent unchanged.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Observe: _aio.UnaryStreamMultiCallable[_agent_pb2.RelayObserveRequest, _agent_pb2.RelayEvent]  # type: ignore[assignment]
+    """Each named node's pushed observations (WatchUnits with push) on one
+    stream, tagged by node. A node whose own stream breaks gets one event
+    with `lost` set; the relay reopens it with backoff, and its next event
+    is a full report again.
+    """
+
+class RelayServicer(metaclass=_abc_1.ABCMeta):
+    """---- Relay ------------------------------------------------------------------
+
+    A relay sits near many nodes and holds their agents' connections, so the
+    daemon holds one connection per relay instead of one (and a stream) per
+    node. It serves the Agent service too: each call names its node in the
+    `llmgw-node` metadata and is forwarded to that node's agent unchanged.
+    """
+
+    @_abc_1.abstractmethod
+    def Observe(
+        self,
+        request: _agent_pb2.RelayObserveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.RelayEvent], _abc.AsyncIterator[_agent_pb2.RelayEvent]]:
+        """Each named node's pushed observations (WatchUnits with push) on one
+        stream, tagged by node. A node whose own stream breaks gets one event
+        with `lost` set; the relay reopens it with backoff, and its next event
+        is a full report again.
+        """
+
+def add_RelayServicer_to_server(servicer: RelayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

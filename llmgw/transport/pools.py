@@ -34,10 +34,13 @@ from llmgw.fleet import deltas
 from llmgw.fleet.deltas import Delta
 from llmgw.fleet.types import Fleet, NodeReport
 from llmgw.hub import catalogs
+from llmgw.proto import agent_pb2 as pb
+from llmgw.proto import conversions as messages
 from llmgw.spec.models import Cluster
 from llmgw.transport import failures, hostkeys
-from llmgw.transport.agent_client import AgentClient
+from llmgw.transport.agent_client import AgentClient, declaration_to_message
 from llmgw.transport.failures import NodeUnreachable
+from llmgw.transport.relays import Link, RelayedTransport, relayed_failure
 from llmgw.transport.transports import LocalTransport, SimulatedTransport, Transport
 from llmgw.transport.tunnels import SSHTarget, SSHTransport
 
@@ -56,7 +59,13 @@ class SimulatedRoute:
     socket: str
 
 
-Route = SSHTarget | LocalRoute | SimulatedRoute
+@dataclass(frozen=True)
+class RelayedRoute:
+    node: str
+    relay: str  # the relay's socket
+
+
+Route = SSHTarget | LocalRoute | SimulatedRoute | RelayedRoute
 """How one node is reached; a transport is kept while its route stays the same."""
 
 DEFAULT_CALL_TIMEOUT = 30.0
@@ -77,6 +86,11 @@ class Pool:
     every node: once :meth:`push` runs, each node's agent streams its observations (a full
     report, then what changed) and :meth:`fleet` reads them, asking only the nodes whose
     stream is not up (an unreachable node, an agent older than push).
+
+    ``relays`` (relay socket → the nodes behind it, as
+    :func:`llmgw.transport.relays.advertised` reads the simulator's) reaches those nodes
+    through their relay instead: one channel and one merged push stream per relay, not
+    one of each per node.
     """
 
     def __init__(
@@ -89,8 +103,14 @@ class Pool:
         simulated: str | Path | None = None,
         push: bool = False,
         backstop: float = 0.0,
+        relays: Mapping[str, Iterable[str]] | None = None,
     ) -> None:
         self.simulated = Path(simulated) if simulated is not None else None
+        self._behind = {node: socket for socket, nodes in (relays or {}).items()
+                        for node in nodes}  # node → its relay's socket
+        self._links: dict[str, Link] = {}
+        self._relayed: dict[str, dict[str, Declaration]] = {}  # relay → nodes it streams
+        self._relay_streams: dict[str, asyncio.Task[None]] = {}
         self.pushes = push
         self.backstop = backstop
         self._view: dict[str, NodeReport] = {}  # node → its report as pushed, while streaming
@@ -174,6 +194,9 @@ class Pool:
                     except grpc.aio.AioRpcError as exc:
                         if exc.code() != grpc.StatusCode.UNAVAILABLE:
                             raise failures.from_rpc(node, exc) from None
+                        relayed = relayed_failure(node, exc)
+                        if relayed is not None:
+                            raise relayed from None
                         phase = "checking the agent's socket"
                         failure = await transport.diagnose()
                         if failure is not None:
@@ -250,9 +273,11 @@ class Pool:
         self._changed = changed
         for node in self.nodes:
             self._stream(node)
+        self._restream_relays()
 
     def _stream(self, node: str) -> None:
-        if node in self._unpushed:
+        if node in self._unpushed or isinstance(self._transports[node],
+                                                RelayedTransport):
             return
         self._declared[node] = declared_for(self.cluster, node)
         self._streams[node] = asyncio.create_task(self._follow(node), name=f"push-{node}")
@@ -264,6 +289,81 @@ class Pool:
         await asyncio.gather(*tasks, return_exceptions=True)
         for node in nodes:
             self._view.pop(node, None)
+            for streamed in self._relayed.values():
+                streamed.pop(node, None)  # its relay's events for it are ignored from now
+
+    def _restream_relays(self) -> None:
+        """Each relay's merged stream (re)opened when the nodes behind it, or what the
+        cluster declares for them, differ from what it was opened with."""
+        wanted: dict[str, dict[str, Declaration]] = {}
+        for node, transport in sorted(self._transports.items()):
+            if isinstance(transport, RelayedTransport) and node not in self._unpushed:
+                wanted.setdefault(transport.link.socket, {})[node] = \
+                    declared_for(self.cluster, node)
+        for socket in set(self._relay_streams) | set(wanted):
+            if self._relayed.get(socket) == wanted.get(socket) and socket in self._relay_streams:
+                continue
+            task = self._relay_streams.pop(socket, None)
+            if task is not None:
+                task.cancel()  # its finally drops the views of its nodes
+            self._relayed.pop(socket, None)
+            if socket in wanted:
+                self._relayed[socket] = wanted[socket]
+                self._relay_streams[socket] = asyncio.create_task(
+                    self._follow_relay(socket, wanted[socket], task), name=f"relay-{socket}")
+
+    async def _follow_relay(self, socket: str, nodes: dict[str, Declaration],
+                            before: asyncio.Task[None] | None) -> None:
+        """A relay's merged stream, for good (reopened with backoff): each node's pushes
+        applied to its view as :meth:`_follow` applies a node's own; a node the relay
+        lost, or every node when the relay's stream breaks, is dropped from the view."""
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)
+        link = self._links[socket]
+        delay = 1.0
+        try:
+            while True:
+                watches = [pb.WatchRequest(push=True, declared=declaration_to_message(d),
+                                           backstop_seconds=self.backstop)
+                           for d in nodes.values()]
+                call = None
+                try:
+                    call = link.observe(watches)
+                    async for event in call:
+                        delay = 1.0
+                        self._relayed_event(nodes, event)
+                except (grpc.aio.AioRpcError, OSError):
+                    pass
+                finally:
+                    if call is not None:
+                        call.cancel()
+                self._drop(list(nodes), "its relay's stream was lost")
+                if link.broken():
+                    await link.reset()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, PUSH_RETRY_MAX)
+        finally:
+            for node in nodes:
+                self._view.pop(node, None)
+
+    def _relayed_event(self, nodes: dict[str, Declaration], event: pb.RelayEvent) -> None:
+        node = event.node
+        if node not in nodes:
+            return  # not asked for, or stopped since
+        if event.lost:
+            self._drop([node], "its stream was lost")
+            return
+        delta = messages.delta_from_message(pb.UnitEvent.FromString(event.event))
+        if node not in self._view and not delta.full:  # an agent older than push: poll it
+            self._unpushed.add(node)
+            nodes.pop(node, None)
+            return
+        self._apply(node, delta)
+
+    def _drop(self, nodes: Iterable[str], why: str) -> None:
+        for node in nodes:
+            if self._view.pop(node, None) is not None and self._changed is not None:
+                self._changed(node, f"{node}: {why}")
 
     async def _follow(self, node: str) -> None:
         """One node's stream, for good: each push applied to its view; when the stream
@@ -317,7 +417,13 @@ class Pool:
     async def aclose(self) -> None:
         """Close every connection (in parallel: a hung node does not hold up the others)."""
         await self._stop_streams(list(self._streams))
-        await asyncio.gather(*(t.aclose() for t in self._transports.values()))
+        streams = list(self._relay_streams.values())
+        self._relay_streams.clear()
+        for task in streams:
+            task.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
+        await asyncio.gather(*(t.aclose() for t in self._transports.values()),
+                             *(link.reset() for link in self._links.values()))
         if self._forward_dir is not None:
             shutil.rmtree(self._forward_dir, ignore_errors=True)
             self._forward_dir = None
@@ -370,12 +476,16 @@ class Pool:
         for node in sorted(cluster.nodes):
             if node not in self._streams and node in self._transports:
                 self._stream(node)
+        self._restream_relays()
 
     def _plan_routes(self, cluster: Cluster) -> dict[str, Route]:
         settings = cluster.cluster
         routes: dict[str, Route] = {}
         for name, node in cluster.nodes.items():
             socket = node.agent_socket or settings.agent_socket
+            if name in self._behind:
+                routes[name] = RelayedRoute(name, self._behind[name])
+                continue
             if self.simulated is not None:
                 routes[name] = SimulatedRoute(name, str(self.simulated / f"{name}.sock"))
                 continue
@@ -397,6 +507,11 @@ class Pool:
         return routes
 
     def _open(self, route: Route) -> Transport:
+        if isinstance(route, RelayedRoute):
+            link = self._links.get(route.relay)
+            if link is None:
+                link = self._links[route.relay] = Link(route.relay)
+            return RelayedTransport(route.node, link)
         if isinstance(route, SimulatedRoute):
             return SimulatedTransport(route.node, route.socket)
         if isinstance(route, LocalRoute):

@@ -6,7 +6,8 @@ simulated transport with pushed observations (:mod:`llmgw.onboarding.fleetsims`)
 is checked is behaviour, never time: the fleet converges, an edit replaces only what it
 touched, lost nodes are unknown (their replicas neither placed twice nor forgotten) and
 come back by their streams' full reports, and in steady state the daemon asks no node for
-a report.
+a report. It runs twice: each node reached on its own socket, and every node through the
+simulator's relay (one connection and one merged stream for all of them).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import pytest
 from llmgw.daemon.reconcilers import Daemon
 from llmgw.onboarding import fleetsims
 from llmgw.spec import loading
-from llmgw.transport import pools
+from llmgw.transport import pools, relays
+from llmgw.transport.relays import RelayedTransport
 
 pytestmark = pytest.mark.fleetsim
 
@@ -72,17 +74,19 @@ class Loop:
         await self.until(lambda: self.daemon.state.iterations >= target, f"{count} rounds")
 
 
-@pytest.fixture
-async def simulated() -> AsyncIterator[Loop]:
+@pytest.fixture(params=["direct", "relayed"])
+async def simulated(request: pytest.FixtureRequest) -> AsyncIterator[Loop]:
     root = Path(tempfile.mkdtemp(prefix="llmgw-fs-", dir="/tmp"))  # short socket paths
-    sim = fleetsims.SimulatedFleet(root, NODES, load_delay=LOAD_DELAY)
+    relayed = request.param == "relayed"
+    sim = fleetsims.SimulatedFleet(root, NODES, load_delay=LOAD_DELAY, relay=relayed)
     stop = asyncio.Event()
     task = None
     try:
         await sim.start()
         directory = sim.write_cluster(fleetsims.models(MODELS, REPLICAS), drift_interval="1s")
         cluster = loading.load(directory)
-        pool = pools.Pool(cluster, directory, simulated=sim.sockets, push=True)
+        pool = pools.Pool(cluster, directory, simulated=sim.sockets, push=True,
+                          relays=relays.advertised(sim.sockets) if relayed else None)
         daemon = Daemon(directory, cluster, agents=pool, ready_timeout=BOUND)
         task = asyncio.create_task(daemon.run(stop))
         yield Loop(sim, daemon, pool)
@@ -139,3 +143,9 @@ async def test_a_simulated_fleet_converges_follows_an_edit_and_survives_lost_nod
     await loop.until(lambda: not loop.unreachable() and len(loop.ready()) == wanted,
                      "the lost nodes back, every replica ready")
     assert loop.ready() == after
+    transports = [loop.pool.transport(n) for n in loop.pool.nodes]
+    if loop.sim.relay:  # every node through one connection, held all along
+        assert all(isinstance(t, RelayedTransport) for t in transports)
+        assert {t.connects for t in transports} == {1}
+    else:
+        assert not any(isinstance(t, RelayedTransport) for t in transports)
