@@ -69,6 +69,22 @@ def test_a_full_report_survives_the_wire() -> None:
     assert messages.report_from_message(pb.NodeReport.FromString(wire)) == report
 
 
+def test_decoded_reports_share_their_field_sets_and_a_copy_changes_only_its_own() -> None:
+    wire = messages.report_to_message(full_report()).SerializeToString()
+    one, two = (messages.report_from_message(pb.NodeReport.FromString(wire)) for _ in "12")
+    assert one == two and one is not two
+    # One set of field names for both (it is over half of a decoded report's memory)…
+    assert one.__pydantic_fields_set__ is two.__pydantic_fields_set__
+    assert one.gpus[0].__pydantic_fields_set__ is two.gpus[0].__pydantic_fields_set__
+    given = set(one.model_fields_set)
+    # …which a copy with an update does not change for the other.
+    renamed = one.model_copy(update={"node": "gpu-b-07", "cpu_count": 8})
+    assert renamed.model_fields_set == given | {"node", "cpu_count"}
+    assert two.model_fields_set == given and one.model_fields_set == given
+    assert two.node == "gpu-a-01" and two.model_dump(exclude_unset=True) == \
+        one.model_dump(exclude_unset=True)
+
+
 def test_absent_stays_absent_and_empty_stays_empty() -> None:
     gpu = fleet.Gpu(index=0, uuid="GPU-0", name="NVIDIA L40S", gpu_class="l40s-45g",
                     utilization_pct=0, nvlink_peers=[])
