@@ -6,7 +6,9 @@ child process stands for the daemon: it opens one channel per node (the pool's
 simulated transport), then each node's ``WatchUnits`` push stream, reading its
 first (full) report and holding it as the pool does. The RSS grown over the RSS
 before the pool existed is printed per node after each step, side by side for
-each option set, in one run.
+each option set, in one run. The last row reaches the same nodes through the
+simulator's relay (:mod:`llmgw.transport.relays`): one channel and one merged
+push stream for all of them, the pool holding each node's pushed report.
 
 Run: ``.venv/bin/python tests/bench/channels.py --nodes 500``. Nothing is asserted.
 """
@@ -26,7 +28,7 @@ from typing import Any
 
 from llmgw.onboarding import fleetsims
 from llmgw.spec import loading
-from llmgw.transport import pools, transports
+from llmgw.transport import pools, relays, transports
 
 DEFAULT = transports.CHANNEL_OPTIONS
 LEAN = (*DEFAULT,
@@ -36,7 +38,9 @@ LEAN = (*DEFAULT,
         ("grpc.experimental.tcp_min_read_chunk_size", 1024),
         ("grpc.experimental.tcp_max_read_chunk_size", 16384),
         ("grpc.http2.write_buffer_size", 4096))
-OPTIONS: dict[str, tuple[tuple[str, Any], ...]] = {"as shipped": DEFAULT, "lean": LEAN}
+OPTIONS: dict[str, tuple[tuple[str, Any], ...]] = {"as shipped": DEFAULT, "lean": LEAN,
+                                                   "through a relay": DEFAULT}
+RELAYED = "through a relay"
 
 
 def rss_bytes() -> int:
@@ -46,7 +50,7 @@ def rss_bytes() -> int:
 
 def fleet(root: str, nodes: int, control: Connection) -> None:
     async def run() -> None:
-        sim = fleetsims.SimulatedFleet(Path(root), nodes)
+        sim = fleetsims.SimulatedFleet(Path(root), nodes, relay=True)
         await sim.start()
         sim.write_cluster(fleetsims.models(1))
         control.send("up")
@@ -64,6 +68,8 @@ def daemon(root: str, name: str, out: Connection) -> None:
         cluster = loading.load(directory)
         gc.collect()
         before = rss_bytes()
+        if name == RELAYED:
+            return await relayed(cluster, directory, before)
         pool = pools.Pool(cluster, directory, simulated=Path(root) / "sockets")
         nodes = sorted(cluster.nodes)
         clients = [await pool.client(n) for n in nodes]
@@ -86,6 +92,27 @@ def daemon(root: str, name: str, out: Connection) -> None:
                 "report dropped": without / count}
 
     out.send(asyncio.run(run()))
+
+
+async def relayed(cluster: Any, directory: Path, before: int) -> dict[str, float]:
+    sockets = directory.parent / "sockets"
+    pool = pools.Pool(cluster, directory, simulated=sockets, push=True,
+                      relays=relays.advertised(sockets))
+    nodes = sorted(cluster.nodes)
+    await asyncio.gather(*(pool.report(n) for n in nodes))  # through the relay; dropped
+    gc.collect()
+    channel = rss_bytes() - before
+    pool.push(lambda node, why: None)
+    while len(pool.streaming) < len(nodes):
+        await asyncio.sleep(0.05)
+    gc.collect()
+    streamed = rss_bytes() - before
+    await pool.aclose()  # the views go with the streams
+    gc.collect()
+    without = rss_bytes() - before
+    count = len(nodes)
+    return {"channel + one call": channel / count, "+ stream and report": streamed / count,
+            "report dropped": without / count}
 
 
 def main() -> None:

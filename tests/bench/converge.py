@@ -4,8 +4,8 @@ The fleet simulator (:mod:`llmgw.onboarding.fleetsims`: N real agents, fixture
 hardware, each on its own gRPC socket, stand-in engines ready ``--load-delay``
 after they start) runs in a child process; the daemon's loop
 (:class:`llmgw.daemon.reconcilers.Daemon`, a pool over the simulated transport
-with pushed observations) runs in this one, so this process's memory and CPU are
-the daemon's. Phases, in order:
+with pushed observations) runs in another, so that process's memory and CPU are
+the daemon's (a fresh process for each size and path). Phases, in order:
 
 1. first convergence: every replica placed and ready (not a goal: a fresh fleet);
 2. steady state, ``--steady`` seconds: rounds per minute, each round's time, the
@@ -16,6 +16,11 @@ the daemon's. Phases, in order:
 4. ``--lose`` nodes lost at once (their servers stop, their sockets go), half of
    them hosting replicas: until the daemon sees every one unreachable; then back:
    until every one is reachable again and every replica ready.
+
+Each size runs twice by default (``--paths``): *direct*, the daemon holding a channel
+and a push stream per node, and *relayed*, each simulator process also serving a relay
+(:mod:`llmgw.transport.relays`) so the daemon holds one channel and one merged stream
+per process; the relays' own memory is the simulator's, not counted here.
 
 Run: ``.venv/bin/python tests/bench/converge.py --nodes 1000`` (``--nodes 1000 10000``
 for both). Nothing is asserted: it prints what it measured and the goals beside.
@@ -43,7 +48,7 @@ from typing import Any
 from llmgw.daemon.reconcilers import Daemon
 from llmgw.onboarding import fleetsims
 from llmgw.spec import loading
-from llmgw.transport import pools
+from llmgw.transport import pools, relays
 
 GOALS = "goals: steady-state round < 1 s; edit converged < 10 s + load time; < 50 KB/node"
 BOUND = 1800.0  # a bound on every wait, not a measurement
@@ -53,11 +58,12 @@ PER_PROCESS = 4000  # simulated nodes per child: each holds two descriptors per 
 
 
 def simulator(root: str, nodes: int, models: int, replicas: int, load_delay: float,
-              drift: str, part: tuple[int, int], control: Connection) -> None:
+              drift: str, part: tuple[int, int], relay: bool, control: Connection) -> None:
     """A child: its part of the fleet simulator, driven by messages on ``control``."""
 
     async def run() -> None:
-        sim = fleetsims.SimulatedFleet(Path(root), nodes, load_delay=load_delay, part=part)
+        sim = fleetsims.SimulatedFleet(Path(root), nodes, load_delay=load_delay, part=part,
+                                       relay=relay)
         started = time.monotonic()
         await sim.start()
         if part[0] == 0:
@@ -132,7 +138,7 @@ def median_max(values: list[float]) -> str:
            f"({len(values)} rounds)"
 
 
-async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
+async def measure(nodes: int, path: str, args: argparse.Namespace) -> dict[str, Any]:
     models = args.models or max(100, nodes // 10)
     root = Path(tempfile.mkdtemp(prefix="llmgw-cb-", dir="/tmp"))
     context = multiprocessing.get_context("spawn")
@@ -142,7 +148,7 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         ours, theirs = context.Pipe()
         child = context.Process(target=simulator, args=(
             str(root), nodes, models, args.replicas, args.load_delay, args.drift,
-            (index, parts), theirs))
+            (index, parts), path == "relayed", theirs))
         child.start()
         pipes.append(ours)
         children.append(child)
@@ -156,9 +162,10 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         return await asyncio.gather(*(loop.run_in_executor(None, one, p) for p in pipes))
 
     up = max(await each(None))
-    print(f"[{nodes}] simulator up in {up:.1f}s ({parts} processes; {models} models x "
+    tag = f"{nodes} {path}"
+    print(f"[{tag}] simulator up in {up:.1f}s ({parts} processes; {models} models x "
           f"{args.replicas})", flush=True)
-    out: dict[str, Any] = {"nodes": nodes, "models": models, "sim_up": up}
+    out: dict[str, Any] = {"nodes": nodes, "path": path, "models": models, "sim_up": up}
 
     async def tell(command: str, names: list[str]) -> None:
         await each((command, names))
@@ -170,15 +177,17 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         reader = loading.Reader()  # as `llmgw serve` loads: the daemon reloads through it
         cluster = reader.load(directory)
         out["load"] = time.monotonic() - loaded
-        print(f"[{nodes}] cluster directory loaded in {out['load']:.1f}s", flush=True)
-        pool = pools.Pool(cluster, directory, simulated=root / "sockets", push=True)
+        print(f"[{tag}] cluster directory loaded in {out['load']:.1f}s", flush=True)
+        advertised = relays.advertised(root / "sockets") if path == "relayed" else {}
+        pool = pools.Pool(cluster, directory, simulated=root / "sockets", push=True,
+                          relays=advertised)
         daemon = Daemon(directory, cluster, agents=pool, ready_timeout=BOUND, reader=reader)
         bench = Bench(daemon, pool)
         stop = asyncio.Event()
         task = asyncio.create_task(daemon.run(stop))
         wanted = models * args.replicas
         out["first"] = await bench.until(lambda: len(bench.ready()) == wanted, "first ready")
-        print(f"[{nodes}] first convergence: {wanted} replicas ready in {out['first']:.1f}s "
+        print(f"[{tag}] first convergence: {wanted} replicas ready in {out['first']:.1f}s "
               f"({len(bench.rounds)} rounds)", flush=True)
         await bench.until(lambda: len(pool.streaming) == nodes, "every node streaming")
 
@@ -192,13 +201,13 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(args.steady)
         if profiler is not None:
             profiler.disable()
-            profiler.dump_stats(f"{args.profile}.{nodes}")
+            profiler.dump_stats(f"{args.profile}.{nodes}.{path}")
         cpu, wall = cpu_seconds() - cpu, time.monotonic() - wall
         steady = bench.rounds[first_round:]
         out.update(steady_rounds=steady, steady_wall=wall, steady_cpu=cpu,
                    rss=rss_bytes() - baseline, rss_total=rss_bytes(),
                    steady_polled=pool.polled - polled, steady_pushed=pool.pushed - pushed)
-        print(f"[{nodes}] steady state {wall:.0f}s: rounds {median_max(steady)}; "
+        print(f"[{tag}] steady state {wall:.0f}s: rounds {median_max(steady)}; "
               f"{len(steady) * 60 / wall:.1f} rounds/min; CPU {cpu / wall * 100:.1f}% of a "
               f"core ({cpu / wall / nodes * 1e6:.1f} us/s per node); RSS +{out['rss'] / 2**20:.0f}"
               f" MiB ({out['rss'] / nodes / 1024:.1f} KiB/node); reports asked "
@@ -224,7 +233,7 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         out["edit"] = time.monotonic() - written
         out["edit_rounds"] = bench.rounds[first_round:]
         out["edited"] = len(edited)
-        print(f"[{nodes}] edit of {len(edited)} models ({len(edited) * args.replicas} "
+        print(f"[{tag}] edit of {len(edited)} models ({len(edited) * args.replicas} "
               f"replicas): converged in {out['edit']:.2f}s (load time {args.load_delay:g}s; "
               f"rounds {median_max(out['edit_rounds'])})", flush=True)
 
@@ -249,7 +258,7 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
                                                   "every node streaming again")
         out["back_rounds"] = bench.rounds[first_round:]
         del gone
-        print(f"[{nodes}] {len(lost)} nodes lost ({len(hosting[:args.lose // 2])} hosting "
+        print(f"[{tag}] {len(lost)} nodes lost ({len(hosting[:args.lose // 2])} hosting "
               f"replicas): all unreachable after {out['lose_seen']:.2f}s (rounds while lost "
               f"{median_max(out['lost_rounds'])}); back: reachable, every replica ready after "
               f"{out['back_seen']:.2f}s, every stream reopened "
@@ -264,16 +273,38 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def daemon(nodes: int, path: str, args: argparse.Namespace, out: Connection) -> None:
+    """A child standing for the daemon: one per measurement, so that what one run freed
+    but the allocator kept is not in the next one's RSS."""
+    logging.basicConfig(level=logging.ERROR)
+    out.send(asyncio.run(measure(nodes, path, args)))
+
+
+def apart(nodes: int, path: str, args: argparse.Namespace) -> dict[str, Any]:
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=daemon, args=(nodes, path, args, theirs))
+    child.start()
+    theirs.close()  # so that a child that dies ends the wait below
+    try:
+        result: dict[str, Any] = ours.recv()
+    except EOFError:
+        raise SystemExit(f"the {path} run at {nodes} nodes failed (its output is above)"
+                         ) from None
+    child.join(60)
+    return result
+
+
 def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     rows = [
-        "| nodes | models | steady round (median / max) | rounds/min | daemon CPU per node "
+        "| nodes | path | models | steady round (median / max) | rounds/min | daemon CPU per node "
         "| daemon RSS per node | edit of 1 % converged | 100 lost: all seen | back: all ready |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         steady = r["steady_rounds"]
         rows.append(
-            f"| {r['nodes']:,} | {r['models']} | {statistics.median(steady):.3f} s / "
+            f"| {r['nodes']:,} | {r['path']} | {r['models']} | {statistics.median(steady):.3f} s / "
             f"{max(steady):.3f} s | {len(steady) * 60 / r['steady_wall']:.1f} | "
             f"{r['steady_cpu'] / r['steady_wall'] / r['nodes'] * 1e6:.1f} us/s | "
             f"{r['rss'] / r['nodes'] / 1024:.1f} KiB | {r['edit']:.2f} s "
@@ -292,13 +323,16 @@ def main() -> None:
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--lose", type=int, default=100)
     parser.add_argument("--drift", default="10s", help="cluster.drift_interval")
+    parser.add_argument("--paths", nargs="+", choices=("direct", "relayed"),
+                        default=["direct", "relayed"],
+                        help="how the daemon reaches the agents (default: both, in turn)")
     parser.add_argument("--profile", metavar="PATH", help="cProfile the steady state into "
-                        "PATH.<nodes> (the CPU and round times then include the profiler's)")
+                        "PATH.<nodes>.<path> (the CPU and round times then include the profiler's)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     print(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}; drift_interval "
           f"{args.drift}; stand-in load time {args.load_delay:g}s", flush=True)
-    results = [asyncio.run(measure(n, args)) for n in args.nodes]
+    results = [apart(n, path, args) for n in args.nodes for path in args.paths]
     print()
     print(table(results, args))
     print(GOALS)
