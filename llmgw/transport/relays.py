@@ -167,7 +167,7 @@ class RelayServer:
         transport = self.transports[node]
         delay = 1.0
         while True:
-            why = "its agent ended the stream"
+            why = "agent error: the agent ended its stream"
             try:
                 channel = await transport.channel()
                 async for event in channel.unary_stream(WATCH)(body):
