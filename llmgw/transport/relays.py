@@ -41,7 +41,7 @@ from llmgw.proto import agent_pb2 as pb
 from llmgw.proto import agent_pb2_grpc
 from llmgw.transport import failures
 from llmgw.transport.failures import NodeUnreachable
-from llmgw.transport.transports import CHANNEL_OPTIONS, Transport
+from llmgw.transport.transports import CHANNEL_OPTIONS, Transport, refused
 
 log = logging.getLogger(__name__)
 
@@ -241,15 +241,9 @@ class Link:
             grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
 
     async def diagnose(self, node: str) -> NodeUnreachable | None:
-        try:
-            _, writer = await asyncio.open_unix_connection(self.socket)
-        except OSError as exc:
-            return NodeUnreachable(node, "unreachable",
-                                   f"its relay does not answer on {self.socket} "
-                                   f"({exc.strerror or type(exc).__name__})")
-        writer.close()
-        await writer.wait_closed()
-        return None
+        how = await refused(self.socket)
+        return None if how is None else NodeUnreachable(
+            node, "unreachable", f"its relay does not answer on {self.socket} ({how})")
 
     def observe(self, watches: Sequence[pb.WatchRequest]) -> Any:
         """The relay's merged stream for these nodes (a grpc.aio call: iterate, cancel)."""

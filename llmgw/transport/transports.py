@@ -85,15 +85,10 @@ class LocalTransport:
         return self._channel
 
     async def diagnose(self) -> NodeUnreachable | None:
-        try:
-            _, writer = await asyncio.open_unix_connection(self.socket_path)
-        except OSError as exc:
-            return failures.agent_not_running(
-                self.node, self.socket_path, exc.strerror or type(exc).__name__, local=True
-            )
-        writer.close()
-        await writer.wait_closed()
-        return None
+        how = await refused(self.socket_path)
+        if how is None:
+            return None
+        return failures.agent_not_running(self.node, self.socket_path, how, local=True)
 
     async def reset(self) -> None:
         channel, self._channel = self._channel, None
@@ -111,11 +106,18 @@ class SimulatedTransport(LocalTransport):
     own tests and bench."""
 
     async def diagnose(self) -> NodeUnreachable | None:
-        try:
-            _, writer = await asyncio.open_unix_connection(self.socket_path)
-        except OSError as exc:
-            return failures.simulated_agent_gone(self.node, self.socket_path,
-                                                 exc.strerror or type(exc).__name__)
-        writer.close()
-        await writer.wait_closed()
-        return None
+        how = await refused(self.socket_path)
+        return None if how is None else failures.simulated_agent_gone(
+            self.node, self.socket_path, how)
+
+
+async def refused(socket_path: str) -> str | None:
+    """Why nothing accepts on the unix socket (``"No such file or directory"``), or None
+    when something does (the connection is closed again at once)."""
+    try:
+        _, writer = await asyncio.open_unix_connection(socket_path)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    writer.close()
+    await writer.wait_closed()
+    return None
