@@ -343,17 +343,23 @@ def defer(plan: Plan, busy: Iterable[Change]) -> tuple[Plan, list[Change]]:
 
     The planner sees an in-flight replace as two replicas (the old one serving, the new
     one loading) and would scale one down; a create in flight it sees as loading. Either
-    way the change in flight decides, and the next plan sees what it left.
+    way the change in flight decides, and the next plan sees what it left. So too a
+    scale-down draining a replica: the planner still counts it, and would drain another
+    of the model's replicas for the same decision.
     """
     taken = {key for change in busy for key in keys(change)}
     if not taken:
         return plan, []
+    draining = {c.model for c in busy if c.action == "destroy" and c.drain}
     kept: list[Change] = []
     deferred: list[Change] = []
+    wheres: list[str] = []
     freed: set[str] = set()  # nodes where a deferred change was to free capacity
     for change in plan.changes:
-        if keys(change) & taken:
+        scaled = change.action == "destroy" and change.drain and change.model in draining
+        if keys(change) & taken or scaled:
             deferred.append(change)
+            wheres.append("its replica" if keys(change) & taken else "its model's replicas")
             if change.action == "destroy" or change.strategy == "destroy-before-create":
                 freed |= {r.node for r in change.removes}
         else:
@@ -362,10 +368,10 @@ def defer(plan: Plan, busy: Iterable[Change]) -> tuple[Plan, list[Change]]:
     later = [c for c in kept if c.action in ("create", "replace")
              and {s.node for s in c.shards} & freed]
     kept = [c for c in kept if all(c is not d for d in later)]
-    notes = tuple(f"{c.model} r{c.replica}: {c.action} deferred until the change in flight on "
-                  f"{where} settles" for group, where in ((deferred, "its replica"),
-                                                          (later, "its node")) for c in group)
     deferred += later
+    wheres += ["its node"] * len(later)
+    notes = tuple(f"{c.model} r{c.replica}: {c.action} deferred until the change in flight on "
+                  f"{where} settles" for c, where in zip(deferred, wheres, strict=True))
     return replace(plan, changes=tuple(kept), warnings=plan.warnings + notes), deferred
 
 

@@ -39,6 +39,12 @@ def destroy(model: str, replica: int, node: str = "n1") -> Change:
                   removes=(observed(model, replica, node),))
 
 
+def drained(model: str, replica: int, node: str = "n1") -> Change:
+    """A scale-down's destroy: the replica drained first."""
+    return Change("destroy", model, replica, ("scale m 2 → 1",),
+                  removes=(observed(model, replica, node),), drain=True)
+
+
 def replace(model: str, old: int, new: int, node: str = "n1",
             strategy: str = "create-before-destroy") -> Change:
     return Change("replace", model, old, ("args changed",), shards=(shard(model, new, node),),
@@ -60,6 +66,10 @@ CASES = {
         [replace("m", 0, 1)], [destroy("m", 1, node="n1"), create("o", 0, node="n1"),
                                create("p", 0, node="n2")],
         ["destroy m r1", "create o r0"]),
+    "a scale-down draining a replica: another of its model's is not drained for it too": (
+        [drained("m", 1)], [drained("m", 0, node="n2"), destroy("m", 2, node="n2"),
+                            drained("o", 0, node="n3")],
+        ["destroy m r0"]),
     "a waiting destroy-before-create frees nothing meanwhile either": (
         [create("m", 0)], [replace("m", 0, 0, strategy="destroy-before-create"),
                            replace("o", 0, 1, node="n1"), restart("p", 0, node="n1")],
