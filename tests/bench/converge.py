@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import logging
 import multiprocessing
 import os
@@ -131,6 +132,34 @@ class Bench:
         return time.monotonic() - started
 
 
+class Pauses:
+    """The cyclic collector's passes while installed: (generation, seconds) each, so a
+    long round can be told apart from a long full collection."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float]] = []
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.passes.append((info["generation"], time.perf_counter() - self._began))
+
+    def __enter__(self) -> Pauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self)
+
+    def summary(self) -> str:
+        full = [s for g, s in self.passes if g == 2]
+        return (f"collector: {len(self.passes)} passes, longest "
+                f"{max((s for _, s in self.passes), default=0.0):.3f} s; "
+                f"{len(full)} full, longest {max(full, default=0.0):.3f} s")
+
+
 def median_max(values: list[float]) -> str:
     if not values:
         return "no rounds"
@@ -198,7 +227,8 @@ async def measure(nodes: int, path: str, args: argparse.Namespace) -> dict[str, 
         cpu, wall = cpu_seconds(), time.monotonic()
         if profiler is not None:
             profiler.enable()
-        await asyncio.sleep(args.steady)
+        with Pauses() as pauses:
+            await asyncio.sleep(args.steady)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(f"{args.profile}.{nodes}.{path}")
@@ -206,12 +236,14 @@ async def measure(nodes: int, path: str, args: argparse.Namespace) -> dict[str, 
         steady = bench.rounds[first_round:]
         out.update(steady_rounds=steady, steady_wall=wall, steady_cpu=cpu,
                    rss=rss_bytes() - baseline, rss_total=rss_bytes(),
-                   steady_polled=pool.polled - polled, steady_pushed=pool.pushed - pushed)
+                   steady_polled=pool.polled - polled, steady_pushed=pool.pushed - pushed,
+                   steady_gc=pauses.passes)
         print(f"[{tag}] steady state {wall:.0f}s: rounds {median_max(steady)}; "
               f"{len(steady) * 60 / wall:.1f} rounds/min; CPU {cpu / wall * 100:.1f}% of a "
               f"core ({cpu / wall / nodes * 1e6:.1f} us/s per node); RSS +{out['rss'] / 2**20:.0f}"
               f" MiB ({out['rss'] / nodes / 1024:.1f} KiB/node); reports asked "
-              f"{out['steady_polled']}, pushes {out['steady_pushed']}", flush=True)
+              f"{out['steady_polled']}, pushes {out['steady_pushed']}; {pauses.summary()}",
+              flush=True)
 
         # An edit touching 1 % of the models.
         before = bench.ready()
