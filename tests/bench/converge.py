@@ -222,6 +222,8 @@ async def measure(nodes: int, path: str, args: argparse.Namespace) -> dict[str, 
 
         # Steady state.
         await asyncio.sleep(2)
+        if args.freeze:
+            gc.freeze()  # a trial, in the bench only: the daemon itself does not
         first_round, polled, pushed = len(bench.rounds), pool.polled, pool.pushed
         profiler = cProfile.Profile() if args.profile else None
         cpu, wall = cpu_seconds(), time.monotonic()
@@ -358,6 +360,9 @@ def main() -> None:
     parser.add_argument("--paths", nargs="+", choices=("direct", "relayed"),
                         default=["direct", "relayed"],
                         help="how the daemon reaches the agents (default: both, in turn)")
+    parser.add_argument("--freeze", action="store_true",
+                        help="gc.freeze() the daemon's heap after the first convergence (a trial "
+                        "of keeping it out of the collector's full passes; the daemon does not)")
     parser.add_argument("--profile", metavar="PATH", help="cProfile the steady state into "
                         "PATH.<nodes>.<path> (the CPU and round times then include the profiler's)")
     args = parser.parse_args()
