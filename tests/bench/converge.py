@@ -238,8 +238,7 @@ async def measure(nodes: int, path: str, args: argparse.Namespace) -> dict[str, 
         steady = bench.rounds[first_round:]
         out.update(steady_rounds=steady, steady_wall=wall, steady_cpu=cpu,
                    rss=rss_bytes() - baseline, rss_total=rss_bytes(),
-                   steady_polled=pool.polled - polled, steady_pushed=pool.pushed - pushed,
-                   steady_gc=pauses.passes)
+                   steady_polled=pool.polled - polled, steady_pushed=pool.pushed - pushed)
         print(f"[{tag}] steady state {wall:.0f}s: rounds {median_max(steady)}; "
               f"{len(steady) * 60 / wall:.1f} rounds/min; CPU {cpu / wall * 100:.1f}% of a "
               f"core ({cpu / wall / nodes * 1e6:.1f} us/s per node); RSS +{out['rss'] / 2**20:.0f}"
